@@ -1,0 +1,29 @@
+# The few commands people run. See README.md.
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+DEMO_DIR ?= $(CURDIR)/.demo
+
+.PHONY: demo demo-down test lint control-plane
+
+## demo: start a local control plane with four nodes and show berth at work; leaves it running
+demo: control-plane
+	scripts/demo "$(DEMO_DIR)"
+
+## demo-down: stop what `make demo` started
+demo-down:
+	@if [ -d "$(DEMO_DIR)" ]; then tests/cluster/down "$(DEMO_DIR)"; else echo "no demo running"; fi
+
+## test: lint, then the whole suite, end-to-end tests on a real control plane included
+test: lint control-plane
+	rm -rf target/test-clusters   # folders (and logs) of the previous run's clusters
+	cargo test --locked --all-targets
+
+## lint: formatting, clippy with warnings denied, and shell syntax
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --locked --all-targets -- -D warnings
+	for f in tests/cluster/{build,up,down,add-nodes,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
+
+## control-plane: build etcd and the Kubernetes binaries once, into ~/.cache/berth
+control-plane:
+	tests/cluster/build >/dev/null

@@ -1,0 +1,7 @@
+//! berth places Kubernetes pods on the right nodes with the unmodified default
+//! scheduler: a mutating admission webhook rewrites pods from `PlacementPolicy`
+//! objects and namespace annotations, and a controller keeps labels and taints on
+//! Nodes so that kube-scheduler enforces the result.
+#![forbid(unsafe_code)]
+
+pub mod cli;

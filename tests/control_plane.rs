@@ -1,0 +1,165 @@
+//! Smoke tests of the real control plane that every other end-to-end test stands
+//! on: the scheduler binds pods to fake nodes, the controller-manager runs the
+//! workload controllers, and fake nodes stay Ready without a kubelet.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Client;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+use support::{Nodes, TestCluster, eventually, fresh_namespace, is_bound, wait_for};
+
+const NODES: Nodes = Nodes {
+    count: 4,
+    prefix: "node",
+};
+
+fn cluster() -> &'static TestCluster {
+    TestCluster::shared(NODES)
+}
+
+fn pod_template(labels: &serde_json::Value) -> serde_json::Value {
+    json!({
+        "metadata": {"labels": labels},
+        "spec": {"containers": [{"name": "app", "image": "nginx:1.27",
+            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}
+    })
+}
+
+/// Pods in `ns` whose label `app` is `app`, keyed by name, with their node.
+async fn bound_pods(client: &Client, ns: &str, app: &str) -> BTreeMap<String, Option<String>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .expect("list pods")
+        .items
+        .into_iter()
+        .map(|p| {
+            let node = p.spec.and_then(|s| s.node_name);
+            (p.metadata.name.unwrap_or_default(), node)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_pod_is_bound_by_the_real_scheduler_within_seconds() {
+    let client = cluster().client().await;
+    let ns = fresh_namespace(&client, "smoke-pod").await;
+    let pods: Api<Pod> = Api::namespaced(client, &ns);
+    let mut pod: Pod = serde_json::from_value(pod_template(&json!({"app": "one"}))).unwrap();
+    pod.metadata.name = Some("one".into());
+
+    let started = Instant::now();
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    let bound = wait_for(&pods, "one", is_bound, Duration::from_secs(20))
+        .await
+        .expect("pod exists");
+
+    let node = bound.spec.unwrap().node_name.unwrap();
+    assert!(
+        cluster().node_names().contains(&node),
+        "bound to unknown node {node}"
+    );
+    eprintln!("pod bound to {node} in {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn a_deployments_pods_are_created_by_the_controller_manager_and_bound() {
+    let client = cluster().client().await;
+    let ns = fresh_namespace(&client, "smoke-deploy").await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 6, "selector": {"matchLabels": {"app": "web"}},
+                 "template": pod_template(&json!({"app": "web"}))}
+    }))
+    .unwrap();
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .expect("create deployment");
+
+    let placed = eventually("6 bound web pods", Duration::from_secs(60), || async {
+        let pods = bound_pods(&client, &ns, "web").await;
+        (pods.len() == 6 && pods.values().all(Option::is_some)).then_some(pods)
+    })
+    .await;
+    let nodes: BTreeSet<_> = placed.values().flatten().collect();
+    // The default scheduler spreads replicas of one owner over nodes.
+    assert!(nodes.len() > 1, "all replicas on one node: {placed:?}");
+}
+
+#[tokio::test]
+async fn a_daemonset_gets_one_pod_per_node() {
+    let client = cluster().client().await;
+    let ns = fresh_namespace(&client, "smoke-ds").await;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &ns);
+    let daemonset: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "agent"},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}},
+                 "template": pod_template(&json!({"app": "agent"}))}
+    }))
+    .unwrap();
+    daemonsets
+        .create(&PostParams::default(), &daemonset)
+        .await
+        .expect("create daemonset");
+
+    let want: BTreeSet<String> = cluster().node_names().into_iter().collect();
+    let placed = eventually(
+        "one agent pod per node",
+        Duration::from_secs(60),
+        || async {
+            let pods = bound_pods(&client, &ns, "agent").await;
+            let nodes: BTreeSet<String> = pods.values().flatten().cloned().collect();
+            (pods.len() == want.len() && nodes == want).then_some(pods)
+        },
+    )
+    .await;
+    assert_eq!(placed.len(), NODES.count as usize);
+}
+
+#[tokio::test]
+async fn fake_nodes_stay_ready_and_schedulable_after_a_minute() {
+    let client = cluster().client().await;
+    // Long enough for the node-monitor grace period (40 s) to have run out, had the
+    // node-lifecycle controller been running.
+    tokio::time::sleep(Duration::from_secs(65)).await;
+
+    let nodes: Api<Node> = Api::all(client.clone());
+    for name in cluster().node_names() {
+        let node = nodes.get(&name).await.expect("node exists");
+        let spec = node.spec.unwrap_or_default();
+        assert_ne!(
+            spec.unschedulable,
+            Some(true),
+            "{name} became unschedulable"
+        );
+        let taints = spec.taints.unwrap_or_default();
+        assert!(taints.is_empty(), "{name} gained taints: {taints:?}");
+        let ready = node
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .map(|c| c.status);
+        assert_eq!(ready.as_deref(), Some("True"), "{name} is not Ready");
+    }
+
+    let ns = fresh_namespace(&client, "smoke-later").await;
+    let pods: Api<Pod> = Api::namespaced(client, &ns);
+    let mut pod: Pod = serde_json::from_value(pod_template(&json!({"app": "late"}))).unwrap();
+    pod.metadata.name = Some("late".into());
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    wait_for(&pods, "late", is_bound, Duration::from_secs(20)).await;
+}

@@ -1,0 +1,198 @@
+//! Shared by the end-to-end tests: one real control plane per test binary, started
+//! by `tests/cluster/up`, and helpers to reach it.
+//!
+//! The cluster is started on first use and stops by itself when the test binary
+//! exits (the `up` script watches our pid). Tests never read `~/.kube/config`: the
+//! client is built from the kubeconfig that `up` writes into the cluster folder.
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::api::{Api, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::wait::{Condition, await_condition};
+use kube::{Client, Config, Resource};
+
+/// How many fake nodes a test binary wants, and their name prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nodes {
+    pub count: u32,
+    pub prefix: &'static str,
+}
+
+/// A running control plane owned by this test binary.
+#[derive(Debug)]
+pub struct TestCluster {
+    pub dir: PathBuf,
+    pub nodes: Nodes,
+}
+
+static CLUSTER: OnceLock<TestCluster> = OnceLock::new();
+
+/// The repository root, where `tests/cluster/` lives.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs one of the `tests/cluster/` scripts and panics with its output if it fails.
+pub fn cluster_script(name: &str, args: &[&str]) -> String {
+    let script = repo_root().join("tests/cluster").join(name);
+    let output = Command::new(&script)
+        .args(args)
+        .env("BERTH_CLUSTER_OWNER_PID", std::process::id().to_string())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        output.status.success(),
+        "{name} {args:?} failed ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+impl TestCluster {
+    /// The cluster of this test binary, started with `nodes` on first use.
+    ///
+    /// It never skips: if the control plane cannot be built or started, the test
+    /// fails with the script's message.
+    pub fn shared(nodes: Nodes) -> &'static TestCluster {
+        let cluster = CLUSTER.get_or_init(|| Self::start(nodes));
+        assert_eq!(
+            cluster.nodes, nodes,
+            "one test binary must ask for one node set"
+        );
+        cluster
+    }
+
+    fn start(nodes: Nodes) -> TestCluster {
+        let binary = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "tests".into());
+        let dir = repo_root()
+            .join("target/test-clusters")
+            .join(format!("{binary}-{}", std::process::id()));
+        let dir_arg = dir.to_string_lossy().into_owned();
+        cluster_script("up", &[&dir_arg]);
+        cluster_script(
+            "add-nodes",
+            &[&dir_arg, &nodes.count.to_string(), "--prefix", nodes.prefix],
+        );
+        TestCluster { dir, nodes }
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    /// A client for this cluster only, built from its own kubeconfig.
+    pub async fn client(&self) -> Client {
+        client_for(&self.kubeconfig()).await
+    }
+
+    /// The node names, `<prefix>1..<prefix>N`.
+    pub fn node_names(&self) -> Vec<String> {
+        (1..=self.nodes.count)
+            .map(|i| format!("{}{i}", self.nodes.prefix))
+            .collect()
+    }
+
+    /// Our own kubectl, pointed at this cluster.
+    pub fn kubectl(&self, args: &[&str]) -> std::process::Output {
+        kubectl(&self.dir, args)
+    }
+}
+
+/// A client for the cluster whose kubeconfig is at `path`.
+pub async fn client_for(path: &Path) -> Client {
+    let kubeconfig = Kubeconfig::read_from(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig written by tests/cluster/up is usable");
+    Client::try_from(config).expect("client from the test kubeconfig")
+}
+
+/// Runs the kubectl built for the test cluster in `dir`.
+pub fn kubectl(dir: &Path, args: &[&str]) -> std::process::Output {
+    let bin = cluster_script("build", &[]).trim().to_owned();
+    Command::new(Path::new(&bin).join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(dir.join("kubeconfig"))
+        .args(args)
+        .output()
+        .expect("run kubectl")
+}
+
+/// Creates a namespace named after `purpose` with a unique suffix and waits until
+/// its `default` ServiceAccount exists, so pods can be created in it at once.
+pub async fn fresh_namespace(client: &Client, purpose: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let name = format!(
+        "{purpose}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let mut ns = Namespace::default();
+    ns.meta_mut().name = Some(name.clone());
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &name);
+    wait_for(
+        &accounts,
+        "default",
+        |sa: Option<&ServiceAccount>| sa.is_some(),
+        Duration::from_secs(30),
+    )
+    .await;
+    name
+}
+
+/// Waits until `condition` holds for the object `name`, or panics after `limit`.
+pub async fn wait_for<K, C>(api: &Api<K>, name: &str, condition: C, limit: Duration) -> Option<K>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    C: Condition<K>,
+{
+    tokio::time::timeout(limit, await_condition(api.clone(), name, condition))
+        .await
+        .unwrap_or_else(|_| panic!("{name} did not reach the expected state within {limit:?}"))
+        .unwrap_or_else(|e| panic!("watching {name}: {e}"))
+}
+
+/// Polls `probe` every 200 ms until it returns `Some`, or panics after `limit`
+/// with `what`. For conditions over lists, where a single-object watch does not fit.
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A wait condition: the pod exists and the scheduler has bound it to a node.
+pub fn is_bound(pod: Option<&Pod>) -> bool {
+    pod.and_then(|p| p.spec.as_ref())
+        .and_then(|s| s.node_name.as_ref())
+        .is_some()
+}
