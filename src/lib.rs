@@ -5,3 +5,6 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod names;
+pub mod placement;
+pub mod policy;

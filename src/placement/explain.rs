@@ -1,0 +1,147 @@
+//! `berth explain`: the decision in plain words, for a person who has never read
+//! the SPEC: which policies matched and why, what changes, and, given nodes, where
+//! the pod may land.
+
+use std::fmt::Write;
+
+use k8s_openapi::api::core::v1::Toleration;
+
+use super::feasibility::{describe_requirement, node_fits, patched_pod, with_pool_state};
+use super::{Decision, Input};
+use crate::names::APPLIED_ANNOTATION;
+
+/// Explains `decision` for the pod in `input`; `patch_len` is the number of patch
+/// operations, to say whether anything changes.
+pub fn explain(input: &Input, pod_name: &str, decision: &Decision, patch_len: usize) -> String {
+    let mut out = String::new();
+    let ns = &input.namespace.name;
+    let _ = writeln!(out, "Pod {pod_name} in namespace {ns}");
+    if let Some(reason) = &decision.unreadable {
+        let _ = writeln!(
+            out,
+            "  berth cannot read this pod ({reason}) and leaves it unchanged."
+        );
+        return out;
+    }
+
+    if decision.applied.is_empty() {
+        let _ = writeln!(out, "\nNo policy applies to this pod.");
+    } else {
+        let _ = writeln!(out, "\nPolicies that apply:");
+        for applied in &decision.applied {
+            let _ = writeln!(out, "  {}, because:", applied.policy);
+            for why in &applied.why {
+                let _ = writeln!(out, "    - {why}");
+            }
+        }
+    }
+    if !decision.passed_over.is_empty() {
+        let _ = writeln!(out, "\nPolicies the namespace opts into that do not apply:");
+        for passed in &decision.passed_over {
+            let _ = writeln!(out, "  {}: {}", passed.policy, passed.why);
+        }
+    }
+
+    let _ = writeln!(out, "\nWhat berth does to the pod:");
+    let grants = &decision.grants;
+    let mut changes: Vec<String> = Vec::new();
+    let mut say = |line: String| changes.push(line);
+    for t in &grants.tolerations {
+        say(format!(
+            "+ tolerates {}, so it may run on that pool's tainted nodes",
+            toleration(t)
+        ));
+    }
+    for r in &grants.required {
+        say(format!(
+            "+ requires nodes with {} (added to every node-affinity term)",
+            describe_requirement(r)
+        ));
+    }
+    for p in &grants.preferred {
+        for r in p.preference.match_expressions.iter().flatten() {
+            say(format!(
+                "+ prefers nodes with {} (weight {})",
+                describe_requirement(r),
+                p.weight
+            ));
+        }
+    }
+    if let Some(name) = &grants.scheduler_name {
+        say(format!("+ is scheduled by {name}"));
+    }
+    if !grants.applied.is_empty() {
+        say(format!(
+            "+ is annotated {APPLIED_ANNOTATION}={}",
+            grants.applied.join(",")
+        ));
+    }
+    for t in &decision.stripped {
+        say(format!(
+            "- loses {}: the pod is not entitled to that pool",
+            toleration(t)
+        ));
+    }
+    if changes.is_empty() {
+        changes.push("nothing".into());
+    }
+    for line in changes {
+        let _ = writeln!(out, "  {line}");
+    }
+    if patch_len == 0 && decision.denial.is_none() {
+        let _ = writeln!(
+            out,
+            "  (the pod already has all of this: the patch is empty)"
+        );
+    }
+
+    if !decision.warnings.is_empty() {
+        let _ = writeln!(out, "\nWarnings:");
+        for w in &decision.warnings {
+            let _ = writeln!(out, "  {w}");
+        }
+    }
+    if let Some(denial) = &decision.denial {
+        let _ = writeln!(out, "\nDenied: {denial}.");
+    }
+    if let Some(nodes) = input.nodes {
+        explain_nodes(&mut out, input, decision, nodes);
+    }
+    out
+}
+
+fn explain_nodes(out: &mut String, input: &Input, decision: &Decision, nodes: &super::NodeIndex) {
+    let Some(pod) = patched_pod(input.pod, &decision.grants) else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "\nNodes (with berth's pool labels and taints applied):"
+    );
+    let mut fitting = Vec::new();
+    for (name, node) in nodes {
+        let node = with_pool_state(name, node, input.policies);
+        match node_fits(&pod, name, &node) {
+            Ok(()) => {
+                fitting.push(name.as_str());
+                let _ = writeln!(out, "  {name}: yes");
+            }
+            Err(why) => {
+                let _ = writeln!(out, "  {name}: no, {why}");
+            }
+        }
+    }
+    let _ = match fitting.as_slice() {
+        [] => writeln!(out, "The pod fits no given node; it would stay Pending."),
+        names => writeln!(out, "The pod may land on: {}.", names.join(", ")),
+    };
+}
+
+fn toleration(t: &Toleration) -> String {
+    format!(
+        "{}={}:{}",
+        t.key.as_deref().unwrap_or("*"),
+        t.value.as_deref().unwrap_or("*"),
+        t.effect.as_deref().unwrap_or("*")
+    )
+}

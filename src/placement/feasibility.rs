@@ -1,0 +1,254 @@
+//! Which nodes a pod may land on: the checks kube-scheduler makes that placement
+//! can see without running it (nodeName, nodeSelector, required node affinity,
+//! NoSchedule/NoExecute taints). Used by `berth explain --nodes` and for the
+//! "no pool node fits" warning; resources and inter-pod rules are left to the
+//! scheduler.
+
+use k8s_openapi::api::core::v1::{
+    NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
+};
+use serde::Deserialize;
+
+use super::grants::Grants;
+use super::warning::bounded;
+use super::{Input, NodeIndex, NodeInfo, build_patch};
+use crate::names::{POOL_LABEL, POOL_TAINT};
+use crate::policy::PolicySet;
+
+/// `node` as the controller keeps it: with the pool label and, for a dedicated
+/// pool, the pool taint of the policy that owns it.
+pub fn with_pool_state(name: &str, node: &NodeInfo, policies: &PolicySet) -> NodeInfo {
+    let mut node = node.clone();
+    if let Some(owner) = policies.pool_of_node(name, Some(&node.labels)) {
+        node.labels.insert(POOL_LABEL.into(), owner.name.clone());
+        if let Some(pool) = owner.dedicated_pool() {
+            node.taints.retain(|t| t.key != POOL_TAINT);
+            node.taints.push(Taint {
+                key: POOL_TAINT.into(),
+                value: Some(owner.name.clone()),
+                effect: pool.effect.as_str().into(),
+                time_added: None,
+            });
+        }
+    }
+    node
+}
+
+/// Whether `pod` may be placed on the node `name`; the error says why not.
+pub fn node_fits(pod: &Pod, name: &str, node: &NodeInfo) -> Result<(), String> {
+    let Some(spec) = &pod.spec else {
+        return Ok(());
+    };
+    if let Some(wanted) = &spec.node_name
+        && wanted != name
+    {
+        return Err(format!("the pod names node {wanted}"));
+    }
+    for (key, value) in spec.node_selector.iter().flatten() {
+        if node.labels.get(key) != Some(value) {
+            return Err(format!("nodeSelector {key}={value} does not match"));
+        }
+    }
+    let terms = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    if !terms.is_empty() && !terms.iter().any(|t| term_matches(t, name, node)) {
+        let first = terms
+            .iter()
+            .flat_map(|t| t.match_expressions.iter().flatten());
+        let failing = first
+            .filter(|r| !requirement_matches(r, node.labels.get(&r.key).map(String::as_str)))
+            .map(describe_requirement)
+            .next()
+            .unwrap_or_else(|| "matchFields".into());
+        return Err(format!("required node affinity fails ({failing})"));
+    }
+    let tolerations = spec.tolerations.as_deref().unwrap_or_default();
+    for taint in &node.taints {
+        let blocking = taint.effect == "NoSchedule" || taint.effect == "NoExecute";
+        if blocking && !tolerations.iter().any(|t| tolerates(t, taint)) {
+            let value = taint.value.as_deref().unwrap_or_default();
+            return Err(format!(
+                "taint {}={value}:{} is not tolerated",
+                taint.key, taint.effect
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn term_matches(term: &NodeSelectorTerm, name: &str, node: &NodeInfo) -> bool {
+    let expressions = term.match_expressions.iter().flatten();
+    let fields = term.match_fields.iter().flatten();
+    let has_any = term
+        .match_expressions
+        .as_ref()
+        .is_some_and(|e| !e.is_empty())
+        || term.match_fields.as_ref().is_some_and(|f| !f.is_empty());
+    has_any
+        && expressions
+            .clone()
+            .all(|r| requirement_matches(r, node.labels.get(&r.key).map(String::as_str)))
+        && fields
+            .clone()
+            .all(|r| r.key == "metadata.name" && requirement_matches(r, Some(name)))
+}
+
+/// Kubernetes node-selector semantics for one requirement against a label value.
+pub fn requirement_matches(requirement: &NodeSelectorRequirement, value: Option<&str>) -> bool {
+    let values = requirement.values.as_deref().unwrap_or_default();
+    let number = |v: &str| v.parse::<i64>().ok();
+    match requirement.operator.as_str() {
+        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
+        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" | "Lt" => {
+            let (Some(have), Some(bound)) = (
+                value.and_then(number),
+                values.first().and_then(|v| number(v)),
+            ) else {
+                return false;
+            };
+            if requirement.operator == "Gt" {
+                have > bound
+            } else {
+                have < bound
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Kubernetes toleration semantics: an empty key with `Exists` tolerates every
+/// taint; an empty effect matches every effect.
+pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
+    let effect_ok = toleration
+        .effect
+        .as_deref()
+        .is_none_or(|e| e.is_empty() || e == taint.effect);
+    let key = toleration.key.as_deref().unwrap_or_default();
+    let key_ok = key.is_empty() || key == taint.key;
+    let value_ok = match toleration.operator.as_deref() {
+        Some("Exists") => true,
+        _ => {
+            !key.is_empty()
+                && toleration.value.as_deref().unwrap_or_default()
+                    == taint.value.as_deref().unwrap_or_default()
+        }
+    };
+    effect_ok && key_ok && value_ok
+}
+
+/// `key Operator [values]`, as a person reads it.
+pub fn describe_requirement(r: &NodeSelectorRequirement) -> String {
+    match r.values.as_deref() {
+        Some(values) if !values.is_empty() => {
+            format!("{} {} [{}]", r.key, r.operator, values.join(", "))
+        }
+        _ => format!("{} {}", r.key, r.operator),
+    }
+}
+
+/// The pod as it will be after berth's patch, typed.
+pub fn patched_pod(raw: &serde_json::Value, grants: &Grants) -> Option<Pod> {
+    let mut pod = raw.clone();
+    json_patch::patch(&mut pod, &build_patch(raw, grants)).ok()?;
+    Pod::deserialize(&pod).ok()
+}
+
+/// Warnings for pools whose nodes the pod's own constraints rule out.
+pub fn pool_warnings(input: &Input, grants: &Grants, nodes: &NodeIndex) -> Vec<String> {
+    let Some(pool_expression) = grants
+        .required
+        .iter()
+        .find(|r| r.key == POOL_LABEL && r.operator == "In")
+    else {
+        return Vec::new();
+    };
+    let pools = pool_expression.values.as_deref().unwrap_or_default();
+    let Some(pod) = patched_pod(input.pod, grants) else {
+        return Vec::new();
+    };
+    let mut pool_nodes = nodes.iter().filter_map(|(name, node)| {
+        let owner = input.policies.pool_of_node(name, Some(&node.labels))?;
+        pools
+            .contains(&owner.name)
+            .then(|| (name, with_pool_state(name, node, input.policies)))
+    });
+    let mut any = false;
+    let fits = pool_nodes.any(|(name, node)| {
+        any = true;
+        node_fits(&pod, name, &node).is_ok()
+    });
+    if !any || fits {
+        return Vec::new();
+    }
+    vec![bounded(format!(
+        "no node of pool {} fits this pod's own constraints; it will stay Pending",
+        pools.join(", ")
+    ))]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(op: &str, values: &[&str]) -> NodeSelectorRequirement {
+        super::super::grants::requirement("k", op, values)
+    }
+
+    #[test]
+    fn requirements_follow_kubernetes_semantics() {
+        assert!(requirement_matches(&req("In", &["a", "b"]), Some("b")));
+        assert!(!requirement_matches(&req("In", &["a"]), None));
+        assert!(requirement_matches(&req("NotIn", &["a"]), None));
+        assert!(!requirement_matches(&req("NotIn", &["a"]), Some("a")));
+        assert!(requirement_matches(&req("Exists", &[]), Some("")));
+        assert!(requirement_matches(&req("DoesNotExist", &[]), None));
+        assert!(requirement_matches(&req("Gt", &["3"]), Some("4")));
+        assert!(!requirement_matches(&req("Lt", &["3"]), Some("x")));
+    }
+
+    #[test]
+    fn tolerations_follow_kubernetes_semantics() {
+        let taint = Taint {
+            key: POOL_TAINT.into(),
+            value: Some("cdn".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        };
+        let tol =
+            |key: Option<&str>, op: &str, value: Option<&str>, effect: Option<&str>| Toleration {
+                key: key.map(Into::into),
+                operator: Some(op.into()),
+                value: value.map(Into::into),
+                effect: effect.map(Into::into),
+                toleration_seconds: None,
+            };
+        assert!(tolerates(&tol(None, "Exists", None, None), &taint));
+        assert!(!tolerates(
+            &tol(None, "Exists", None, Some("NoExecute")),
+            &taint
+        ));
+        assert!(tolerates(
+            &tol(Some(POOL_TAINT), "Equal", Some("cdn"), None),
+            &taint
+        ));
+        assert!(!tolerates(
+            &tol(Some(POOL_TAINT), "Equal", Some("gpu"), None),
+            &taint
+        ));
+        assert!(tolerates(
+            &tol(Some(POOL_TAINT), "Exists", None, Some("NoSchedule")),
+            &taint
+        ));
+    }
+}

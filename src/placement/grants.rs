@@ -1,0 +1,122 @@
+//! What the policies that apply to a pod give it: the pool toleration, required or
+//! preferred pool affinity, extra node affinity, and co-location/avoid affinity on
+//! anchor labels. Pure data; [`super::patch`] turns it into JSON Patch.
+
+use k8s_openapi::api::core::v1::{
+    NodeSelectorRequirement, NodeSelectorTerm, PreferredSchedulingTerm, Toleration,
+};
+
+use crate::names::{POOL_LABEL, POOL_TAINT, anchor_label};
+use crate::policy::CompiledPolicy;
+use crate::policy::crd::Placement;
+
+/// Everything berth adds to a pod. Node requirements in `required` are ANDed into
+/// every nodeSelectorTerm of the pod; `preferred` terms are appended.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Grants {
+    pub tolerations: Vec<Toleration>,
+    pub required: Vec<NodeSelectorRequirement>,
+    pub preferred: Vec<PreferredSchedulingTerm>,
+    pub scheduler_name: Option<String>,
+    /// Names of the applied policies, sorted: the `berth.io/applied` annotation.
+    pub applied: Vec<String>,
+}
+
+impl Grants {
+    /// Adds a required expression unless an identical one is already there.
+    pub fn require(&mut self, requirement: NodeSelectorRequirement) {
+        if !self.required.contains(&requirement) {
+            self.required.push(requirement);
+        }
+    }
+
+    pub fn tolerate(&mut self, toleration: Toleration) {
+        if !self.tolerations.contains(&toleration) {
+            self.tolerations.push(toleration);
+        }
+    }
+
+    fn prefer(&mut self, weight: i32, requirement: NodeSelectorRequirement) {
+        let term = PreferredSchedulingTerm {
+            weight,
+            preference: NodeSelectorTerm {
+                match_expressions: Some(vec![requirement]),
+                match_fields: None,
+            },
+        };
+        if !self.preferred.contains(&term) {
+            self.preferred.push(term);
+        }
+    }
+}
+
+/// The toleration of `policy`'s dedicated pool taint.
+pub fn pool_toleration(policy: &CompiledPolicy) -> Option<Toleration> {
+    let pool = policy.dedicated_pool()?;
+    Some(Toleration {
+        key: Some(POOL_TAINT.into()),
+        operator: Some("Equal".into()),
+        value: Some(policy.name.clone()),
+        effect: Some(pool.effect.as_str().into()),
+        toleration_seconds: None,
+    })
+}
+
+/// A node requirement `key operator values`.
+pub fn requirement(key: &str, operator: &str, values: &[&str]) -> NodeSelectorRequirement {
+    NodeSelectorRequirement {
+        key: key.into(),
+        operator: operator.into(),
+        values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
+    }
+}
+
+/// The grants of the policies that apply to an ordinary (non-DaemonSet) pod.
+///
+/// Required pools become one `In` expression over all of them: a node carries one
+/// pool label, so separate expressions would leave no node at all.
+pub fn grants_for(applied: &[&CompiledPolicy]) -> Grants {
+    let mut grants = Grants::default();
+    let mut required_pools: Vec<&str> = Vec::new();
+    for policy in applied {
+        let spec = &policy.spec;
+        if let Some(toleration) = pool_toleration(policy) {
+            grants.tolerate(toleration);
+        }
+        if let Some(pool) = &spec.pool {
+            match pool.placement {
+                Placement::Required => required_pools.push(&policy.name),
+                Placement::Preferred => {
+                    grants.prefer(pool.weight, requirement(POOL_LABEL, "In", &[&policy.name]))
+                }
+            }
+        }
+        if let Some(affinity) = &spec.node_affinity {
+            for r in &affinity.required {
+                grants.require(r.clone());
+            }
+            for p in &affinity.preferred {
+                grants.prefer(p.weight, p.preference.clone());
+            }
+        }
+        if spec.colocate_with.is_some() {
+            grants.require(requirement(&anchor_label(&policy.name), "In", &["true"]));
+        }
+        if spec.avoid.is_some() {
+            grants.require(requirement(
+                &anchor_label(&policy.name),
+                "DoesNotExist",
+                &[],
+            ));
+        }
+        grants.applied.push(policy.name.clone());
+    }
+    if !required_pools.is_empty() {
+        required_pools.sort_unstable();
+        grants
+            .required
+            .insert(0, requirement(POOL_LABEL, "In", &required_pools));
+    }
+    grants.applied.sort();
+    grants
+}

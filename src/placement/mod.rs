@@ -1,0 +1,206 @@
+//! The placement engine: one pure decision from (pod JSON, namespace, policies,
+//! optionally nodes) to grants, removals, warnings or a denial, and the JSON Patch
+//! built from it. The webhook, `berth mutate` and `berth explain` are thin doors
+//! onto [`decide`] and [`build_patch`].
+
+pub mod daemonset;
+pub mod entitlement;
+pub mod explain;
+pub mod feasibility;
+pub mod grants;
+pub mod matching;
+pub mod patch;
+pub mod pod;
+pub mod scheduler;
+pub mod warning;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Taint, Toleration};
+use serde_json::Value;
+
+pub use grants::Grants;
+pub use patch::build_patch;
+use pod::PodView;
+use warning::bounded;
+
+use crate::policy::compile::Labels;
+use crate::policy::{NamespaceConfig, PolicySet};
+
+/// The namespace of the pod: its name, labels and annotations.
+#[derive(Debug, Clone, Default)]
+pub struct NamespaceInfo {
+    pub name: String,
+    pub labels: Labels,
+    pub annotations: Labels,
+}
+
+impl NamespaceInfo {
+    pub fn new(name: &str) -> Self {
+        NamespaceInfo {
+            name: name.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    pub fn from_namespace(namespace: &Namespace) -> Self {
+        let meta = &namespace.metadata;
+        NamespaceInfo {
+            name: meta.name.clone().unwrap_or_default(),
+            labels: meta.labels.clone().unwrap_or_default(),
+            annotations: meta.annotations.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// What placement knows about a node.
+#[derive(Debug, Clone, Default)]
+pub struct NodeInfo {
+    pub labels: Labels,
+    pub taints: Vec<Taint>,
+}
+
+impl NodeInfo {
+    pub fn from_node(node: &Node) -> Self {
+        NodeInfo {
+            labels: node.metadata.labels.clone().unwrap_or_default(),
+            taints: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Known nodes by name.
+pub type NodeIndex = BTreeMap<String, NodeInfo>;
+
+/// Everything one decision looks at.
+#[derive(Debug, Clone, Copy)]
+pub struct Input<'a> {
+    /// The pod as admitted, raw.
+    pub pod: &'a Value,
+    pub namespace: &'a NamespaceInfo,
+    pub policies: &'a PolicySet,
+    /// Known nodes, when there are any (the webhook's cache, `explain --nodes`).
+    pub nodes: Option<&'a NodeIndex>,
+}
+
+/// A policy that applies to the pod, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    pub policy: String,
+    pub why: Vec<String>,
+}
+
+/// A policy the namespace opts into that does not apply to this pod, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PassedOver {
+    pub policy: String,
+    pub why: String,
+}
+
+/// The outcome of one admission.
+#[derive(Debug, Clone, Default)]
+pub struct Decision {
+    /// Policies that apply, with the reasons.
+    pub applied: Vec<Applied>,
+    /// Policies the namespace opts into that do not apply, with the reason.
+    pub passed_over: Vec<PassedOver>,
+    /// What the pod gains.
+    pub grants: Grants,
+    /// Pool tolerations the pod brought itself and loses.
+    pub stripped: Vec<Toleration>,
+    /// Messages for the user, each under 120 characters.
+    pub warnings: Vec<String>,
+    /// Set when the pod must be refused; the reason.
+    pub denial: Option<String>,
+    /// Set when the pod could not be read; it is then allowed unchanged.
+    pub unreadable: Option<String>,
+}
+
+/// Decides what happens to one pod. Never panics, whatever the JSON.
+pub fn decide(input: &Input) -> Decision {
+    let pod = match PodView::read(input.pod) {
+        Ok(pod) => pod,
+        Err(reason) => {
+            return Decision {
+                warnings: vec![bounded(format!("berth left the pod unchanged: {reason}"))],
+                unreadable: Some(reason),
+                ..Default::default()
+            };
+        }
+    };
+    let mut decision = Decision::default();
+    let config = match NamespaceConfig::parse(&input.namespace.annotations) {
+        Ok(config) => Some(config),
+        Err(e) => {
+            decision.warnings.push(bounded(format!(
+                "namespace {}: {e}; no grants until fixed",
+                input.namespace.name
+            )));
+            None
+        }
+    };
+
+    let daemonset = pod.is_daemonset_pod();
+    let mut grants = if daemonset {
+        let (grants, warnings) = daemonset::daemonset_grants(&pod, input.policies);
+        decision.warnings.extend(warnings);
+        decision.applied = grants
+            .applied
+            .iter()
+            .map(|name| Applied {
+                policy: name.clone(),
+                why: vec![format!(
+                    "the pod belongs to a DaemonSet and pool {name} lets DaemonSets run (daemonSets: Tolerate)"
+                )],
+            })
+            .collect();
+        grants
+    } else {
+        let matches =
+            matching::match_policies(&pod, input.namespace, config.as_ref(), input.policies);
+        decision.warnings.extend(matches.warnings);
+        decision.passed_over = matches.passed_over;
+        let applied: Vec<_> = matches.applied.iter().map(|(p, _)| *p).collect();
+        let grants = grants::grants_for(&applied);
+        decision.applied = matches.applied.into_iter().map(|(_, a)| a).collect();
+        grants
+    };
+
+    let applied_policies: Vec<_> = decision
+        .applied
+        .iter()
+        .filter_map(|a| input.policies.get(&a.policy))
+        .filter(|_| !daemonset)
+        .collect();
+    let (scheduler, warnings) =
+        scheduler::scheduler_name(pod.scheduler_name(), config.as_ref(), &applied_policies);
+    grants.scheduler_name = scheduler;
+    decision.warnings.extend(warnings);
+
+    // Entitled pools: every policy that applied (DaemonSet pods: the Tolerate pools).
+    let entitled: BTreeSet<String> = grants.applied.iter().cloned().collect();
+    if !daemonset
+        && let Some(exclusion) = entitlement::wildcard_exclusion(&pod, input.policies, &entitled)
+    {
+        grants.require(exclusion);
+    }
+    let (stripped, warnings) = entitlement::forged_tolerations(&pod, &grants.tolerations);
+    decision.stripped = stripped;
+    decision.warnings.extend(warnings);
+    decision.denial = entitlement::node_name_denial(&pod, input.policies, input.nodes, &entitled);
+
+    if let Some(nodes) = input.nodes {
+        decision
+            .warnings
+            .extend(feasibility::pool_warnings(input, &grants, nodes));
+    }
+    decision.grants = grants;
+    decision
+}
+
+#[cfg(test)]
+mod tests;

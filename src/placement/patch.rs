@@ -1,0 +1,278 @@
+//! The JSON Patch that turns the pod as admitted into the pod berth wants.
+//!
+//! Patches are computed against the **raw JSON**, never by re-serialising typed
+//! objects, and consist of targeted operations: fields unknown to the compiled
+//! Kubernetes types survive untouched. Parents are created before children.
+//!
+//! Merge rules (SPEC "Merge, never clobber"):
+//! - berth's required node requirements are ANDed into *every* existing
+//!   nodeSelectorTerm: terms are ORed, so adding a term of our own would widen
+//!   placement instead of narrowing it; a pod without terms gets one;
+//! - preferred terms and tolerations are appended once, never duplicated;
+//! - what berth owns (pool tolerations, pool and anchor expressions, the applied
+//!   annotation) is removed unless it is still wanted, so admitting berth's own
+//!   output yields an empty patch and a pod cannot bring berth's grants itself;
+//! - everything else the user wrote is kept verbatim.
+
+use std::collections::BTreeSet;
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
+use serde_json::{Value, json};
+
+use super::grants::Grants;
+use crate::names::{APPLIED_ANNOTATION, POOL_TAINT, is_owned_node_key};
+
+const NODE_AFFINITY: [&str; 3] = ["spec", "affinity", "nodeAffinity"];
+const REQUIRED: &str = "requiredDuringSchedulingIgnoredDuringExecution";
+const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
+
+/// Typed grants as JSON, to compare with and insert into the raw pod.
+fn to_values<T: serde::Serialize>(items: &[T]) -> Vec<Value> {
+    // Serialising k8s-openapi types into a Value cannot fail.
+    items
+        .iter()
+        .filter_map(|i| serde_json::to_value(i).ok())
+        .collect()
+}
+
+/// The operations that apply `grants` to the pod `raw`; empty when the pod already
+/// is what berth wants.
+pub fn build_patch(raw: &Value, grants: &Grants) -> Patch {
+    let mut builder = Builder {
+        raw,
+        ops: Vec::new(),
+        created: BTreeSet::new(),
+    };
+    builder.tolerations(&to_values(&grants.tolerations));
+    builder.required(&to_values(&grants.required));
+    builder.preferred(&to_values(&grants.preferred));
+    builder.scheduler(grants.scheduler_name.as_deref());
+    builder.applied_annotation(&grants.applied);
+    Patch(builder.ops)
+}
+
+struct Builder<'a> {
+    raw: &'a Value,
+    ops: Vec<PatchOperation>,
+    /// Objects this patch creates, so each parent is added once.
+    created: BTreeSet<Vec<String>>,
+}
+
+fn pointer(tokens: &[&str]) -> PointerBuf {
+    PointerBuf::from_tokens(tokens.iter().copied())
+}
+
+fn lookup<'v>(raw: &'v Value, tokens: &[&str]) -> Option<&'v Value> {
+    tokens.iter().try_fold(raw, |v, t| match v {
+        Value::Object(map) => map.get(*t),
+        Value::Array(items) => items.get(t.parse::<usize>().ok()?),
+        _ => None,
+    })
+}
+
+fn is_owned_toleration(t: &Value) -> bool {
+    t.get("key").and_then(Value::as_str) == Some(POOL_TAINT)
+}
+
+fn has_owned_key(expressions: Option<&Value>) -> bool {
+    expressions
+        .and_then(Value::as_array)
+        .is_some_and(|e| e.iter().any(is_owned_expression))
+}
+
+fn is_owned_expression(e: &Value) -> bool {
+    e.get("key")
+        .and_then(Value::as_str)
+        .is_some_and(is_owned_node_key)
+}
+
+fn is_owned_preferred(term: &Value) -> bool {
+    has_owned_key(term.pointer("/preference/matchExpressions"))
+}
+
+/// For a list where berth owns some items: the indices to remove (owned and no
+/// longer wanted, or repeated) in descending order, and the wanted items missing.
+fn reconcile_list<'w>(
+    current: &[Value],
+    wanted: &'w [Value],
+    owned: impl Fn(&Value) -> bool,
+) -> (Vec<usize>, Vec<&'w Value>) {
+    let mut kept: Vec<&Value> = Vec::new();
+    let mut remove = Vec::new();
+    for (i, item) in current.iter().enumerate() {
+        if owned(item) {
+            if wanted.contains(item) && !kept.contains(&item) {
+                kept.push(item);
+            } else {
+                remove.push(i);
+            }
+        } else {
+            kept.push(item);
+        }
+    }
+    remove.reverse();
+    let missing = wanted.iter().filter(|w| !kept.contains(w)).collect();
+    (remove, missing)
+}
+
+impl Builder<'_> {
+    fn add(&mut self, tokens: &[&str], value: Value) {
+        self.ops.push(PatchOperation::Add(AddOperation {
+            path: pointer(tokens),
+            value,
+        }));
+    }
+
+    fn remove(&mut self, tokens: &[&str]) {
+        self.ops.push(PatchOperation::Remove(RemoveOperation {
+            path: pointer(tokens),
+        }));
+    }
+
+    /// Makes sure the object at `tokens` and its parents exist, creating the
+    /// missing ones (a `null` counts as missing) from the top down.
+    fn ensure_object(&mut self, tokens: &[&str]) {
+        for depth in 1..=tokens.len() {
+            let path = &tokens[..depth];
+            let key: Vec<String> = path.iter().map(|t| t.to_string()).collect();
+            let exists = lookup(self.raw, path).is_some_and(Value::is_object);
+            if !exists && !self.created.contains(&key) {
+                self.add(path, json!({}));
+                self.created.insert(key);
+            }
+        }
+    }
+
+    fn tolerations(&mut self, wanted: &[Value]) {
+        let path = ["spec", "tolerations"];
+        let Some(current) = lookup(self.raw, &path).and_then(Value::as_array) else {
+            if !wanted.is_empty() {
+                self.ensure_object(&path[..1]);
+                self.add(&path, Value::Array(wanted.to_vec()));
+            }
+            return;
+        };
+        let (remove, missing) = reconcile_list(current, wanted, is_owned_toleration);
+        for i in remove {
+            self.remove(&["spec", "tolerations", &i.to_string()]);
+        }
+        for item in missing {
+            self.add(&["spec", "tolerations", "-"], item.clone());
+        }
+    }
+
+    fn required(&mut self, wanted: &[Value]) {
+        let required = [&NODE_AFFINITY[..], &[REQUIRED]].concat();
+        let terms_path = [&required[..], &["nodeSelectorTerms"]].concat();
+        let terms = lookup(self.raw, &terms_path)
+            .and_then(Value::as_array)
+            .filter(|t| !t.is_empty());
+        let Some(terms) = terms else {
+            if !wanted.is_empty() {
+                self.ensure_object(&required);
+                self.add(&terms_path, json!([{ "matchExpressions": wanted }]));
+            }
+            return;
+        };
+        // Descending, so removing a whole term never shifts a term still to come.
+        let mut removed_terms = 0;
+        for (t, term) in terms.iter().enumerate().rev() {
+            let index = t.to_string();
+            let term_path = [&terms_path[..], &[index.as_str()]].concat();
+            let expressions_path = [&term_path[..], &["matchExpressions"]].concat();
+            let current = term
+                .get("matchExpressions")
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let (remove, missing) = reconcile_list(current, wanted, is_owned_expression);
+            let has_fields = term
+                .get("matchFields")
+                .and_then(Value::as_array)
+                .is_some_and(|f| !f.is_empty());
+            if missing.is_empty()
+                && !has_fields
+                && remove.len() == current.len()
+                && !current.is_empty()
+            {
+                // Only forged berth expressions were left: an empty term matches
+                // nothing, so drop the term rather than keep a broken one.
+                self.remove(&term_path);
+                removed_terms += 1;
+                continue;
+            }
+            for i in remove {
+                let i = i.to_string();
+                self.remove(&[&expressions_path[..], &[i.as_str()]].concat());
+            }
+            if term
+                .get("matchExpressions")
+                .and_then(Value::as_array)
+                .is_none()
+            {
+                if !missing.is_empty() {
+                    let values: Vec<Value> = missing.into_iter().cloned().collect();
+                    self.add(&expressions_path, Value::Array(values));
+                }
+            } else {
+                for item in missing {
+                    self.add(&[&expressions_path[..], &["-"]].concat(), item.clone());
+                }
+            }
+        }
+        if removed_terms == terms.len() {
+            // Every term was forged: the last `removed_terms` operations are their
+            // removals; replace them with one removal of the whole requirement.
+            self.ops.truncate(self.ops.len() - removed_terms);
+            self.remove(&required);
+        }
+    }
+
+    fn preferred(&mut self, wanted: &[Value]) {
+        let path = [&NODE_AFFINITY[..], &[PREFERRED]].concat();
+        let Some(current) = lookup(self.raw, &path).and_then(Value::as_array) else {
+            if !wanted.is_empty() {
+                self.ensure_object(&NODE_AFFINITY);
+                self.add(&path, Value::Array(wanted.to_vec()));
+            }
+            return;
+        };
+        let (remove, missing) = reconcile_list(current, wanted, is_owned_preferred);
+        for i in remove {
+            let i = i.to_string();
+            self.remove(&[&path[..], &[i.as_str()]].concat());
+        }
+        for item in missing {
+            self.add(&[&path[..], &["-"]].concat(), item.clone());
+        }
+    }
+
+    fn scheduler(&mut self, wanted: Option<&str>) {
+        let path = ["spec", "schedulerName"];
+        if let Some(name) = wanted
+            && lookup(self.raw, &path).and_then(Value::as_str) != Some(name)
+        {
+            self.ensure_object(&path[..1]);
+            self.add(&path, json!(name));
+        }
+    }
+
+    fn applied_annotation(&mut self, applied: &[String]) {
+        let annotations = ["metadata", "annotations"];
+        let path = ["metadata", "annotations", APPLIED_ANNOTATION];
+        let current = lookup(self.raw, &path);
+        if applied.is_empty() {
+            if current.is_some() {
+                self.remove(&path);
+            }
+            return;
+        }
+        let value = applied.join(",");
+        if current.and_then(Value::as_str) == Some(value.as_str()) {
+            return;
+        }
+        self.ensure_object(&annotations);
+        self.add(&path, json!(value));
+    }
+}

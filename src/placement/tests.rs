@@ -1,0 +1,547 @@
+//! Table-style tests of the decision and the patch, one rule per test.
+
+use serde_json::{Value, json};
+
+use super::*;
+use crate::policy::PlacementPolicy;
+
+fn mk_policy(name: &str, spec: Value) -> PlacementPolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+        "metadata": {"name": name}, "spec": spec
+    }))
+    .expect("test policy")
+}
+
+fn mk_set(policies: &[PlacementPolicy]) -> PolicySet {
+    let (set, errors) = PolicySet::compile(policies);
+    assert!(errors.is_empty(), "{errors:?}");
+    set
+}
+
+fn cdn() -> PlacementPolicy {
+    mk_policy(
+        "cdn",
+        json!({"images": ["*cdn*"], "pool": {"nodeNames": ["node2"]}}),
+    )
+}
+
+fn mk_pod(image: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "default"},
+        "spec": {"containers": [{"name": "app", "image": image}]}
+    })
+}
+
+fn opted_in(policies: &str) -> NamespaceInfo {
+    let mut ns = NamespaceInfo::new("default");
+    ns.annotations
+        .insert("berth.io/policies".into(), policies.into());
+    ns
+}
+
+struct Outcome {
+    decision: Decision,
+    patch: json_patch::Patch,
+    pod: Value,
+}
+
+fn admit_with(
+    pod: &Value,
+    ns: &NamespaceInfo,
+    set: &PolicySet,
+    nodes: Option<&NodeIndex>,
+) -> Outcome {
+    let input = Input {
+        pod,
+        namespace: ns,
+        policies: set,
+        nodes,
+    };
+    let decision = decide(&input);
+    for w in &decision.warnings {
+        assert!(w.chars().count() < 120, "warning too long: {w}");
+    }
+    let patch = build_patch(pod, &decision.grants);
+    let mut patched = pod.clone();
+    json_patch::patch(&mut patched, &patch).expect("patch applies to the pod it was built for");
+    Outcome {
+        decision,
+        patch,
+        pod: patched,
+    }
+}
+
+fn admit(pod: &Value, ns: &NamespaceInfo, set: &PolicySet) -> Outcome {
+    admit_with(pod, ns, set, None)
+}
+
+fn required_terms(pod: &Value) -> Value {
+    pod.pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+fn pool_in(pools: &[&str]) -> Value {
+    json!({"key": "node-restriction.kubernetes.io/berth.pool", "operator": "In", "values": pools})
+}
+
+fn pool_not_in(pools: &[&str]) -> Value {
+    json!({"key": "node-restriction.kubernetes.io/berth.pool", "operator": "NotIn", "values": pools})
+}
+
+fn pool_toleration(pool: &str) -> Value {
+    json!({"key": "berth.io/pool", "operator": "Equal", "value": pool, "effect": "NoSchedule"})
+}
+
+#[test]
+fn cdn_pod_in_an_opted_in_namespace_gets_the_pool_toleration_and_required_affinity() {
+    let set = mk_set(&[cdn()]);
+    let out = admit(&mk_pod("example/cdn-uploader:1.0"), &opted_in("cdn"), &set);
+    assert_eq!(out.decision.applied.len(), 1);
+    assert!(out.decision.applied[0].why[1].contains("matches *cdn*"));
+    assert_eq!(
+        out.pod["spec"]["tolerations"],
+        json!([pool_toleration("cdn")])
+    );
+    assert_eq!(
+        required_terms(&out.pod),
+        json!([{"matchExpressions": [pool_in(&["cdn"])]}])
+    );
+    assert_eq!(
+        out.pod["metadata"]["annotations"]["berth.io/applied"],
+        "cdn"
+    );
+}
+
+#[test]
+fn pods_whose_images_do_not_match_or_namespaces_that_did_not_opt_in_get_nothing() {
+    let set = mk_set(&[cdn()]);
+    let out = admit(&mk_pod("nginx"), &opted_in("cdn"), &set);
+    assert!(out.patch.0.is_empty());
+    assert!(
+        out.decision.passed_over[0]
+            .why
+            .starts_with("no image matches *cdn*")
+    );
+    let out = admit(&mk_pod("cdn-uploader"), &NamespaceInfo::new("other"), &set);
+    assert!(out.patch.0.is_empty());
+}
+
+#[test]
+fn init_container_images_count() {
+    let set = mk_set(&[cdn()]);
+    let mut pod = mk_pod("nginx");
+    pod["spec"]["initContainers"] =
+        json!([{"name": "seed", "image": "registry.example.com/cdn/seed"}]);
+    let out = admit(&pod, &opted_in("cdn"), &set);
+    assert!(out.decision.applied[0].why[1].contains("init container seed"));
+}
+
+#[test]
+fn preferred_placement_appends_a_weighted_term_and_no_required_one() {
+    let set = mk_set(&[mk_policy(
+        "cdn",
+        json!({"images": ["*cdn*"], "pool": {"nodeNames": ["node2"], "placement": "Preferred", "weight": 80}}),
+    )]);
+    let mut pod = mk_pod("cdn");
+    pod["spec"]["affinity"] = json!({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 5, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}
+    ]}});
+    let out = admit(&pod, &opted_in("cdn"), &set);
+    assert_eq!(required_terms(&out.pod), Value::Null);
+    let preferred = &out.pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(preferred[0]["weight"], 5, "the user's term is kept first");
+    assert_eq!(
+        preferred[1],
+        json!({"weight": 80, "preference": {"matchExpressions": [pool_in(&["cdn"])]}})
+    );
+}
+
+#[test]
+fn required_expressions_are_anded_into_every_existing_term() {
+    let set = mk_set(&[cdn()]);
+    let mut pod = mk_pod("cdn");
+    let user_terms = json!([
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node2"]}]}
+    ]);
+    pod["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": user_terms}}});
+    let out = admit(&pod, &opted_in("cdn"), &set);
+    let terms = required_terms(&out.pod);
+    assert_eq!(
+        terms.as_array().unwrap().len(),
+        2,
+        "no term is added: that would widen placement"
+    );
+    assert_eq!(
+        terms[0]["matchExpressions"],
+        json!([{"key": "zone", "operator": "In", "values": ["a"]}, pool_in(&["cdn"])])
+    );
+    assert_eq!(terms[1]["matchExpressions"], json!([pool_in(&["cdn"])]));
+    assert_eq!(terms[1]["matchFields"], user_terms[1]["matchFields"]);
+}
+
+#[test]
+fn unknown_fields_survive_admission() {
+    let set = mk_set(&[cdn()]);
+    let mut pod = mk_pod("cdn");
+    pod["spec"]["futureField"] = json!({"x": [1, 2]});
+    pod["spec"]["containers"][0]["futureContainerField"] = json!(true);
+    pod["spec"]["tolerations"] =
+        json!([{"key": "a", "operator": "Exists", "futureTolerationField": 1}]);
+    let out = admit(&pod, &opted_in("cdn"), &set);
+    assert_eq!(out.pod["spec"]["futureField"], json!({"x": [1, 2]}));
+    assert_eq!(
+        out.pod["spec"]["containers"][0]["futureContainerField"],
+        json!(true)
+    );
+    assert_eq!(
+        out.pod["spec"]["tolerations"][0]["futureTolerationField"],
+        json!(1)
+    );
+}
+
+#[test]
+fn admitting_berths_own_output_yields_an_empty_patch() {
+    let set = mk_set(&[
+        cdn(),
+        mk_policy(
+            "gpu",
+            json!({"nodeAffinity": {
+        "required": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["A100"]}],
+        "preferred": [{"weight": 50, "preference": {"key": "example.com/nvme", "operator": "Exists"}}]},
+        "schedulerName": "gpu-scheduler"}),
+        ),
+    ]);
+    let first = admit(&mk_pod("cdn"), &opted_in("cdn, gpu"), &set);
+    assert!(!first.patch.0.is_empty());
+    let second = admit(&first.pod, &opted_in("cdn, gpu"), &set);
+    assert!(second.patch.0.is_empty(), "{:?}", second.patch);
+}
+
+#[test]
+fn a_forged_pool_toleration_is_removed_with_a_warning() {
+    let set = mk_set(&[cdn()]);
+    let mut pod = mk_pod("nginx");
+    pod["spec"]["tolerations"] =
+        json!([pool_toleration("cdn"), {"key": "mine", "operator": "Exists"}]);
+    let out = admit(&pod, &opted_in("cdn"), &set);
+    assert_eq!(
+        out.pod["spec"]["tolerations"],
+        json!([{"key": "mine", "operator": "Exists"}])
+    );
+    assert_eq!(out.decision.stripped.len(), 1);
+    assert!(
+        out.decision
+            .warnings
+            .iter()
+            .any(|w| w.starts_with("removed toleration berth.io/pool=cdn"))
+    );
+}
+
+#[test]
+fn a_forged_berth_annotation_and_expression_are_removed() {
+    let set = mk_set(&[cdn()]);
+    let mut pod = mk_pod("nginx");
+    pod["metadata"]["annotations"] = json!({"berth.io/applied": "cdn", "keep": "me"});
+    pod["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [pool_in(&["cdn"])]}
+    ]}}});
+    let out = admit(&pod, &opted_in("cdn"), &set);
+    assert_eq!(out.pod["metadata"]["annotations"], json!({"keep": "me"}));
+    assert_eq!(out.pod["spec"]["affinity"]["nodeAffinity"], json!({}));
+}
+
+#[test]
+fn wildcard_toleration_gets_pool_exclusion_in_every_term() {
+    let set = mk_set(&[
+        cdn(),
+        mk_policy(
+            "gpu",
+            json!({"images": ["*cuda*"], "pool": {"nodeNames": ["node3"]}}),
+        ),
+    ]);
+    let mut pod = mk_pod("nginx");
+    pod["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+    pod["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "a", "operator": "Exists"}]}, {"matchExpressions": [{"key": "b", "operator": "Exists"}]}
+    ]}}});
+    let out = admit(&pod, &opted_in("cdn"), &set);
+    for term in required_terms(&out.pod).as_array().unwrap() {
+        assert!(
+            term["matchExpressions"]
+                .as_array()
+                .unwrap()
+                .contains(&pool_not_in(&["cdn", "gpu"])),
+            "{term}"
+        );
+    }
+}
+
+#[test]
+fn a_wildcard_for_another_effect_needs_no_exclusion() {
+    let set = mk_set(&[cdn()]);
+    let mut pod = mk_pod("nginx");
+    pod["spec"]["tolerations"] = json!([{"operator": "Exists", "effect": "NoExecute"}]);
+    assert!(admit(&pod, &opted_in(""), &set).patch.0.is_empty());
+}
+
+#[test]
+fn an_entitled_pod_with_a_wildcard_is_excluded_only_from_other_pools() {
+    let set = mk_set(&[
+        cdn(),
+        mk_policy(
+            "gpu",
+            json!({"pool": {"nodeNames": ["node3"]}, "images": ["*cuda*"]}),
+        ),
+    ]);
+    let mut pod = mk_pod("cdn");
+    pod["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+    let out = admit(&pod, &opted_in("cdn"), &set);
+    assert_eq!(
+        required_terms(&out.pod),
+        json!([{"matchExpressions": [pool_in(&["cdn"]), pool_not_in(&["gpu"])]}])
+    );
+}
+
+#[test]
+fn node_name_on_a_dedicated_node_is_denied_unless_entitled() {
+    let set = mk_set(&[cdn()]);
+    let mut pod = mk_pod("nginx");
+    pod["spec"]["nodeName"] = json!("node2");
+    let denial = admit(&pod, &opted_in("cdn"), &set)
+        .decision
+        .denial
+        .expect("denied");
+    assert_eq!(
+        denial,
+        "spec.nodeName node2 is in dedicated pool cdn, which this pod is not entitled to"
+    );
+    pod["spec"]["containers"][0]["image"] = json!("cdn");
+    assert!(
+        admit(&pod, &opted_in("cdn"), &set)
+            .decision
+            .denial
+            .is_none()
+    );
+    pod["spec"]["nodeName"] = json!("node1");
+    pod["spec"]["containers"][0]["image"] = json!("nginx");
+    assert!(
+        admit(&pod, &opted_in("cdn"), &set)
+            .decision
+            .denial
+            .is_none()
+    );
+}
+
+#[test]
+fn node_name_denial_uses_pool_node_selectors_when_nodes_are_known() {
+    let set = mk_set(&[mk_policy(
+        "gpu",
+        json!({"images": ["*cuda*"], "pool": {"nodeSelector": {"matchLabels": {"gpu": "yes"}}}}),
+    )]);
+    let mut pod = mk_pod("nginx");
+    pod["spec"]["nodeName"] = json!("g1");
+    let mut nodes = NodeIndex::new();
+    nodes.insert(
+        "g1".into(),
+        NodeInfo {
+            labels: [("gpu".to_string(), "yes".to_string())].into(),
+            taints: vec![],
+        },
+    );
+    assert!(
+        admit_with(&pod, &opted_in(""), &set, Some(&nodes))
+            .decision
+            .denial
+            .is_some()
+    );
+}
+
+fn daemonset_pod() -> Value {
+    let mut pod = mk_pod("fluent-bit");
+    pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "logs", "uid": "u", "controller": true}]);
+    pod["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node2"]}]}
+    ]}}});
+    pod["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+    pod
+}
+
+#[test]
+fn daemonset_pods_get_tolerate_pool_tolerations_and_no_node_affinity() {
+    let set = mk_set(&[
+        cdn(),
+        mk_policy(
+            "gpu",
+            json!({"pool": {"nodeNames": ["node3"], "daemonSets": "Exclude"}}),
+        ),
+    ]);
+    let pod = daemonset_pod();
+    let out = admit(&pod, &NamespaceInfo::new("kube-logging"), &set);
+    assert_eq!(out.pod["spec"]["tolerations"][1], pool_toleration("cdn"));
+    assert_eq!(
+        out.pod["spec"]["tolerations"].as_array().unwrap().len(),
+        2,
+        "no gpu toleration"
+    );
+    assert_eq!(
+        required_terms(&out.pod),
+        required_terms(&pod),
+        "its own per-node affinity is untouched"
+    );
+    assert!(
+        out.decision
+            .warnings
+            .iter()
+            .any(|w| w.contains("pool gpu (daemonSets: Exclude) cannot keep it off"))
+    );
+}
+
+#[test]
+fn namespace_scheduler_annotation_routes_pods_but_a_pods_own_scheduler_is_kept() {
+    let set = mk_set(&[]);
+    let mut ns = NamespaceInfo::new("batch");
+    ns.annotations
+        .insert("berth.io/scheduler-name".into(), "volcano".into());
+    let out = admit(&mk_pod("nginx"), &ns, &set);
+    assert_eq!(out.pod["spec"]["schedulerName"], "volcano");
+    let mut pod = mk_pod("nginx");
+    pod["spec"]["schedulerName"] = json!("default-scheduler");
+    assert_eq!(
+        admit(&pod, &ns, &set).pod["spec"]["schedulerName"],
+        "volcano"
+    );
+    pod["spec"]["schedulerName"] = json!("mine");
+    let out = admit(&pod, &ns, &set);
+    assert_eq!(out.pod["spec"]["schedulerName"], "mine");
+    assert!(out.decision.warnings[0].contains("berth leaves it"));
+}
+
+#[test]
+fn a_broken_annotation_grants_nothing_but_still_strips_forged_tolerations() {
+    let set = mk_set(&[cdn()]);
+    let ns = opted_in("cdn,,gpu");
+    let mut pod = mk_pod("cdn");
+    pod["spec"]["tolerations"] = json!([pool_toleration("cdn")]);
+    let out = admit(&pod, &ns, &set);
+    assert!(out.decision.applied.is_empty());
+    assert_eq!(out.pod["spec"]["tolerations"], json!([]));
+    assert!(
+        out.decision.warnings[0].contains("entry 2 is empty"),
+        "{:?}",
+        out.decision.warnings
+    );
+}
+
+#[test]
+fn unknown_policy_names_give_a_warning() {
+    let out = admit(&mk_pod("nginx"), &opted_in("cnd"), &mk_set(&[cdn()]));
+    assert_eq!(
+        out.decision.warnings,
+        ["namespace default opts into unknown policy \"cnd\" (berth.io/policies)"]
+    );
+}
+
+#[test]
+fn a_namespace_image_override_replaces_the_policy_images() {
+    let set = mk_set(&[cdn()]);
+    let mut ns = opted_in("cdn");
+    ns.annotations.insert(
+        "berth.io/images.cdn".into(),
+        "registry.example.com/edge/*".into(),
+    );
+    assert!(admit(&mk_pod("cdn"), &ns, &set).decision.applied.is_empty());
+    let out = admit(&mk_pod("registry.example.com/edge/app:1"), &ns, &set);
+    assert_eq!(out.decision.applied[0].policy, "cdn");
+}
+
+#[test]
+fn pod_and_namespace_selectors_narrow_and_widen_matching() {
+    let set = mk_set(&[mk_policy(
+        "web",
+        json!({
+        "namespaceSelector": {"matchLabels": {"tier": "edge"}},
+        "podSelector": {"matchLabels": {"app": "web"}},
+        "pool": {"nodeNames": ["node1"]}}),
+    )]);
+    let mut ns = NamespaceInfo::new("edge");
+    ns.labels.insert("tier".into(), "edge".into());
+    let mut pod = mk_pod("nginx");
+    assert_eq!(
+        admit(&pod, &ns, &set).decision.passed_over[0].why,
+        "the pod's labels do not match podSelector"
+    );
+    pod["metadata"]["labels"] = json!({"app": "web"});
+    assert_eq!(admit(&pod, &ns, &set).decision.applied[0].policy, "web");
+}
+
+#[test]
+fn colocate_with_and_avoid_use_anchor_labels() {
+    let set = mk_set(&[
+        mk_policy(
+            "b-near-a",
+            json!({"colocateWith": {"matchLabels": {"app": "a"}}}),
+        ),
+        mk_policy(
+            "redis",
+            json!({"avoid": {"matchLabels": {"app": "redis-master"}}}),
+        ),
+    ]);
+    let out = admit(&mk_pod("nginx"), &opted_in("b-near-a, redis"), &set);
+    assert_eq!(
+        required_terms(&out.pod),
+        json!([{"matchExpressions": [
+            {"key": "node-restriction.kubernetes.io/berth.runs.b-near-a", "operator": "In", "values": ["true"]},
+            {"key": "node-restriction.kubernetes.io/berth.runs.redis", "operator": "DoesNotExist"}
+        ]}])
+    );
+    assert_eq!(
+        out.pod["metadata"]["annotations"]["berth.io/applied"],
+        "b-near-a,redis"
+    );
+}
+
+#[test]
+fn a_pod_in_two_required_pools_may_use_either() {
+    let set = mk_set(&[
+        cdn(),
+        mk_policy("edge", json!({"pool": {"nodeNames": ["node4"]}})),
+    ]);
+    let out = admit(&mk_pod("cdn"), &opted_in("cdn, edge"), &set);
+    assert_eq!(
+        required_terms(&out.pod)[0]["matchExpressions"][0],
+        pool_in(&["cdn", "edge"])
+    );
+}
+
+#[test]
+fn a_pod_that_cannot_be_read_is_left_unchanged_with_a_warning() {
+    let set = mk_set(&[cdn()]);
+    let pod = json!({"kind": "Pod", "spec": {"containers": "not a list"}});
+    let out = admit(&pod, &opted_in("cdn"), &set);
+    assert!(out.patch.0.is_empty());
+    assert!(
+        out.decision.warnings[0].starts_with("berth left the pod unchanged: not a readable Pod")
+    );
+}
+
+#[test]
+fn a_warning_says_when_the_pods_own_constraints_leave_no_pool_node() {
+    let set = mk_set(&[cdn()]);
+    let mut pod = mk_pod("cdn");
+    pod["spec"]["nodeSelector"] = json!({"disk": "ssd"});
+    let mut nodes = NodeIndex::new();
+    nodes.insert("node2".into(), NodeInfo::default());
+    let out = admit_with(&pod, &opted_in("cdn"), &set, Some(&nodes));
+    assert!(
+        out.decision
+            .warnings
+            .iter()
+            .any(|w| w.starts_with("no node of pool cdn fits")),
+        "{:?}",
+        out.decision.warnings
+    );
+}

@@ -1,0 +1,203 @@
+//! The `PlacementPolicy` custom resource (SPEC "PlacementPolicy").
+//!
+//! The schema validates what a schema can: enums, weight 1..100, a policy name of at
+//! most 50 characters, at least one thing to grant, and no unknown fields. What a
+//! schema cannot (glob syntax, conflicting pools) is checked by [`super::compile`].
+
+use k8s_openapi::api::core::v1::NodeSelectorRequirement;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Which pods get which placement.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "berth.io",
+    version = "v1alpha1",
+    kind = "PlacementPolicy",
+    plural = "placementpolicies",
+    shortname = "bpp",
+    status = "PlacementPolicyStatus",
+    printcolumn = r#"{"name":"Nodes","type":"integer","jsonPath":".status.nodes"}"#,
+    printcolumn = r#"{"name":"Dedicated","type":"boolean","jsonPath":".spec.pool.dedicated"}"#,
+    printcolumn = r#"{"name":"Placement","type":"string","jsonPath":".spec.pool.placement"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    validation = Rule::new("size(self.metadata.name) <= 50").message("policy names are at most 50 characters: they become part of node label keys")
+)]
+#[x_kube(
+    validation = Rule::new("has(self.pool) || has(self.nodeAffinity) || has(self.colocateWith) || has(self.avoid) || has(self.schedulerName)").message("a policy must grant something: pool, nodeAffinity, colocateWith, avoid or schedulerName")
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PlacementPolicySpec {
+    /// Namespaces whose labels match opt in, besides those that name the policy in
+    /// their `berth.io/policies` annotation. As everywhere in Kubernetes, an empty
+    /// selector (`{}`) matches every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// Globs on the normalised image reference (`docker.io/library/nginx:latest`) of
+    /// any container or init container. Empty: every pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<String>,
+    /// Only pods whose labels match. Absent: every pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
+    /// A set of nodes this policy owns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<Pool>,
+    /// Extra node requirements, for example a GPU product or an NVMe class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_affinity: Option<ExtraNodeAffinity>,
+    /// Pods must share a node with a pod matching this selector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub colocate_with: Option<LabelSelector>,
+    /// Pods must not share a node with a pod matching this selector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avoid: Option<LabelSelector>,
+    /// Where `colocateWith`/`avoid` pods are looked for.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub anchor_namespaces: AnchorNamespaces,
+    /// The scheduler that places matching pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_name: Option<String>,
+}
+
+/// A set of nodes a policy owns.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Pool {
+    /// Nodes whose labels match are in the pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+    /// Nodes named here are in the pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_names: Vec<String>,
+    /// Taint pool nodes so that pods not entitled stay off.
+    #[serde(default = "default_true")]
+    #[schemars(default = "default_true")]
+    pub dedicated: bool,
+    /// The taint effect; `NoExecute` also evicts pods that got there around admission.
+    #[serde(default)]
+    pub effect: PoolEffect,
+    /// Whether entitled pods must (`Required`) or should (`Preferred`) use the pool.
+    #[serde(default)]
+    pub placement: Placement,
+    /// Weight of the preference when `placement` is `Preferred`.
+    #[serde(default = "default_weight")]
+    #[schemars(range(min = 1, max = 100), default = "default_weight")]
+    pub weight: i32,
+    /// Whether DaemonSet pods may run on pool nodes.
+    #[serde(default)]
+    pub daemon_sets: DaemonSets,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Pool {
+            node_selector: None,
+            node_names: Vec::new(),
+            dedicated: true,
+            effect: PoolEffect::default(),
+            placement: Placement::default(),
+            weight: default_weight(),
+            daemon_sets: DaemonSets::default(),
+        }
+    }
+}
+
+/// Taint effect of a dedicated pool.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PoolEffect {
+    #[default]
+    NoSchedule,
+    NoExecute,
+}
+
+impl PoolEffect {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolEffect::NoSchedule => "NoSchedule",
+            PoolEffect::NoExecute => "NoExecute",
+        }
+    }
+}
+
+/// Whether entitled pods must or should land in the pool.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    #[default]
+    Required,
+    Preferred,
+}
+
+/// What DaemonSet pods get on a dedicated pool.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DaemonSets {
+    /// DaemonSet pods get the pool toleration and may run on pool nodes.
+    #[default]
+    Tolerate,
+    /// DaemonSet pods get nothing and stay off pool nodes.
+    Exclude,
+}
+
+/// Where the pods named by `colocateWith` and `avoid` are looked for.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AnchorNamespaces {
+    /// In the namespace of the pod being placed.
+    #[default]
+    Same,
+    /// In every namespace.
+    All,
+}
+
+/// Extra node requirements of a policy.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExtraNodeAffinity {
+    /// ANDed into every required node selector term of the pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub required: Vec<NodeSelectorRequirement>,
+    /// Appended to the pod's preferred terms.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preferred: Vec<WeightedRequirement>,
+}
+
+/// One preferred node requirement with its weight.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WeightedRequirement {
+    #[schemars(range(min = 1, max = 100))]
+    pub weight: i32,
+    pub preference: NodeSelectorRequirement,
+}
+
+/// What the controller reports about a policy.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementPolicyStatus {
+    /// Nodes in the pool now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<i32>,
+    /// `Ready`; `Conflict` when a node is claimed by two pools (the older one wins).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_weight() -> i32 {
+    50
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
+/// The CustomResourceDefinition generated from these types, as YAML; what
+/// `berth crd` prints and `manifests/crd.yaml` holds.
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    serde_yaml_ng::to_string(&PlacementPolicy::crd()).expect("a CRD always serialises to YAML")
+}
