@@ -4,11 +4,11 @@
 
 use std::fmt::Write;
 
-use k8s_openapi::api::core::v1::Toleration;
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Toleration};
 
 use super::feasibility::{describe_requirement, node_fits, patched_pod, with_pool_state};
 use super::{Decision, Input};
-use crate::names::APPLIED_ANNOTATION;
+use crate::names::{ANCHOR_LABEL_PREFIX, APPLIED_ANNOTATION, POOL_LABEL};
 
 /// Explains `decision` for the pod in `input`; `patch_len` is the number of patch
 /// operations, to say whether anything changes.
@@ -54,8 +54,8 @@ pub fn explain(input: &Input, pod_name: &str, decision: &Decision, patch_len: us
     }
     for r in &grants.required {
         say(format!(
-            "+ requires nodes with {} (added to every node-affinity term)",
-            describe_requirement(r)
+            "+ {} (added to every node-affinity term)",
+            required_in_words(r)
         ));
     }
     for p in &grants.preferred {
@@ -135,6 +135,25 @@ fn explain_nodes(out: &mut String, input: &Input, decision: &Decision, nodes: &s
         [] => writeln!(out, "The pod fits no given node; it would stay Pending."),
         names => writeln!(out, "The pod may land on: {}.", names.join(", ")),
     };
+}
+
+/// What a required node expression means for the pod, in words.
+fn required_in_words(r: &NodeSelectorRequirement) -> String {
+    let values = r.values.as_deref().unwrap_or_default().join(", ");
+    let anchor = r.key.strip_prefix(ANCHOR_LABEL_PREFIX);
+    match (r.key.as_str(), r.operator.as_str(), anchor) {
+        (POOL_LABEL, "In", _) => format!("must run on a node of pool {values}"),
+        (POOL_LABEL, "NotIn", _) => format!(
+            "must stay off dedicated pool {values}: it tolerates every taint, so the pool taint alone would not keep it off"
+        ),
+        (_, "In", Some(policy)) => {
+            format!("must run on a node where a pod named by {policy}'s colocateWith runs")
+        }
+        (_, "DoesNotExist", Some(policy)) => {
+            format!("must avoid nodes where a pod named by {policy}'s avoid runs")
+        }
+        _ => format!("requires nodes with {}", describe_requirement(r)),
+    }
 }
 
 fn toleration(t: &Toleration) -> String {

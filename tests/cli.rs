@@ -1,0 +1,359 @@
+//! `berth mutate`, `berth explain` and `berth crd` through the real binary: output
+//! formats, exit codes, messages, and every example policy in `policies/`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::{Value, json};
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn berth(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run berth");
+    let mut input = child.stdin.take().unwrap();
+    if let Some(text) = stdin {
+        input.write_all(text.as_bytes()).unwrap();
+    }
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs `berth mutate -o json` on one pod given as JSON, with `policies`.
+fn mutate_json(pod: &Value, policies: &str) -> (Value, Output) {
+    let out = berth(
+        &["mutate", "-f", "-", "--policies", policies, "-o", "json"],
+        Some(&pod.to_string()),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    (
+        serde_json::from_slice(&out.stdout).expect("json output"),
+        out,
+    )
+}
+
+fn pod(labels: Value, image: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "p", "namespace": "default", "labels": labels},
+           "spec": {"containers": [{"name": "c", "image": image}]}})
+}
+
+fn required(pod: &Value) -> &Value {
+    &pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        [0]["matchExpressions"]
+}
+
+#[test]
+fn mutate_prints_every_pod_of_a_multi_document_file_as_yaml() {
+    let out = berth(
+        &[
+            "mutate",
+            "-f",
+            "tests/data/cdn-pod.yaml",
+            "--policies",
+            "policies/cdn.yaml",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert_eq!(text.matches("kind: Pod").count(), 2);
+    assert!(text.contains("berth.io/applied: cdn"));
+    assert!(
+        text.contains("operator: NotIn"),
+        "the wildcard pod is kept off node2"
+    );
+}
+
+#[test]
+fn mutate_prints_json_and_patches_for_several_pods_as_arrays() {
+    let args = [
+        "mutate",
+        "-f",
+        "tests/data/cdn-pod.yaml",
+        "--policies",
+        "policies/cdn.yaml",
+        "-o",
+    ];
+    let json: Value =
+        serde_json::from_slice(&berth(&[&args[..], &["json"]].concat(), None).stdout).unwrap();
+    assert_eq!(json.as_array().unwrap().len(), 2);
+    let patches: Value =
+        serde_json::from_slice(&berth(&[&args[..], &["patch"]].concat(), None).stdout).unwrap();
+    let first = &patches[0];
+    assert!(
+        first
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|op| op["path"] == "/spec/tolerations")
+    );
+    assert!(
+        first
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|op| op["path"] == "/metadata/annotations")
+    );
+}
+
+#[test]
+fn mutate_reads_stdin_and_puts_warnings_on_stderr() {
+    let mut p = pod(json!({}), "nginx");
+    p["spec"]["tolerations"] = json!([{"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]);
+    let (mutated, out) = mutate_json(&p, "policies/cdn.yaml");
+    assert_eq!(mutated["spec"]["tolerations"], json!([]));
+    assert_eq!(
+        stderr(&out).trim(),
+        "warning: removed toleration berth.io/pool=cdn: the pod is not entitled to that pool"
+    );
+}
+
+#[test]
+fn a_node_name_on_a_dedicated_node_is_denied_with_exit_1() {
+    let mut p = pod(json!({}), "nginx");
+    p["spec"]["nodeName"] = json!("node2");
+    let out = berth(
+        &["mutate", "-f", "-", "--policies", "policies/cdn.yaml"],
+        Some(&p.to_string()),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out).trim(),
+        "denied: spec.nodeName node2 is in dedicated pool cdn, which this pod is not entitled to"
+    );
+    assert!(stdout(&out).is_empty(), "a denied pod is not printed");
+}
+
+#[test]
+fn bad_input_exits_2_with_one_line_naming_the_file() {
+    let dir = std::env::temp_dir().join(format!("berth-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    let good_pod = "tests/data/cdn-pod.yaml";
+    let cases: Vec<(Vec<String>, String, &str)> = vec![
+        (
+            vec![write("broken.yaml", "kind: Pod\n  spec: [")],
+            "policies".into(),
+            "document 1 is not valid YAML",
+        ),
+        (
+            vec![write(
+                "deploy.yaml",
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n",
+            )],
+            "policies".into(),
+            "document 1 is a Deployment, not a Pod",
+        ),
+        (
+            vec![good_pod.into()],
+            write(
+                "unknown.yaml",
+                "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: x}\nspec: {schedulerName: s, colour: red}\n",
+            ),
+            "unknown field `colour`",
+        ),
+        (
+            vec![good_pod.into()],
+            write(
+                "glob.yaml",
+                "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: x}\nspec: {images: ['[cdn'], schedulerName: s}\n",
+            ),
+            "policy x: images: bad image glob",
+        ),
+        (
+            vec![good_pod.into()],
+            write(
+                "empty.yaml",
+                "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: x}\nspec: {}\n",
+            ),
+            "policy x: grants nothing",
+        ),
+        (
+            vec![dir.join("missing.yaml").to_string_lossy().into_owned()],
+            "policies".into(),
+            "cannot read",
+        ),
+    ];
+    for (pods, policies, expected) in cases {
+        let out = berth(&["mutate", "-f", &pods[0], "--policies", &policies], None);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(err.starts_with("error: "), "{err}");
+        assert!(err.contains(expected), "{err} should contain {expected}");
+        let file = if policies == "policies" {
+            &pods[0]
+        } else {
+            &policies
+        };
+        assert!(err.contains(file.as_str()), "{err} should name {file}");
+    }
+}
+
+#[test]
+fn a_namespace_file_decides_which_policies_apply() {
+    let ns = std::env::temp_dir().join(format!("berth-ns-{}.yaml", std::process::id()));
+    std::fs::write(&ns, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: default\n  annotations: {berth.io/policies: gpu}\n").unwrap();
+    let out = berth(
+        &[
+            "mutate",
+            "-f",
+            "tests/data/cdn-pod.yaml",
+            "--policies",
+            "policies",
+            "--namespace",
+            ns.to_str().unwrap(),
+            "-o",
+            "json",
+        ],
+        None,
+    );
+    let pods: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        pods[0]["metadata"].get("annotations").is_none(),
+        "cdn does not apply: {}",
+        pods[0]
+    );
+}
+
+#[test]
+fn explain_says_why_and_where_in_plain_words() {
+    let out = berth(
+        &[
+            "explain",
+            "-f",
+            "tests/data/cdn-pod.yaml",
+            "--policies",
+            "policies/cdn.yaml",
+            "--nodes",
+            "tests/data/nodes.yaml",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for expected in [
+        "Pod uploader in namespace default",
+        "image docker.io/example/cdn-uploader:1.0 of container upload matches *cdn*",
+        "+ tolerates berth.io/pool=cdn:NoSchedule",
+        "+ must run on a node of pool cdn",
+        "The pod may land on: node2.",
+        "cdn: no image matches *cdn*",
+        "+ must stay off dedicated pool cdn: it tolerates every taint",
+        "The pod may land on: node1, node3, node4.",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn berth_crd_matches_the_checked_in_manifest() {
+    let out = berth(&["crd"], None);
+    assert!(out.status.success());
+    let checked_in = std::fs::read_to_string(repo("manifests/crd.yaml")).unwrap();
+    assert!(
+        stdout(&out) == checked_in,
+        "manifests/crd.yaml is stale: run `berth crd > manifests/crd.yaml`"
+    );
+}
+
+#[test]
+fn example_cdn_policy_sends_cdn_pods_to_node2() {
+    let (p, _) = mutate_json(
+        &pod(json!({}), "registry.example.com/cdn/edge:2"),
+        "policies/cdn.yaml",
+    );
+    assert_eq!(
+        required(&p)[0],
+        json!({"key": "node-restriction.kubernetes.io/berth.pool", "operator": "In", "values": ["cdn"]})
+    );
+}
+
+#[test]
+fn example_redis_master_policy_avoids_nodes_with_a_master() {
+    let (p, _) = mutate_json(
+        &pod(json!({"app": "redis-master"}), "redis:7"),
+        "policies/redis-master.yaml",
+    );
+    assert_eq!(
+        required(&p)[0],
+        json!({"key": "node-restriction.kubernetes.io/berth.runs.redis-master", "operator": "DoesNotExist"})
+    );
+    let (other, _) = mutate_json(
+        &pod(json!({"app": "redis-replica"}), "redis:7"),
+        "policies/redis-master.yaml",
+    );
+    assert!(other["spec"].get("affinity").is_none());
+}
+
+#[test]
+fn example_sidecar_policy_puts_b_beside_a() {
+    let (p, _) = mutate_json(
+        &pod(json!({"app": "b"}), "busybox"),
+        "policies/sidecar.yaml",
+    );
+    assert_eq!(
+        required(&p)[0],
+        json!({"key": "node-restriction.kubernetes.io/berth.runs.b-beside-a", "operator": "In", "values": ["true"]})
+    );
+}
+
+#[test]
+fn example_gpu_policy_requires_the_gpu_and_prefers_nvme() {
+    let (p, _) = mutate_json(
+        &pod(json!({}), "nvcr.io/nvidia/cuda:12.4.0-base"),
+        "policies/gpu.yaml",
+    );
+    assert_eq!(
+        required(&p)[0],
+        json!({"key": "nvidia.com/gpu.product", "operator": "In", "values": ["A100", "H100"]})
+    );
+    let preferred =
+        &p["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(preferred[0]["weight"], 50);
+}
+
+#[test]
+fn example_batch_policy_routes_pods_to_its_scheduler() {
+    let (p, _) = mutate_json(&pod(json!({}), "spark:3"), "policies/batch-scheduler.yaml");
+    assert_eq!(p["spec"]["schedulerName"], "batch-scheduler");
+}
+
+#[test]
+fn every_example_policy_has_a_test() {
+    let tested = [
+        "batch-scheduler.yaml",
+        "cdn.yaml",
+        "gpu.yaml",
+        "redis-master.yaml",
+        "sidecar.yaml",
+    ];
+    let mut found: Vec<String> = std::fs::read_dir(repo("policies"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    found.sort();
+    assert_eq!(found, tested, "a new example policy needs a test here");
+}
