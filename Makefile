@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo demo-down test lint control-plane
+.PHONY: demo demo-down test lint bench control-plane
 
 ## demo: start a local control plane with four nodes and show berth at work; leaves it running
 demo: control-plane
@@ -17,6 +17,10 @@ demo-down:
 test: lint control-plane
 	rm -rf target/test-clusters   # folders (and logs) of the previous run's clusters
 	cargo test --locked --all-targets
+
+## bench: criterion benchmark of decision + patch with 1, 20 and 200 policies
+bench:
+	cargo bench --locked --bench decision
 
 ## lint: formatting, clippy with warnings denied, and shell syntax
 lint:

@@ -1,0 +1,122 @@
+//! Decision + patch for a typical Deployment pod (5–8 KB of JSON) against 1, 20 and
+//! 200 policies: what the webhook spends per admission, TLS and HTTP aside.
+
+use std::hint::black_box;
+
+use berth::placement::{Input, NamespaceInfo, build_patch, decide};
+use berth::policy::{PlacementPolicy, PolicySet};
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use serde_json::{Value, json};
+
+/// A pod as a Deployment creates it: three containers with env, probes, mounts
+/// and resources, the default tolerations, and a preferred pod anti-affinity.
+fn typical_pod() -> Value {
+    let container = |name: &str, image: &str| {
+        let env: Vec<Value> = (0..12)
+            .map(|i| json!({"name": format!("SETTING_{i}"), "value": format!("value-{i}-for-{name}")}))
+            .collect();
+        json!({
+            "name": name, "image": image, "imagePullPolicy": "IfNotPresent",
+            "args": ["--config=/etc/app/config.yaml", "--log-level=info", "--listen=:8080"],
+            "env": env,
+            "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+            "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+            "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
+            "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10},
+            "volumeMounts": [{"name": "config", "mountPath": "/etc/app"},
+                             {"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}],
+            "securityContext": {"runAsNonRoot": true, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false},
+            "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"
+        })
+    };
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "generateName": "uploader-7d9f8c6b5-", "namespace": "default",
+            "labels": {"app": "uploader", "pod-template-hash": "7d9f8c6b5", "team": "edge", "tier": "backend"},
+            "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-11-01T10:00:00Z", "prometheus.io/scrape": "true"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "uploader-7d9f8c6b5",
+                                 "uid": "3f1c0b7e-1111-2222-3333-444455556666", "controller": true, "blockOwnerDeletion": true}]
+        },
+        "spec": {
+            "containers": [container("upload", "registry.example.com/cdn/uploader:2.4.1"),
+                           container("metrics", "prom/statsd-exporter:v0.26.0"),
+                           container("proxy", "envoyproxy/envoy:v1.30.1")],
+            "volumes": [{"name": "config", "configMap": {"name": "uploader-config", "defaultMode": 420}},
+                        {"name": "kube-api-access", "projected": {"defaultMode": 420, "sources": [
+                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}}],
+            "tolerations": [
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}],
+            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                 "labelSelector": {"matchLabels": {"app": "uploader"}}}}]}},
+            "restartPolicy": "Always", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default", "schedulerName": "default-scheduler", "priority": 0,
+            "enableServiceLinks": true, "preemptionPolicy": "PreemptLowerPriority"
+        }
+    })
+}
+
+/// `n` policies of every kind; the namespace opts into the first three, and every
+/// tenth selects namespaces by label, so matching has real work to do.
+fn policies(n: usize) -> Vec<PlacementPolicy> {
+    (0..n)
+        .map(|i| {
+            let mut spec = match i % 4 {
+                0 => json!({"images": ["*cdn*", "registry.example.com/cdn/*"], "pool": {"nodeNames": [format!("node{i}")]}}),
+                1 => json!({"images": ["*cuda*"], "nodeAffinity": {"required": [{"key": "gpu", "operator": "In", "values": ["A100"]}]}}),
+                2 => json!({"podSelector": {"matchLabels": {"app": "uploader"}}, "avoid": {"matchLabels": {"app": "uploader"}}}),
+                _ => json!({"images": ["docker.io/library/nginx:*"], "pool": {"nodeSelector": {"matchLabels": {"pool": format!("p{i}")}}, "placement": "Preferred", "weight": 40}}),
+            };
+            if i % 10 == 9 {
+                spec["namespaceSelector"] = json!({"matchLabels": {"team": "edge"}});
+            }
+            serde_json::from_value(json!({
+                "apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+                "metadata": {"name": format!("policy-{i}")}, "spec": spec
+            }))
+            .expect("bench policy")
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let pod = typical_pod();
+    let size = serde_json::to_vec(&pod).unwrap().len();
+    assert!(
+        (5_000..=8_192).contains(&size),
+        "the typical pod is {size} bytes"
+    );
+    println!("typical pod: {size} bytes of JSON");
+
+    let mut namespace = NamespaceInfo::new("default");
+    namespace.labels.insert("team".into(), "edge".into());
+    namespace.annotations.insert(
+        "berth.io/policies".into(),
+        "policy-0, policy-1, policy-2".into(),
+    );
+
+    let mut group = c.benchmark_group("decide_and_patch");
+    for n in [1, 20, 200] {
+        let (set, errors) = PolicySet::compile(&policies(n));
+        assert!(errors.is_empty());
+        group.bench_with_input(BenchmarkId::from_parameter(n), &set, |b, set| {
+            b.iter(|| {
+                let input = Input {
+                    pod: &pod,
+                    namespace: &namespace,
+                    policies: set,
+                    nodes: None,
+                };
+                let decision = decide(black_box(&input));
+                black_box(build_patch(&pod, &decision.grants))
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

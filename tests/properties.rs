@@ -1,0 +1,243 @@
+//! Property tests of the placement engine over generated pods, namespaces and
+//! policies: idempotency, unknown fields survive, entitlement always holds.
+
+use berth::placement::{Input, NamespaceInfo, build_patch, decide};
+use berth::policy::{PlacementPolicy, PolicySet};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+const POOL_LABEL: &str = "node-restriction.kubernetes.io/berth.pool";
+
+fn arb_selector() -> impl Strategy<Value = Option<Value>> {
+    prop_oneof![
+        Just(None),
+        prop::sample::select(vec!["a", "b", "redis-master"])
+            .prop_map(|app| Some(json!({"matchLabels": {"app": app}}))),
+    ]
+}
+
+prop_compose! {
+    fn arb_policy(index: usize)(
+        images in prop::sample::subsequence(vec!["*cdn*", "*cuda*", "registry.example.com/*", "docker.io/library/nginx:*"], 0..3),
+        pool in prop::option::of((any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), 1..=100i32, prop::sample::subsequence(vec!["node1", "node2", "node3"], 1..3))),
+        pod_selector in arb_selector(),
+        colocate in arb_selector(),
+        avoid in arb_selector(),
+        gpu in any::<bool>(),
+        scheduler in prop::option::of(prop::sample::select(vec!["s1", "s2"])),
+    ) -> Value {
+        let mut spec = json!({"images": images});
+        if let Some((dedicated, no_execute, preferred, exclude_ds, weight, nodes)) = pool {
+            spec["pool"] = json!({
+                "nodeNames": nodes, "dedicated": dedicated,
+                "effect": if no_execute { "NoExecute" } else { "NoSchedule" },
+                "placement": if preferred { "Preferred" } else { "Required" },
+                "weight": weight, "daemonSets": if exclude_ds { "Exclude" } else { "Tolerate" },
+            });
+        }
+        if let Some(s) = pod_selector { spec["podSelector"] = s; }
+        if let Some(s) = colocate { spec["colocateWith"] = s; }
+        if let Some(s) = avoid { spec["avoid"] = s; }
+        if gpu {
+            spec["nodeAffinity"] = json!({
+                "required": [{"key": "gpu", "operator": "In", "values": ["A100"]}],
+                "preferred": [{"weight": 10, "preference": {"key": "nvme", "operator": "Exists"}}]});
+        }
+        if let Some(s) = scheduler { spec["schedulerName"] = json!(s); }
+        if spec.get("pool").is_none() && spec.get("nodeAffinity").is_none() && spec.get("colocateWith").is_none()
+            && spec.get("avoid").is_none() && spec.get("schedulerName").is_none() {
+            spec["schedulerName"] = json!("fallback");
+        }
+        json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+               "metadata": {"name": format!("p{index}")}, "spec": spec})
+    }
+}
+
+fn arb_policies() -> impl Strategy<Value = Vec<Value>> {
+    (arb_policy(0), arb_policy(1), arb_policy(2), 1..=3usize)
+        .prop_map(|(a, b, c, n)| [a, b, c].into_iter().take(n).collect())
+}
+
+fn arb_expression() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(json!({"key": "zone", "operator": "In", "values": ["a", "b"]})),
+        Just(json!({"key": "disk", "operator": "Exists"})),
+        Just(json!({"key": POOL_LABEL, "operator": "In", "values": ["p0"]})),
+        Just(
+            json!({"key": "node-restriction.kubernetes.io/berth.runs.p1", "operator": "DoesNotExist"})
+        ),
+    ]
+}
+
+fn arb_toleration() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(json!({"operator": "Exists"})),
+        Just(json!({"operator": "Exists", "effect": "NoSchedule"})),
+        Just(json!({"operator": "Exists", "effect": "NoExecute"})),
+        Just(
+            json!({"key": "berth.io/pool", "operator": "Equal", "value": "p0", "effect": "NoSchedule"})
+        ),
+        Just(json!({"key": "berth.io/pool", "operator": "Exists"})),
+        Just(json!({"key": "dedicated", "operator": "Equal", "value": "x"})),
+    ]
+}
+
+prop_compose! {
+    fn arb_pod()(
+        image in prop::sample::select(vec!["cdn-app", "nginx", "nvidia/cuda:12", "registry.example.com/x/y:1", "Not A Ref"]),
+        app in prop::sample::select(vec!["a", "b", "redis-master", "web"]),
+        tolerations in prop::option::of(prop::collection::vec(arb_toleration(), 0..4)),
+        terms in prop::option::of(prop::collection::vec(prop::collection::vec(arb_expression(), 0..3), 1..3)),
+        preferred in prop::option::of(prop::collection::vec(arb_expression(), 0..3)),
+        node_name in prop::option::of(prop::sample::select(vec!["node1", "node2", "node9"])),
+        scheduler in prop::option::of(prop::sample::select(vec!["default-scheduler", "mine"])),
+        daemonset in any::<bool>(),
+        forged_annotation in any::<bool>(),
+        unknown in "[a-z]{1,8}",
+    ) -> Value {
+        let mut pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "labels": {"app": app}, "futureMeta": {"k": unknown}},
+            "spec": {"containers": [{"name": "c", "image": image, "futureContainer": 1}], "futureSpec": [unknown]}
+        });
+        if let Some(t) = tolerations { pod["spec"]["tolerations"] = json!(t); }
+        if let Some(terms) = terms {
+            let terms: Vec<Value> = terms.into_iter().map(|e| json!({"matchExpressions": e})).collect();
+            pod["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}});
+        }
+        if let Some(p) = preferred {
+            let terms: Vec<Value> = p.into_iter().map(|e| json!({"weight": 1, "preference": {"matchExpressions": [e]}})).collect();
+            pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] = json!(terms);
+        }
+        if let Some(n) = node_name { pod["spec"]["nodeName"] = json!(n); }
+        if let Some(s) = scheduler { pod["spec"]["schedulerName"] = json!(s); }
+        if daemonset {
+            pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u", "controller": true}]);
+        }
+        if forged_annotation { pod["metadata"]["annotations"] = json!({"berth.io/applied": "p0"}); }
+        pod
+    }
+}
+
+prop_compose! {
+    fn arb_namespace()(
+        opted in prop::sample::subsequence(vec!["p0", "p1", "p2", "unknown"], 0..4),
+        override_images in any::<bool>(),
+        broken in prop::sample::select(vec![false, false, false, true]),
+    ) -> NamespaceInfo {
+        let mut ns = NamespaceInfo::new("team");
+        let value = if broken { "p0,,p1".to_owned() } else { opted.join(", ") };
+        ns.annotations.insert("berth.io/policies".into(), value);
+        if override_images {
+            ns.annotations.insert("berth.io/images.p0".into(), "*nginx*".into());
+        }
+        ns
+    }
+}
+
+fn compile(policies: &[Value]) -> PolicySet {
+    let typed: Vec<PlacementPolicy> = policies
+        .iter()
+        .map(|p| serde_json::from_value(p.clone()).unwrap())
+        .collect();
+    let (set, errors) = PolicySet::compile(&typed);
+    assert!(errors.is_empty(), "{errors:?}");
+    set
+}
+
+/// Admits `pod`; returns the patched pod and the decision's applied policies.
+fn admit(pod: &Value, ns: &NamespaceInfo, set: &PolicySet) -> (Value, Vec<String>, usize) {
+    let decision = decide(&Input {
+        pod,
+        namespace: ns,
+        policies: set,
+        nodes: None,
+    });
+    let patch = build_patch(pod, &decision.grants);
+    let mut out = pod.clone();
+    json_patch::patch(&mut out, &patch).expect("a patch applies to the pod it was built for");
+    (out, decision.grants.applied, patch.0.len())
+}
+
+fn dedicated_pools(policies: &[Value]) -> Vec<(String, String)> {
+    policies
+        .iter()
+        .filter(|p| p["spec"]["pool"]["dedicated"] == json!(true))
+        .map(|p| {
+            (
+                p["metadata"]["name"].as_str().unwrap().to_owned(),
+                p["spec"]["pool"]["effect"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn admitting_the_output_again_yields_an_empty_patch(policies in arb_policies(), pod in arb_pod(), ns in arb_namespace()) {
+        let set = compile(&policies);
+        let (once, _, _) = admit(&pod, &ns, &set);
+        let (twice, _, ops) = admit(&once, &ns, &set);
+        prop_assert_eq!(ops, 0, "second patch not empty; after it: {}", twice);
+    }
+
+    #[test]
+    fn unknown_fields_survive(policies in arb_policies(), pod in arb_pod(), ns in arb_namespace()) {
+        let set = compile(&policies);
+        let (out, _, _) = admit(&pod, &ns, &set);
+        prop_assert_eq!(&out["metadata"]["futureMeta"], &pod["metadata"]["futureMeta"]);
+        prop_assert_eq!(&out["spec"]["futureSpec"], &pod["spec"]["futureSpec"]);
+        prop_assert_eq!(&out["spec"]["containers"], &pod["spec"]["containers"]);
+    }
+
+    #[test]
+    fn a_pod_not_entitled_to_a_dedicated_pool_never_keeps_its_toleration(policies in arb_policies(), pod in arb_pod(), ns in arb_namespace()) {
+        let set = compile(&policies);
+        let (out, applied, _) = admit(&pod, &ns, &set);
+        for toleration in out["spec"]["tolerations"].as_array().into_iter().flatten() {
+            if toleration["key"] == "berth.io/pool" {
+                let pool = toleration["value"].as_str().unwrap_or_default();
+                prop_assert!(applied.iter().any(|a| a == pool), "kept {} without entitlement", toleration);
+            }
+        }
+    }
+
+    #[test]
+    fn a_wildcard_toleration_always_ends_with_the_exclusion_in_every_term(
+        mut policies in arb_policies(), mut pod in arb_pod(), ns in arb_namespace(), effect in prop::option::of(prop::sample::select(vec!["NoSchedule", "NoExecute"])),
+    ) {
+        // Shape the inputs so every case has something to exclude: an ordinary pod
+        // with a wildcard toleration, and a dedicated pool in the first policy.
+        pod["metadata"].as_object_mut().unwrap().remove("ownerReferences");
+        let wildcard = match effect { Some(e) => json!({"operator": "Exists", "effect": e}), None => json!({"operator": "Exists"}) };
+        match pod["spec"]["tolerations"].as_array_mut() {
+            Some(list) => list.push(wildcard),
+            None => pod["spec"]["tolerations"] = json!([wildcard]),
+        }
+        policies[0]["spec"]["pool"] = json!({"nodeNames": ["node1"], "dedicated": true, "effect": effect.unwrap_or("NoSchedule")});
+        let set = compile(&policies);
+        let (out, applied, _) = admit(&pod, &ns, &set);
+        let tolerations = pod["spec"]["tolerations"].as_array().cloned().unwrap_or_default();
+        let wildcard_for = |effect: &str| tolerations.iter().any(|t| t.get("key").is_none() && t["operator"] == "Exists"
+            && (t.get("effect").is_none() || t["effect"] == effect));
+        let excluded: Vec<String> = dedicated_pools(&policies).into_iter()
+            .filter(|(name, effect)| !applied.contains(name) && wildcard_for(effect))
+            .map(|(name, _)| name).collect();
+        if excluded.is_empty() {
+            // Entitled to every pool it could reach: nothing to exclude.
+            return Ok(());
+        }
+        let terms = out.pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
+            .and_then(Value::as_array).cloned().unwrap_or_default();
+        prop_assert!(!terms.is_empty());
+        for term in &terms {
+            let keeps_off = term["matchExpressions"].as_array().into_iter().flatten().any(|e| {
+                e["key"] == POOL_LABEL && e["operator"] == "NotIn"
+                    && excluded.iter().all(|p| e["values"].as_array().unwrap().contains(&json!(p)))
+            });
+            prop_assert!(keeps_off, "term {} lacks the exclusion of {:?}", term, excluded);
+        }
+    }
+}
