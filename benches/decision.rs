@@ -98,24 +98,59 @@ fn bench(c: &mut Criterion) {
         "policy-0, policy-1, policy-2".into(),
     );
 
+    let admit = |set: &PolicySet| {
+        let input = Input {
+            pod: &pod,
+            namespace: &namespace,
+            policies: set,
+            nodes: None,
+        };
+        let decision = decide(black_box(&input));
+        black_box(build_patch(&pod, &decision.grants))
+    };
+    let sets: Vec<(usize, PolicySet)> = [1, 20, 200]
+        .into_iter()
+        .map(|n| {
+            let (set, errors) = PolicySet::compile(&policies(n));
+            assert!(errors.is_empty());
+            (n, set)
+        })
+        .collect();
+
     let mut group = c.benchmark_group("decide_and_patch");
-    for n in [1, 20, 200] {
-        let (set, errors) = PolicySet::compile(&policies(n));
-        assert!(errors.is_empty());
-        group.bench_with_input(BenchmarkId::from_parameter(n), &set, |b, set| {
-            b.iter(|| {
-                let input = Input {
-                    pod: &pod,
-                    namespace: &namespace,
-                    policies: set,
-                    nodes: None,
-                };
-                let decision = decide(black_box(&input));
-                black_box(build_patch(&pod, &decision.grants))
-            })
+    for (n, set) in &sets {
+        group.bench_with_input(BenchmarkId::from_parameter(n), set, |b, set| {
+            b.iter(|| admit(set))
         });
     }
     group.finish();
+
+    // A plain summary with ratios to the one-policy case, so the cost of more
+    // policies reads at a glance. Only under `cargo bench`: `cargo test` runs each
+    // benchmark once as a smoke test, and this loop would only slow it down.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let per_admission = |set: &PolicySet| {
+        const ROUNDS: u32 = 20_000;
+        let start = std::time::Instant::now();
+        for _ in 0..ROUNDS {
+            admit(set);
+        }
+        start.elapsed() / ROUNDS
+    };
+    admit(&sets[0].1); // warm the caches before the first timing
+    let times: Vec<(usize, f64)> = sets
+        .iter()
+        .map(|(n, set)| (*n, per_admission(set).as_secs_f64()))
+        .collect();
+    for (n, t) in &times {
+        println!(
+            "summary: {n:>3} policies: {:>6.1} µs per admission, {:.2}x of 1 policy",
+            t * 1e6,
+            t / times[0].1
+        );
+    }
 }
 
 criterion_group!(benches, bench);
