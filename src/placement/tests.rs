@@ -545,3 +545,22 @@ fn a_warning_says_when_the_pods_own_constraints_leave_no_pool_node() {
         out.decision.warnings
     );
 }
+
+#[test]
+fn terms_with_only_match_fields_or_empty_expressions_get_berths_expressions() {
+    let set = mk_set(&[cdn()]);
+    let mut pod = mk_pod("cdn");
+    pod["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [], "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node2"]}]},
+        {"matchExpressions": [pool_in(&["gpu"]), {"key": "zone", "operator": "Exists"}]}
+    ]}}});
+    let out = admit(&pod, &opted_in("cdn"), &set);
+    let terms = required_terms(&out.pod);
+    assert_eq!(terms[0]["matchExpressions"], json!([pool_in(&["cdn"])]));
+    assert_eq!(
+        terms[1]["matchExpressions"],
+        json!([{"key": "zone", "operator": "Exists"}, pool_in(&["cdn"])]),
+        "the forged gpu expression is replaced, the user's own kept"
+    );
+    assert!(admit(&out.pod, &opted_in("cdn"), &set).patch.0.is_empty());
+}
