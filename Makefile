@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo demo-down test lint bench control-plane
+.PHONY: demo demo-down test lint bench fuzz control-plane
 
 ## demo: start a local control plane with four nodes and show berth at work; leaves it running
 demo: control-plane
@@ -22,10 +22,17 @@ test: lint control-plane
 bench:
 	cargo bench --locked --bench decision
 
+## fuzz: run the decision fuzz target for FUZZ_SECONDS (needs nightly and cargo-fuzz)
+FUZZ_SECONDS ?= 600
+fuzz:
+	cd fuzz && cargo +nightly fuzz run decide -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
+
 ## lint: formatting, clippy with warnings denied, and shell syntax
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --locked --all-targets -- -D warnings
+	cargo fmt --manifest-path fuzz/Cargo.toml -- --check
+	cargo check --locked --manifest-path fuzz/Cargo.toml --target-dir target/fuzz-check   # keep the fuzz target compiling
 	for f in tests/cluster/{build,up,down,add-nodes,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
 
 ## control-plane: build etcd and the Kubernetes binaries once, into ~/.cache/berth
