@@ -33,7 +33,7 @@ lint:
 	cargo clippy --locked --all-targets -- -D warnings
 	cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 	cargo check --locked --manifest-path fuzz/Cargo.toml --target-dir target/fuzz-check   # keep the fuzz target compiling
-	for f in tests/cluster/{build,up,down,add-nodes,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
+	for f in tests/cluster/{build,up,down,add-nodes,berth-up,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
 
 ## control-plane: build etcd and the Kubernetes binaries once, into ~/.cache/berth
 control-plane:

@@ -4,7 +4,10 @@
 //! Nodes so that kube-scheduler enforces the result.
 #![forbid(unsafe_code)]
 
+pub mod admission;
+pub mod certs;
 pub mod cli;
 pub mod names;
 pub mod placement;
 pub mod policy;
+pub mod telemetry;

@@ -2,6 +2,7 @@
 
 mod input;
 mod offline;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,6 +27,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the admission webhook (HTTPS) and its metrics endpoint.
+    Serve(serve::ServeArgs),
     /// Mutate pods offline exactly as the webhook would, and print the result.
     ///
     /// Warnings go to stderr as `warning: ...`; a denied pod is not printed and
@@ -48,6 +51,24 @@ enum Command {
         #[arg(long, value_name = "NODES.yaml")]
         nodes: Option<PathBuf>,
     },
+    /// Make a CA and a serving certificate for the webhook, and the caBundle.
+    ///
+    /// Writes ca.crt, ca.key, tls.crt, tls.key and caBundle into --out. A CA already
+    /// there is reused, so running it again renews only the serving certificate.
+    Certs {
+        /// The webhook's Service name.
+        #[arg(long, default_value = "berth")]
+        service: String,
+        /// The webhook's namespace.
+        #[arg(long, default_value = "berth-system")]
+        namespace: String,
+        /// Where to write the files.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Validity of the serving certificate, in days.
+        #[arg(long, default_value_t = 365)]
+        days: i64,
+    },
     /// Print the PlacementPolicy CustomResourceDefinition, generated from the Rust types.
     Crd,
 }
@@ -57,6 +78,13 @@ enum Command {
 pub fn run() -> ExitCode {
     let Cli { command } = Cli::parse();
     let result = match command {
+        Command::Serve(args) => return run_serve(args),
+        Command::Certs {
+            service,
+            namespace,
+            out,
+            days,
+        } => return run_certs(&service, &namespace, &out, days),
         Command::Mutate { files, output } => offline::mutate(&files, output),
         Command::Explain { files, nodes } => offline::explain_offline(&files, nodes.as_deref()),
         Command::Crd => {
@@ -67,6 +95,45 @@ pub fn run() -> ExitCode {
     match result {
         Ok(Ending::Done) => ExitCode::SUCCESS,
         Ok(Ending::Denied) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run_serve(args: serve::ServeArgs) -> ExitCode {
+    crate::telemetry::init_logging();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(serve::serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run_certs(service: &str, namespace: &str, out: &std::path::Path, days: i64) -> ExitCode {
+    match crate::certs::write_certs(service, namespace, out, days) {
+        Ok(issued) => {
+            let ca = if issued.reused_ca {
+                "reused the CA"
+            } else {
+                "made a new CA"
+            };
+            println!(
+                "wrote {}: {ca}, a serving certificate for {service}.{namespace}.svc and 127.0.0.1, and caBundle",
+                out.display()
+            );
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(2)

@@ -118,6 +118,9 @@ pub struct Decision {
     pub denial: Option<String>,
     /// Set when the pod could not be read; it is then allowed unchanged.
     pub unreadable: Option<String>,
+    /// Set when the namespace's berth annotations could not be read; the pod then
+    /// gets no grants from them.
+    pub namespace_error: Option<String>,
 }
 
 /// Decides what happens to one pod. Never panics, whatever the JSON.
@@ -140,6 +143,7 @@ pub fn decide(input: &Input) -> Decision {
                 "namespace {}: {e}; no grants until fixed",
                 input.namespace.name
             )));
+            decision.namespace_error = Some(e.to_string());
             None
         }
     };

@@ -1,0 +1,9 @@
+//! The admission webhook: `POST /mutate`, `POST /validate`, health, readiness and
+//! metrics, served over rustls. Handlers decode and answer; [`service`] decides.
+
+pub mod handlers;
+pub mod review;
+pub mod server;
+pub mod service;
+pub mod state;
+pub mod tls;

@@ -1,0 +1,96 @@
+//! The HTTPS server: rustls over tokio, HTTP/1.1 and HTTP/2 by ALPN, and a
+//! graceful shutdown that stops accepting, lets in-flight requests finish and
+//! closes keep-alive connections.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+/// How long a client may take to finish the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `app` over TLS on `listener` until `shutdown` is cancelled, then waits
+/// up to `grace` for open connections to finish.
+pub async fn serve_tls(
+    listener: TcpListener,
+    tls: rustls::ServerConfig,
+    app: Router,
+    shutdown: CancellationToken,
+    grace: Duration,
+) {
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors and the like: pause rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let acceptor = acceptor.clone();
+        let service = TowerToHyperService::new(app.clone());
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let connection = auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), service)
+                .into_owned();
+            if let Err(e) = watcher.watch(connection).await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tracing::info!("stopped accepting; waiting for open connections");
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?grace,
+            "connections still open after the grace period; closing"
+        );
+    }
+}
+
+/// Serves `app` over plain HTTP (the metrics port) until `shutdown` is cancelled.
+pub async fn serve_plain(listener: TcpListener, app: Router, shutdown: CancellationToken) {
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "metrics server stopped");
+    }
+}
+
+/// Binds `addr`, naming it in the error.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, std::io::Error> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))
+}

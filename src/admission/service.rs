@@ -1,0 +1,287 @@
+//! The webhook's decisions, synchronous and without I/O: the handlers look up the
+//! namespace and take a snapshot of the caches, then call [`mutate`] or
+//! [`validate`].
+
+use std::collections::BTreeSet;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::review::{AdmissionRequest, AdmissionResponse};
+use crate::names::{POOL_LABEL, POOL_TAINT, is_owned_node_key};
+use crate::placement::warning::bounded;
+use crate::placement::{Decision, Input, NamespaceInfo, NodeIndex, build_patch, decide};
+use crate::policy::{CompiledPolicy, NamespaceConfig, PlacementPolicy, PolicySet};
+
+/// What one admission sees of the cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct Snapshot<'a> {
+    pub policies: &'a PolicySet,
+    pub namespace: &'a NamespaceInfo,
+    pub nodes: Option<&'a NodeIndex>,
+}
+
+/// How an admission ended, for metrics and logs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// `unchanged`, `patched`, `denied` or `unreadable`.
+    pub outcome: &'static str,
+    /// Policies that applied.
+    pub applied: Vec<String>,
+    /// Whether the namespace's berth annotations could not be read.
+    pub broken_annotation: bool,
+}
+
+impl Verdict {
+    fn new(outcome: &'static str) -> Self {
+        Verdict {
+            outcome,
+            applied: Vec::new(),
+            broken_annotation: false,
+        }
+    }
+}
+
+fn run(object: &Value, snapshot: &Snapshot) -> Decision {
+    decide(&Input {
+        pod: object,
+        namespace: snapshot.namespace,
+        policies: snapshot.policies,
+        nodes: snapshot.nodes,
+    })
+}
+
+/// `POST /mutate`: Pods at CREATE get berth's patch; anything else is allowed
+/// unchanged.
+pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResponse, Verdict) {
+    let (true, "CREATE", Some(object)) = (
+        request.is_pod(),
+        request.operation.as_str(),
+        request.object.as_ref(),
+    ) else {
+        return (AdmissionResponse::allow(request), Verdict::new("unchanged"));
+    };
+    let decision = run(object, snapshot);
+    let verdict = |outcome| Verdict {
+        outcome,
+        applied: decision.grants.applied.clone(),
+        broken_annotation: decision.namespace_error.is_some(),
+    };
+    if let Some(reason) = &decision.denial {
+        let verdict = verdict("denied");
+        let response = AdmissionResponse::deny(request, reason).with_warnings(decision.warnings);
+        return (response, verdict);
+    }
+    let patch = build_patch(object, &decision.grants);
+    let outcome = match (&decision.unreadable, patch.0.is_empty()) {
+        (Some(_), _) => "unreadable",
+        (None, true) => "unchanged",
+        (None, false) => "patched",
+    };
+    let verdict = verdict(outcome);
+    let response = AdmissionResponse::allow(request)
+        .with_patch(&patch)
+        .with_warnings(decision.warnings);
+    (response, verdict)
+}
+
+/// `POST /validate`: Pods (CREATE, UPDATE), Namespaces (berth annotations) and
+/// PlacementPolicies (what the schema cannot check).
+pub fn validate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResponse, Verdict) {
+    let Some(object) = request.object.as_ref() else {
+        return (AdmissionResponse::allow(request), Verdict::new("unchanged"));
+    };
+    let operation = request.operation.as_str();
+    if !matches!(operation, "CREATE" | "UPDATE") {
+        return (AdmissionResponse::allow(request), Verdict::new("unchanged"));
+    }
+    let problems = if request.is_pod() {
+        pod_problems(request, object, snapshot)
+    } else if request.is_kind("", "Namespace") {
+        namespace_problems(object, snapshot.policies)
+    } else if request.is_kind(crate::names::GROUP, "PlacementPolicy") {
+        policy_problems(object, snapshot)
+    } else {
+        Problems::default()
+    };
+    match problems.denial {
+        Some(reason) => (
+            AdmissionResponse::deny(request, &reason).with_warnings(problems.warnings),
+            Verdict::new("denied"),
+        ),
+        None => (
+            AdmissionResponse::allow(request).with_warnings(problems.warnings),
+            Verdict::new("unchanged"),
+        ),
+    }
+}
+
+#[derive(Debug, Default)]
+struct Problems {
+    denial: Option<String>,
+    warnings: Vec<String>,
+}
+
+/// What breaks entitlement in a pod as it stands (after mutation).
+fn entitlement_violations(object: &Value, decision: &Decision) -> Vec<String> {
+    let mut violations: Vec<String> = decision.denial.iter().cloned().collect();
+    for t in &decision.stripped {
+        let pool = t.value.as_deref().unwrap_or("*");
+        violations.push(format!(
+            "the pod tolerates {POOL_TAINT}={pool} but is not entitled to pool {pool}"
+        ));
+    }
+    let exclusion = decision
+        .grants
+        .required
+        .iter()
+        .find(|r| r.key == POOL_LABEL && r.operator == "NotIn");
+    if let Some(exclusion) = exclusion {
+        let wanted = serde_json::to_value(exclusion).unwrap_or(Value::Null);
+        let terms = object
+            .pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
+            .and_then(Value::as_array);
+        let every_term_excludes = terms.is_some_and(|terms| {
+            !terms.is_empty()
+                && terms.iter().all(|t| {
+                    t.get("matchExpressions")
+                        .and_then(Value::as_array)
+                        .is_some_and(|e| e.contains(&wanted))
+                })
+        });
+        if !every_term_excludes {
+            let pools = exclusion.values.as_deref().unwrap_or_default().join(", ");
+            violations.push(format!(
+                "the pod tolerates every taint but does not keep off dedicated pool {pools}"
+            ));
+        }
+    }
+    violations
+}
+
+/// berth's own required node expressions on a pod, as JSON.
+fn owned_expressions(object: &Value) -> BTreeSet<String> {
+    object
+        .pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .flat_map(|t| t.get("matchExpressions").and_then(Value::as_array).into_iter().flatten())
+        .filter(|e| e.get("key").and_then(Value::as_str).is_some_and(is_owned_node_key))
+        .map(Value::to_string)
+        .collect()
+}
+
+/// Pods: at CREATE, nothing may break entitlement; at UPDATE (tolerations can be
+/// added to a running pod, a gated pod's affinity can change) nothing may break it
+/// that did not already, and berth's own node expressions may not be dropped.
+fn pod_problems(request: &AdmissionRequest, object: &Value, snapshot: &Snapshot) -> Problems {
+    let decision = run(object, snapshot);
+    if decision.unreadable.is_some() {
+        return Problems::default();
+    }
+    let mut violations = entitlement_violations(object, &decision);
+    if request.operation == "UPDATE"
+        && let Some(old) = request.old_object.as_ref()
+    {
+        let before = entitlement_violations(old, &run(old, snapshot));
+        violations.retain(|v| !before.contains(v));
+        if !owned_expressions(old).is_subset(&owned_expressions(object)) {
+            violations.push("berth's node affinity on a pod may not be removed".into());
+        }
+    }
+    Problems {
+        denial: (!violations.is_empty()).then(|| violations.join("; ")),
+        warnings: Vec::new(),
+    }
+}
+
+/// Namespaces: berth annotations must parse; naming an unknown policy is a warning.
+fn namespace_problems(object: &Value, policies: &PolicySet) -> Problems {
+    let annotations = object
+        .pointer("/metadata/annotations")
+        .and_then(|a| serde_json::from_value(a.clone()).ok())
+        .unwrap_or_default();
+    match NamespaceConfig::parse(&annotations) {
+        Err(e) => Problems {
+            denial: Some(e.to_string()),
+            warnings: Vec::new(),
+        },
+        Ok(config) => Problems {
+            denial: None,
+            warnings: config
+                .policies
+                .iter()
+                .filter(|p| policies.get(p).is_none())
+                .map(|p| bounded(format!("no PlacementPolicy named {p:?} exists (yet)")))
+                .collect(),
+        },
+    }
+}
+
+/// PlacementPolicies: what the schema cannot check (globs, selectors, operators),
+/// and warnings for pools that claim nodes another pool already has.
+fn policy_problems(object: &Value, snapshot: &Snapshot) -> Problems {
+    let policy = match PlacementPolicy::deserialize(object) {
+        Ok(policy) => policy,
+        Err(e) => {
+            return Problems {
+                denial: Some(format!("not a valid PlacementPolicy: {e}")),
+                warnings: Vec::new(),
+            };
+        }
+    };
+    let compiled = match CompiledPolicy::compile(&policy) {
+        Ok(compiled) => compiled,
+        Err(e) => {
+            return Problems {
+                denial: Some(e.to_string()),
+                warnings: Vec::new(),
+            };
+        }
+    };
+    let mut warnings = Vec::new();
+    if policy
+        .spec
+        .namespace_selector
+        .as_ref()
+        .is_some_and(|s| s.match_labels.is_none() && s.match_expressions.is_none())
+    {
+        warnings.push("namespaceSelector {} selects every namespace".to_string());
+    }
+    warnings.extend(pool_conflicts(&compiled, snapshot));
+    Problems {
+        denial: None,
+        warnings,
+    }
+}
+
+/// Nodes this policy's pool claims that another pool claims too.
+fn pool_conflicts(policy: &CompiledPolicy, snapshot: &Snapshot) -> Vec<String> {
+    let Some(pool) = &policy.spec.pool else {
+        return Vec::new();
+    };
+    let mut nodes: BTreeSet<&str> = pool.node_names.iter().map(String::as_str).collect();
+    if let Some(index) = snapshot.nodes {
+        nodes.extend(
+            index
+                .iter()
+                .filter(|(name, node)| policy.claims_node(name, Some(&node.labels)))
+                .map(|(name, _)| name.as_str()),
+        );
+    }
+    nodes
+        .into_iter()
+        .filter_map(|node| {
+            let labels = snapshot.nodes.and_then(|n| n.get(node)).map(|n| &n.labels);
+            let other = snapshot
+                .policies
+                .iter()
+                .find(|p| p.name != policy.name && p.claims_node(node, labels))?;
+            Some(bounded(format!(
+                "node {node} is also in pool {}; the older policy keeps it",
+                other.name
+            )))
+        })
+        .collect()
+}

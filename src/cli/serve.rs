@@ -1,0 +1,151 @@
+//! `berth serve`: the admission webhook over HTTPS, and metrics over plain HTTP.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use clap::Args;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::handlers::{AppState, router};
+use crate::admission::server::{bind, serve_plain, serve_tls};
+use crate::admission::state::WatchedCluster;
+use crate::admission::tls::ReloadingCert;
+use crate::telemetry::Metrics;
+
+/// Flags of `berth serve`; each can also be set by its `BERTH_*` variable.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// PEM serving certificate; re-read when it changes.
+    #[arg(long, env = "BERTH_TLS_CERT", default_value = "/certs/tls.crt")]
+    pub tls_cert: PathBuf,
+    /// PEM private key of the serving certificate; re-read when it changes.
+    #[arg(long, env = "BERTH_TLS_KEY", default_value = "/certs/tls.key")]
+    pub tls_key: PathBuf,
+    /// Address of the HTTPS webhook (/mutate, /validate, /healthz, /readyz).
+    #[arg(long, env = "BERTH_ADDR", default_value = "0.0.0.0:8443")]
+    pub addr: SocketAddr,
+    /// Address of the plain-HTTP Prometheus endpoint (/metrics).
+    #[arg(long, env = "BERTH_METRICS_ADDR", default_value = "0.0.0.0:9090")]
+    pub metrics_addr: SocketAddr,
+    /// Largest request body accepted; larger ones get 413. An AdmissionReview of
+    /// a pod UPDATE holds two objects of up to 1.5 MiB each.
+    #[arg(long, env = "BERTH_MAX_BODY_BYTES", default_value_t = 6 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// How often the certificate files are checked for changes, in seconds.
+    #[arg(long, env = "BERTH_CERT_CHECK_SECONDS", default_value_t = 2)]
+    pub cert_check_seconds: u64,
+    /// How long shutdown waits for in-flight requests, in seconds.
+    #[arg(long, env = "BERTH_SHUTDOWN_GRACE_SECONDS", default_value_t = 20)]
+    pub shutdown_grace_seconds: u64,
+    /// Kubeconfig to use; without it, the in-cluster service account (or the
+    /// usual kubeconfig lookup) is used.
+    #[arg(long, env = "BERTH_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// Why `berth serve` could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("serving certificate: {0}")]
+    Tls(#[from] crate::admission::tls::TlsError),
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, ServeError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = Kubeconfig::read_from(path)
+                .map_err(|e| ServeError::Kubeconfig(format!("{}: {e}", path.display())))?;
+            Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| ServeError::Kubeconfig(e.to_string()))?
+        }
+        None => Config::infer()
+            .await
+            .map_err(|e| ServeError::Kubeconfig(e.to_string()))?,
+    };
+    Client::try_from(config).map_err(|e| ServeError::Kubeconfig(e.to_string()))
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn termination() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = ctrl_c.await;
+        }
+    }
+}
+
+pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
+    let ServeArgs {
+        tls_cert,
+        tls_key,
+        addr,
+        metrics_addr,
+        max_body_bytes,
+        cert_check_seconds,
+        shutdown_grace_seconds,
+        kubeconfig,
+    } = args;
+    let metrics = Arc::new(Metrics::default());
+    let cert = Arc::new(ReloadingCert::load(&tls_cert, &tls_key)?);
+    let tls = cert.clone().server_config()?;
+    let client = client(kubeconfig.as_ref()).await?;
+    let view = WatchedCluster::start(client, metrics.clone());
+    let state = Arc::new(AppState {
+        view,
+        metrics: metrics.clone(),
+        tls_ready: Default::default(),
+    });
+    state.tls_ready.store(true, Ordering::Release);
+    tokio::spawn(cert.clone().watch(
+        Duration::from_secs(cert_check_seconds.max(1)),
+        metrics.clone(),
+    ));
+
+    let shutdown = CancellationToken::new();
+    let webhook = bind(addr).await?;
+    let metrics_listener = bind(metrics_addr).await?;
+    tracing::info!(%addr, %metrics_addr, "berth webhook serving");
+    let metrics_app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let metrics = metrics.clone();
+            async move { metrics.encode() }
+        }),
+    );
+    let metrics_task = tokio::spawn(serve_plain(metrics_listener, metrics_app, shutdown.clone()));
+    let stopper = shutdown.clone();
+    tokio::spawn(async move {
+        termination().await;
+        tracing::info!("shutting down");
+        stopper.cancel();
+    });
+    serve_tls(
+        webhook,
+        tls,
+        router(state, max_body_bytes),
+        shutdown,
+        Duration::from_secs(shutdown_grace_seconds),
+    )
+    .await;
+    let _ = metrics_task.await;
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! Logging set-up and the Prometheus metrics berth exports on its metrics port.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+/// Logs to stderr; `RUST_LOG` picks the level (default `info`).
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub path: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabels {
+    pub policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
+}
+
+/// Every metric of the webhook, registered once.
+pub struct Metrics {
+    registry: Registry,
+    /// Admission latency by path and outcome.
+    pub latency: Family<RequestLabels, Histogram>,
+    /// Pods a policy applied to.
+    pub decisions: Family<PolicyLabels, Counter>,
+    /// Warnings returned to users.
+    pub warnings: Counter,
+    /// Admissions refused, by path.
+    pub denials: Family<KindLabels, Counter>,
+    /// Errors by kind: bad_request, namespace_lookup, broken_annotation,
+    /// certificate_reload, invalid_policy.
+    pub errors: Family<KindLabels, Counter>,
+    /// Seconds until the serving certificate expires.
+    pub certificate_expiry_seconds: Gauge<f64, AtomicU64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("berth");
+        let latency = Family::<RequestLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_25, 2.0, 16))
+        });
+        let decisions = Family::<PolicyLabels, Counter>::default();
+        let warnings = Counter::default();
+        let denials = Family::<KindLabels, Counter>::default();
+        let errors = Family::<KindLabels, Counter>::default();
+        let certificate_expiry_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "admission_duration_seconds",
+            "Time to answer an admission request, by path and outcome",
+            latency.clone(),
+        );
+        registry.register("decisions", "Pods a policy applied to", decisions.clone());
+        registry.register("warnings", "Warnings returned to users", warnings.clone());
+        registry.register(
+            "denials",
+            "Admission requests refused, by path",
+            denials.clone(),
+        );
+        registry.register("errors", "Errors, by kind", errors.clone());
+        registry.register(
+            "certificate_expiry_seconds",
+            "Seconds until the serving certificate expires",
+            certificate_expiry_seconds.clone(),
+        );
+        Metrics {
+            registry,
+            latency,
+            decisions,
+            warnings,
+            denials,
+            errors,
+            certificate_expiry_seconds,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn error(&self, kind: &str) {
+        self.errors
+            .get_or_create(&KindLabels { kind: kind.into() })
+            .inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,324 @@
+//! The webhook's router driven with AdmissionReview fixtures, no cluster: uid
+//! echo, patchType, 400s, kinds and subresources it leaves alone, pod UPDATE,
+//! Namespace and PlacementPolicy validation, the body cap and readiness.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use base64::Engine;
+use berth::admission::handlers::{AppState, router};
+use berth::admission::state::{ClusterView, FixedView};
+use berth::placement::NamespaceInfo;
+use berth::policy::{PlacementPolicy, PolicySet};
+use berth::telemetry::Metrics;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const MAX_BODY: usize = 64 * 1024;
+
+fn fixture(name: &str) -> Value {
+    let path = format!("{}/tests/data/admission/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn policy(name: &str, spec: Value) -> PlacementPolicy {
+    serde_json::from_value(
+        json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+        "metadata": {"name": name}, "spec": spec}),
+    )
+    .unwrap()
+}
+
+fn view() -> FixedView {
+    let (policies, errors) = PolicySet::compile(&[policy(
+        "cdn",
+        json!({"images": ["*cdn*"], "pool": {"nodeNames": ["node2"]}}),
+    )]);
+    assert!(errors.is_empty());
+    let mut default = NamespaceInfo::new("default");
+    default
+        .annotations
+        .insert("berth.io/policies".into(), "cdn".into());
+    FixedView {
+        policies: Arc::new(policies),
+        nodes: Arc::default(),
+        namespaces: BTreeMap::from([("default".to_string(), default)]),
+    }
+}
+
+fn state(view: impl ClusterView + 'static, tls_ready: bool) -> Arc<AppState> {
+    Arc::new(AppState {
+        view: Arc::new(view),
+        metrics: Arc::new(Metrics::default()),
+        tls_ready: AtomicBool::new(tls_ready),
+    })
+}
+
+async fn post(state: Arc<AppState>, path: &str, body: impl Into<Body>) -> (StatusCode, Vec<u8>) {
+    let request = Request::post(path)
+        .header("content-type", "application/json")
+        .body(body.into())
+        .unwrap();
+    let response = router(state, MAX_BODY).oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, bytes.to_vec())
+}
+
+/// Posts a review and returns its `response`.
+async fn review(path: &str, review: &Value) -> Value {
+    let (status, body) = post(state(view(), true), path, review.to_string()).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let answer: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(answer["kind"], "AdmissionReview");
+    assert_eq!(
+        answer["response"]["uid"], review["request"]["uid"],
+        "uid echoed"
+    );
+    answer["response"].clone()
+}
+
+fn decoded_patch(response: &Value) -> Value {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(response["patch"].as_str().unwrap())
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[tokio::test]
+async fn a_cdn_pod_is_patched_and_the_patch_keeps_unknown_fields() {
+    let request = fixture("pod-create.json");
+    let response = review("/mutate", &request).await;
+    assert_eq!(response["allowed"], true);
+    assert_eq!(response["patchType"], "JSONPatch");
+    let patch: json_patch::Patch = serde_json::from_value(decoded_patch(&response)).unwrap();
+    let mut pod = request["request"]["object"].clone();
+    json_patch::patch(&mut pod, &patch).unwrap();
+    assert_eq!(pod["metadata"]["annotations"]["berth.io/applied"], "cdn");
+    assert_eq!(pod["spec"]["containers"][0]["fieldFromTheFuture"], true);
+    assert_eq!(pod["spec"]["tolerations"][0]["tolerationSeconds"], 300);
+}
+
+#[tokio::test]
+async fn patch_type_is_set_exactly_when_there_is_a_patch() {
+    let mut request = fixture("pod-create.json");
+    request["request"]["object"]["spec"]["containers"][0]["image"] = json!("nginx");
+    let response = review("/mutate", &request).await;
+    assert_eq!(response["allowed"], true);
+    assert!(
+        response.get("patch").is_none() && response.get("patchType").is_none(),
+        "{response}"
+    );
+}
+
+#[tokio::test]
+async fn a_body_that_is_not_a_review_gets_a_400_with_a_reason() {
+    for (body, reason) in [
+        ("not json", "the body is not an AdmissionReview"),
+        (r#"{"kind": "Pod"}"#, "kind must be AdmissionReview"),
+        (
+            r#"{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}"#,
+            "unsupported AdmissionReview version",
+        ),
+        (
+            r#"{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}"#,
+            "has no request",
+        ),
+    ] {
+        let (status, text) = post(state(view(), true), "/mutate", body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(
+            String::from_utf8_lossy(&text).contains(reason),
+            "{}",
+            String::from_utf8_lossy(&text)
+        );
+    }
+}
+
+#[tokio::test]
+async fn other_kinds_and_subresources_are_allowed_unchanged() {
+    let mut deployment = fixture("pod-create.json");
+    deployment["request"]["kind"] = json!({"group": "apps", "version": "v1", "kind": "Deployment"});
+    let mut binding = fixture("pod-create.json");
+    binding["request"]["subResource"] = json!("binding");
+    binding["request"]["object"]["spec"]["nodeName"] = json!("node2");
+    for request in [deployment, binding] {
+        for path in ["/mutate", "/validate"] {
+            let response = review(path, &request).await;
+            assert_eq!(response["allowed"], true);
+            assert!(response.get("patch").is_none());
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_node_name_on_a_dedicated_node_is_denied_with_the_reason() {
+    let mut request = fixture("pod-create.json");
+    request["request"]["object"]["spec"]["containers"][0]["image"] = json!("nginx");
+    request["request"]["object"]["spec"]["nodeName"] = json!("node2");
+    for path in ["/mutate", "/validate"] {
+        let response = review(path, &request).await;
+        assert_eq!(response["allowed"], false);
+        assert_eq!(response["status"]["code"], 403);
+        assert!(
+            response["status"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("dedicated pool cdn")
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_pod_update_that_adds_a_pool_toleration_is_denied() {
+    let mut update = fixture("pod-create.json");
+    update["request"]["operation"] = json!("UPDATE");
+    update["request"]["object"]["spec"]["containers"][0]["image"] = json!("nginx");
+    let old = update["request"]["object"].clone();
+    update["request"]["oldObject"] = old;
+    // An update that changes nothing berth cares about is fine.
+    assert_eq!(review("/validate", &update).await["allowed"], true);
+    update["request"]["object"]["spec"]["tolerations"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}));
+    let response = review("/validate", &update).await;
+    assert_eq!(response["allowed"], false);
+    assert!(
+        response["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not entitled to pool cdn")
+    );
+}
+
+#[tokio::test]
+async fn a_pod_update_may_not_drop_berths_node_affinity() {
+    let mut update = fixture("pod-create.json");
+    update["request"]["operation"] = json!("UPDATE");
+    let mut old = update["request"]["object"].clone();
+    old["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "node-restriction.kubernetes.io/berth.runs.redis", "operator": "DoesNotExist"}]}]}}});
+    update["request"]["oldObject"] = old;
+    let response = review("/validate", &update).await;
+    assert_eq!(response["allowed"], false);
+    assert!(
+        response["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("may not be removed")
+    );
+}
+
+fn namespace_review(annotations: Value) -> Value {
+    let mut request = fixture("pod-create.json");
+    request["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "Namespace"});
+    request["request"]["namespace"] = json!(null);
+    request["request"]["object"] = json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "team", "annotations": annotations}});
+    request
+}
+
+#[tokio::test]
+async fn namespace_annotations_are_validated() {
+    let response = review(
+        "/validate",
+        &namespace_review(json!({"berth.io/policies": "cdn,,gpu"})),
+    )
+    .await;
+    assert_eq!(response["allowed"], false);
+    assert_eq!(
+        response["status"]["message"],
+        "annotation berth.io/policies: entry 2 is empty (write names separated by commas)"
+    );
+    let response = review(
+        "/validate",
+        &namespace_review(json!({"berth.io/policies": "cdn, gpu"})),
+    )
+    .await;
+    assert_eq!(response["allowed"], true);
+    assert_eq!(
+        response["warnings"],
+        json!(["no PlacementPolicy named \"gpu\" exists (yet)"])
+    );
+}
+
+fn policy_review(name: &str, spec: Value) -> Value {
+    let mut request = fixture("pod-create.json");
+    request["request"]["kind"] =
+        json!({"group": "berth.io", "version": "v1alpha1", "kind": "PlacementPolicy"});
+    request["request"]["namespace"] = json!(null);
+    request["request"]["object"] = json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+        "metadata": {"name": name}, "spec": spec});
+    request
+}
+
+#[tokio::test]
+async fn placement_policies_are_validated_beyond_the_schema() {
+    let response = review(
+        "/validate",
+        &policy_review("bad", json!({"images": ["[cdn"], "schedulerName": "s"})),
+    )
+    .await;
+    assert_eq!(response["allowed"], false);
+    assert!(
+        response["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("policy bad: images: bad image glob")
+    );
+
+    let response = review(
+        "/validate",
+        &policy_review("edge", json!({"pool": {"nodeNames": ["node2", "node3"]}})),
+    )
+    .await;
+    assert_eq!(response["allowed"], true);
+    assert_eq!(
+        response["warnings"],
+        json!(["node node2 is also in pool cdn; the older policy keeps it"])
+    );
+}
+
+#[tokio::test]
+async fn a_body_over_the_cap_gets_413() {
+    let (status, _) = post(state(view(), true), "/mutate", vec![b' '; MAX_BODY + 1]).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn readyz_waits_for_tls_and_synced_caches() {
+    let app_state = state(view(), false);
+    let get = |state: Arc<AppState>| async move {
+        let request = Request::get("/readyz").body(Body::empty()).unwrap();
+        router(state, MAX_BODY)
+            .oneshot(request)
+            .await
+            .unwrap()
+            .status()
+    };
+    assert_eq!(
+        get(app_state.clone()).await,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    app_state.tls_ready.store(true, Ordering::Release);
+    assert_eq!(get(app_state).await, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn an_unknown_namespace_gets_no_grants_and_a_warning() {
+    let mut request = fixture("pod-create.json");
+    request["request"]["namespace"] = json!("elsewhere");
+    let response = review("/mutate", &request).await;
+    assert!(response.get("patch").is_none());
+    assert_eq!(
+        response["warnings"][0],
+        "berth could not read namespace elsewhere; the pod gets no grants"
+    );
+}
