@@ -189,3 +189,37 @@ impl ResolvesServerCert for ReloadingCert {
         Some(self.current())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_new_pair_is_rejected_and_the_old_one_keeps_serving() {
+        let dir = std::env::temp_dir().join(format!("berth-tls-{}", std::process::id()));
+        crate::certs::write_certs("berth", "ns", &dir, 1).unwrap();
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        let reloading = ReloadingCert::load(&cert, &key).unwrap();
+        let first = reloading.current();
+        assert!(!reloading.reload().unwrap(), "nothing changed");
+
+        std::fs::write(&cert, "-----BEGIN CERTIFICATE-----\nnot base64\n").unwrap();
+        assert!(reloading.reload().is_err());
+        assert!(
+            Arc::ptr_eq(&first, &reloading.current()),
+            "the old pair still serves"
+        );
+
+        // A new certificate with the old key: a mismatch, also rejected.
+        let other = crate::certs::issue(&["x".into()], 1, None).unwrap();
+        std::fs::write(&cert, &other.cert_pem).unwrap();
+        let error = reloading.reload().unwrap_err();
+        assert!(error.to_string().contains("does not fit"), "{error}");
+
+        crate::certs::write_certs("berth", "ns", &dir, 1).unwrap();
+        assert!(reloading.reload().unwrap(), "a good new pair is taken");
+        assert!(!Arc::ptr_eq(&first, &reloading.current()));
+        assert!(seconds_until_expiry(&reloading.current()).unwrap() > 3600.0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

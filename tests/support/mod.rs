@@ -196,3 +196,107 @@ pub fn is_bound(pod: Option<&Pod>) -> bool {
         .and_then(|s| s.node_name.as_ref())
         .is_some()
 }
+
+/// berth running against a [`TestCluster`], started by `tests/cluster/berth-up`.
+#[derive(Debug)]
+pub struct Berth {
+    pub cluster: &'static TestCluster,
+    pub port: u16,
+    pub metrics_port: u16,
+}
+
+static BERTH: OnceLock<Berth> = OnceLock::new();
+
+impl Berth {
+    /// berth beside the cluster of this test binary, started on first use.
+    pub fn shared(nodes: Nodes) -> &'static Berth {
+        BERTH.get_or_init(|| {
+            let cluster = TestCluster::shared(nodes);
+            let dir = cluster.dir.to_string_lossy().into_owned();
+            // The test binary was built with the same sources: use its berth.
+            let bin = env!("CARGO_BIN_EXE_berth");
+            let output = Command::new(repo_root().join("tests/cluster/berth-up"))
+                .arg(&dir)
+                .env("BERTH_BIN", bin)
+                .output()
+                .expect("run berth-up");
+            assert!(
+                output.status.success(),
+                "berth-up failed:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            let ports = std::fs::read_to_string(cluster.dir.join("berth.ports")).expect("ports");
+            let mut ports = ports.split_whitespace().map(|p| p.parse().expect("port"));
+            Berth {
+                cluster,
+                port: ports.next().expect("webhook port"),
+                metrics_port: ports.next().expect("metrics port"),
+            }
+        })
+    }
+
+    pub fn certs_dir(&self) -> PathBuf {
+        self.cluster.dir.join("berth-certs")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.cluster.dir.join("logs/berth.log")).unwrap_or_default()
+    }
+
+    /// The pid berth-up recorded.
+    pub fn pid(&self) -> u32 {
+        std::fs::read_to_string(self.cluster.dir.join("pids"))
+            .expect("pids")
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("berth ")?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .expect("berth pid")
+    }
+
+    /// The Prometheus text from berth's metrics port.
+    pub fn metrics(&self) -> String {
+        let output = Command::new("curl")
+            .args([
+                "-s",
+                &format!("http://127.0.0.1:{}/metrics", self.metrics_port),
+            ])
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Runs the berth binary under test.
+    pub fn run(&self, args: &[&str]) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(args)
+            .output()
+            .expect("run berth")
+    }
+}
+
+/// Runs our kubectl with `stdin`, returning the output.
+pub fn kubectl_with_input(dir: &Path, args: &[&str], stdin: &str) -> std::process::Output {
+    use std::io::Write;
+    let bin = cluster_script("build", &[]).trim().to_owned();
+    let mut child = Command::new(Path::new(&bin).join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(dir.join("kubeconfig"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write stdin");
+    child.wait_with_output().expect("kubectl output")
+}

@@ -1,0 +1,280 @@
+//! The webhook on a real kube-apiserver: kube-apiserver calls the current berth
+//! through the shipped webhook configurations (url clientConfig on 127.0.0.1).
+
+mod support;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::{Berth, Nodes, fresh_namespace, kubectl_with_input};
+
+const NODES: Nodes = Nodes {
+    count: 4,
+    prefix: "node",
+};
+
+/// berth with the example cdn policy installed, once per test binary.
+fn berth() -> &'static Berth {
+    static READY: OnceLock<()> = OnceLock::new();
+    let berth = Berth::shared(NODES);
+    READY.get_or_init(|| {
+        let policy = support::repo_root().join("policies/cdn.yaml");
+        let out = berth
+            .cluster
+            .kubectl(&["apply", "-f", policy.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    berth
+}
+
+/// A fresh namespace that opts into the cdn policy.
+async fn cdn_namespace(client: &Client, purpose: &str) -> String {
+    let name = fresh_namespace(client, purpose).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let patch = json!({"metadata": {"annotations": {"berth.io/policies": "cdn"}}});
+    namespaces
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotate namespace");
+    name
+}
+
+fn pod_yaml(name: &str, image: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, image: {image}}}]\n{extra}"
+    )
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test]
+async fn server_side_dry_run_shows_berths_changes_and_writes_nothing() {
+    let berth = berth();
+    let client = berth.cluster.client().await;
+    let ns = cdn_namespace(&client, "dry-run").await;
+    let out = kubectl_with_input(
+        &berth.cluster.dir,
+        &[
+            "apply",
+            "--dry-run=server",
+            "-o",
+            "yaml",
+            "-n",
+            &ns,
+            "-f",
+            "-",
+        ],
+        &pod_yaml("uploader", "example/cdn-uploader:1.0", ""),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(shown.contains("berth.io/applied: cdn"), "{shown}");
+    assert!(
+        shown.contains("key: node-restriction.kubernetes.io/berth.pool"),
+        "{shown}"
+    );
+    assert!(shown.contains("key: berth.io/pool"), "{shown}");
+    let pods: Api<Pod> = Api::namespaced(client, &ns);
+    assert!(
+        pods.get_opt("uploader").await.unwrap().is_none(),
+        "dry-run wrote the pod"
+    );
+}
+
+#[tokio::test]
+async fn a_broken_namespace_annotation_is_refused_with_the_reason() {
+    let berth = berth();
+    let client = berth.cluster.client().await;
+    let ns = fresh_namespace(&client, "broken").await;
+    let out = berth
+        .cluster
+        .kubectl(&["annotate", "namespace", &ns, "berth.io/policies=cdn,,gpu"]);
+    assert!(!out.status.success());
+    let error = text(&out.stderr);
+    assert!(
+        error.contains("denied the request: annotation berth.io/policies: entry 2 is empty"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn kubectl_prints_berths_warnings() {
+    let berth = berth();
+    let client = berth.cluster.client().await;
+    let ns = cdn_namespace(&client, "warnings").await;
+    let forged =
+        "  tolerations: [{key: berth.io/pool, operator: Equal, value: cdn, effect: NoSchedule}]\n";
+    let out = kubectl_with_input(
+        &berth.cluster.dir,
+        &["apply", "-n", &ns, "-f", "-"],
+        &pod_yaml("web", "nginx:1.27", forged),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(
+            "Warning: removed toleration berth.io/pool=cdn: the pod is not entitled to that pool"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+    let pods: Api<Pod> = Api::namespaced(client, &ns);
+    let pod = pods.get("web").await.unwrap();
+    let tolerations = pod.spec.unwrap().tolerations.unwrap_or_default();
+    assert!(
+        tolerations
+            .iter()
+            .all(|t| t.key.as_deref() != Some("berth.io/pool"))
+    );
+}
+
+#[tokio::test]
+async fn kube_system_and_berths_own_namespace_are_never_sent_to_it() {
+    let berth = berth();
+    let client = berth.cluster.client().await;
+    for ns in ["kube-system", "berth-system"] {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "forged", "namespace": ns},
+            "spec": {"containers": [{"name": "c", "image": "nginx"}],
+                     "tolerations": [{"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]}
+        }))
+        .unwrap();
+        let created = pods
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("created");
+        let kept = created.spec.unwrap().tolerations.unwrap_or_default();
+        assert!(
+            kept.iter()
+                .any(|t| t.key.as_deref() == Some("berth.io/pool")),
+            "a pod in {ns} reached berth"
+        );
+    }
+}
+
+/// The serial number of the certificate berth serves on a new connection.
+fn served_serial(berth: &Berth) -> String {
+    let script = format!(
+        "openssl s_client -connect 127.0.0.1:{} </dev/null 2>/dev/null | openssl x509 -noout -serial",
+        berth.port
+    );
+    let out = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    text(&out.stdout).trim().to_owned()
+}
+
+#[tokio::test]
+async fn a_certificate_rotated_during_a_request_stream_loses_no_request() {
+    let berth = berth();
+    let client = berth.cluster.client().await;
+    let ns = cdn_namespace(&client, "rotation").await;
+    let first_serial = served_serial(berth);
+    assert!(first_serial.starts_with("serial="), "{first_serial}");
+
+    // Four clients create pods (server-side dry-run) as fast as they can while
+    // the certificate is renewed three times and once replaced by a broken pair.
+    let stream = |worker: usize| {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        async move {
+            let params = PostParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            let mut mutated = 0;
+            for i in 0..60 {
+                let pod: Pod = serde_json::from_value(json!({
+                    "metadata": {"name": format!("w{worker}-{i}")},
+                    "spec": {"containers": [{"name": "c", "image": "example/cdn-uploader:1"}]}
+                }))
+                .unwrap();
+                let created = pods.create(&params, &pod).await.expect("request answered");
+                let applied = created
+                    .metadata
+                    .annotations
+                    .unwrap_or_default()
+                    .remove("berth.io/applied");
+                assert_eq!(
+                    applied.as_deref(),
+                    Some("cdn"),
+                    "request {i} of worker {worker} was not mutated"
+                );
+                mutated += 1;
+            }
+            mutated
+        }
+    };
+    let certs = berth.certs_dir();
+    let certs_arg = certs.to_string_lossy().into_owned();
+    let rotate = async {
+        for round in 0..3 {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            if round == 1 {
+                // A broken pair: berth must keep serving the old one.
+                std::fs::write(
+                    certs.join("tls.crt"),
+                    "-----BEGIN CERTIFICATE-----\ngarbage\n",
+                )
+                .unwrap();
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+            }
+            let out = berth.run(&["certs", "--out", &certs_arg]);
+            assert!(out.status.success(), "{}", text(&out.stderr));
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    };
+    let (counts, ()) = tokio::join!(futures::future::join_all((0..4).map(stream)), rotate);
+    assert_eq!(counts.iter().sum::<usize>(), 240);
+
+    let log = berth.log();
+    assert!(
+        log.matches("serving certificate reloaded").count() >= 3,
+        "{log}"
+    );
+    assert!(
+        log.contains("new serving certificate rejected; the old one keeps serving"),
+        "{log}"
+    );
+    let last_serial = served_serial(berth);
+    assert_ne!(
+        first_serial, last_serial,
+        "the served certificate did not change"
+    );
+}
+
+#[tokio::test]
+async fn metrics_count_decisions_latency_and_certificate_expiry() {
+    let berth = berth();
+    let client = berth.cluster.client().await;
+    let ns = cdn_namespace(&client, "metrics").await;
+    let out = kubectl_with_input(
+        &berth.cluster.dir,
+        &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
+        &pod_yaml("counted", "example/cdn-uploader:1.0", ""),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let metrics = berth.metrics();
+    for expected in [
+        "berth_decisions_total{policy=\"cdn\"}",
+        "berth_admission_duration_seconds_bucket{",
+        "path=\"/mutate\"",
+        "outcome=\"patched\"",
+        "berth_certificate_expiry_seconds ",
+    ] {
+        assert!(
+            metrics.contains(expected),
+            "missing {expected} in:\n{metrics}"
+        );
+    }
+}

@@ -1,0 +1,81 @@
+//! berth never blocks the cluster: with berth stopped (SIGTERM, graceful), pods are
+//! still created everywhere, its own and the system namespaces included.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::{Berth, Nodes, fresh_namespace};
+
+const NODES: Nodes = Nodes {
+    count: 2,
+    prefix: "node",
+};
+
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+#[tokio::test]
+async fn with_berth_stopped_pods_are_still_created_everywhere() {
+    let berth = Berth::shared(NODES);
+    let client = berth.cluster.client().await;
+    let opted_in = fresh_namespace(&client, "opted-in").await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let annotate = json!({"metadata": {"annotations": {"berth.io/policies": "cdn"}}});
+    namespaces
+        .patch(&opted_in, &PatchParams::default(), &Patch::Merge(&annotate))
+        .await
+        .unwrap();
+    let plain = fresh_namespace(&client, "plain").await;
+
+    // SIGTERM: berth stops accepting, finishes what is in flight and exits.
+    let pid = berth.pid();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while running(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "berth did not exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = berth.log();
+    assert!(
+        log.contains("shutting down") && log.contains("stopped accepting"),
+        "{log}"
+    );
+
+    for ns in [
+        "kube-system",
+        "berth-system",
+        plain.as_str(),
+        opted_in.as_str(),
+    ] {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "while-berth-is-down"},
+            "spec": {"containers": [{"name": "c", "image": "example/cdn-uploader:1"}]}
+        }))
+        .unwrap();
+        let started = Instant::now();
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("a pod in {ns} was blocked: {e}"));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "creating in {ns} took {:?}",
+            started.elapsed()
+        );
+    }
+}
