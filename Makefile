@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo demo-down test lint bench fuzz control-plane
+.PHONY: demo demo-down test lint bench fuzz static control-plane
 
 ## demo: start a local control plane with four nodes and show berth at work; leaves it running
 demo: control-plane
@@ -14,7 +14,7 @@ demo-down:
 	@if [ -d "$(DEMO_DIR)" ]; then tests/cluster/down "$(DEMO_DIR)"; else echo "no demo running"; fi
 
 ## test: lint, then the whole suite, end-to-end tests on a real control plane included
-test: lint control-plane
+test: lint control-plane static
 	rm -rf target/test-clusters   # folders (and logs) of the previous run's clusters
 	cargo test --locked --all-targets
 
@@ -26,6 +26,10 @@ bench:
 FUZZ_SECONDS ?= 600
 fuzz:
 	cd fuzz && cargo +nightly fuzz run decide -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
+
+## static: the Dockerfile's build step: a static release binary
+static:
+	scripts/build-static
 
 ## lint: formatting, clippy with warnings denied, and shell syntax
 lint:
