@@ -38,18 +38,6 @@ impl PodView {
             .map_err(|e| format!("not a readable Pod: {e}"))
     }
 
-    pub fn name(&self) -> &str {
-        let meta = &self.pod.metadata;
-        meta.name
-            .as_deref()
-            .or(meta.generate_name.as_deref())
-            .unwrap_or("<unnamed>")
-    }
-
-    pub fn namespace(&self) -> Option<&str> {
-        self.pod.metadata.namespace.as_deref()
-    }
-
     pub fn labels(&self) -> Labels {
         self.pod.metadata.labels.clone().unwrap_or_default()
     }
@@ -96,11 +84,6 @@ impl PodView {
             .iter()
             .flatten()
             .any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
-    }
-
-    /// The typed pod, for node feasibility checks.
-    pub fn pod(&self) -> &Pod {
-        &self.pod
     }
 }
 
