@@ -51,6 +51,16 @@ pub struct Metrics {
     pub errors: Family<KindLabels, Counter>,
     /// Seconds until the serving certificate expires.
     pub certificate_expiry_seconds: Gauge<f64, AtomicU64>,
+    /// Controller passes over every node.
+    pub reconciles: Counter,
+    /// Node writes by kind: labels, taints.
+    pub node_writes: Family<KindLabels, Counter>,
+    /// 409 conflicts met while writing taints (each retried).
+    pub write_conflicts: Counter,
+    /// Pods on a dedicated pool node without entitlement, by pool.
+    pub unentitled_pods: Family<PolicyLabels, Gauge>,
+    /// 1 while this replica holds the controller Lease.
+    pub leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -64,6 +74,32 @@ impl Default for Metrics {
         let denials = Family::<KindLabels, Counter>::default();
         let errors = Family::<KindLabels, Counter>::default();
         let certificate_expiry_seconds = Gauge::<f64, AtomicU64>::default();
+        let reconciles = Counter::default();
+        let node_writes = Family::<KindLabels, Counter>::default();
+        let write_conflicts = Counter::default();
+        let unentitled_pods = Family::<PolicyLabels, Gauge>::default();
+        let leader = Gauge::default();
+        registry.register(
+            "reconciles",
+            "Controller passes over every node",
+            reconciles.clone(),
+        );
+        registry.register("node_writes", "Node writes, by kind", node_writes.clone());
+        registry.register(
+            "write_conflicts",
+            "Taint writes that met a 409 and were retried",
+            write_conflicts.clone(),
+        );
+        registry.register(
+            "unentitled_pods",
+            "Pods on a dedicated pool node without entitlement, by pool",
+            unentitled_pods.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the controller Lease",
+            leader.clone(),
+        );
         registry.register(
             "admission_duration_seconds",
             "Time to answer an admission request, by path and outcome",
@@ -90,6 +126,11 @@ impl Default for Metrics {
             denials,
             errors,
             certificate_expiry_seconds,
+            reconciles,
+            node_writes,
+            write_conflicts,
+            unentitled_pods,
+            leader,
         }
     }
 }

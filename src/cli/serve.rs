@@ -15,6 +15,7 @@ use crate::admission::handlers::{AppState, router};
 use crate::admission::server::{bind, serve_plain, serve_tls};
 use crate::admission::state::WatchedCluster;
 use crate::admission::tls::ReloadingCert;
+use crate::controller::{self, run::ControllerOptions};
 use crate::telemetry::Metrics;
 
 /// Flags of `berth serve`; each can also be set by its `BERTH_*` variable.
@@ -46,6 +47,21 @@ pub struct ServeArgs {
     /// usual kubeconfig lookup) is used.
     #[arg(long, env = "BERTH_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// Run only the webhook, not the node controller.
+    #[arg(long, env = "BERTH_NO_CONTROLLER", conflicts_with = "no_webhook")]
+    pub no_controller: bool,
+    /// Run only the node controller (and metrics), not the webhook.
+    #[arg(long, env = "BERTH_NO_WEBHOOK")]
+    pub no_webhook: bool,
+    /// Namespace of the controller's leader-election Lease `berth-controller`.
+    #[arg(long, env = "BERTH_LEASE_NAMESPACE", default_value = "berth-system")]
+    pub lease_namespace: String,
+    /// This replica's name in the Lease; defaults to the host name (the pod name).
+    #[arg(long, env = "BERTH_IDENTITY")]
+    pub identity: Option<String>,
+    /// A full controller pass at least this often, in seconds, even without changes.
+    #[arg(long, env = "BERTH_RESYNC_SECONDS", default_value_t = 60)]
+    pub resync_seconds: u64,
 }
 
 /// Why `berth serve` could not start.
@@ -103,27 +119,31 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         cert_check_seconds,
         shutdown_grace_seconds,
         kubeconfig,
+        no_controller,
+        no_webhook,
+        lease_namespace,
+        identity,
+        resync_seconds,
     } = args;
     let metrics = Arc::new(Metrics::default());
-    let cert = Arc::new(ReloadingCert::load(&tls_cert, &tls_key)?);
-    let tls = cert.clone().server_config()?;
     let client = client(kubeconfig.as_ref()).await?;
-    let view = WatchedCluster::start(client, metrics.clone());
-    let state = Arc::new(AppState {
-        view,
-        metrics: metrics.clone(),
-        tls_ready: Default::default(),
-    });
-    state.tls_ready.store(true, Ordering::Release);
-    tokio::spawn(cert.clone().watch(
-        Duration::from_secs(cert_check_seconds.max(1)),
-        metrics.clone(),
-    ));
-
     let shutdown = CancellationToken::new();
-    let webhook = bind(addr).await?;
     let metrics_listener = bind(metrics_addr).await?;
-    tracing::info!(%addr, %metrics_addr, "berth webhook serving");
+
+    let controller_task = (!no_controller).then(|| {
+        let options = ControllerOptions {
+            lease_namespace,
+            identity: identity.unwrap_or_else(default_identity),
+            resync: Duration::from_secs(resync_seconds.max(1)),
+        };
+        tokio::spawn(controller::run(
+            client.clone(),
+            metrics.clone(),
+            options,
+            shutdown.clone(),
+        ))
+    });
+    let state_metrics = metrics.clone();
     let metrics_app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move || {
@@ -138,14 +158,48 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         tracing::info!("shutting down");
         stopper.cancel();
     });
-    serve_tls(
-        webhook,
-        tls,
-        router(state, max_body_bytes),
-        shutdown,
-        Duration::from_secs(shutdown_grace_seconds),
-    )
-    .await;
+
+    if no_webhook {
+        tracing::info!(%metrics_addr, "berth controller running (no webhook)");
+        shutdown.cancelled().await;
+    } else {
+        let cert = Arc::new(ReloadingCert::load(&tls_cert, &tls_key)?);
+        let tls = cert.clone().server_config()?;
+        let view = WatchedCluster::start(client, state_metrics.clone());
+        let state = Arc::new(AppState {
+            view,
+            metrics: state_metrics.clone(),
+            tls_ready: Default::default(),
+        });
+        state.tls_ready.store(true, Ordering::Release);
+        tokio::spawn(cert.clone().watch(
+            Duration::from_secs(cert_check_seconds.max(1)),
+            state_metrics.clone(),
+        ));
+        let webhook = bind(addr).await?;
+        tracing::info!(%addr, %metrics_addr, "berth webhook serving");
+        serve_tls(
+            webhook,
+            tls,
+            router(state, max_body_bytes),
+            shutdown.clone(),
+            Duration::from_secs(shutdown_grace_seconds),
+        )
+        .await;
+    }
+    // The controller releases its Lease as it stops.
+    if let Some(task) = controller_task {
+        let _ = task.await;
+    }
     let _ = metrics_task.await;
     Ok(())
+}
+
+/// The host name: in a pod, the pod's name, which tells replicas apart.
+fn default_identity() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("berth-{}", std::process::id()))
 }

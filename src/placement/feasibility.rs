@@ -21,14 +21,9 @@ pub fn with_pool_state(name: &str, node: &NodeInfo, policies: &PolicySet) -> Nod
     let mut node = node.clone();
     if let Some(owner) = policies.pool_of_node(name, Some(&node.labels)) {
         node.labels.insert(POOL_LABEL.into(), owner.name.clone());
-        if let Some(pool) = owner.dedicated_pool() {
+        if let Some(taint) = owner.pool_taint() {
             node.taints.retain(|t| t.key != POOL_TAINT);
-            node.taints.push(Taint {
-                key: POOL_TAINT.into(),
-                value: Some(owner.name.clone()),
-                effect: pool.effect.as_str().into(),
-                time_added: None,
-            });
+            node.taints.push(taint);
         }
     }
     node

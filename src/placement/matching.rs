@@ -99,19 +99,20 @@ fn opt_in(
     config: Option<&NamespaceConfig>,
 ) -> Option<String> {
     let config = config?;
-    if config.policies.contains(&policy.name) {
-        Some(format!(
+    if !policy.namespace_opts_in(config, &namespace.labels) {
+        return None;
+    }
+    Some(if config.policies.contains(&policy.name) {
+        format!(
             "namespace {} opts in with {POLICIES_ANNOTATION}",
             namespace.name
-        ))
-    } else if policy.selects_namespace(&namespace.labels) {
-        Some(format!(
+        )
+    } else {
+        format!(
             "namespace {} matches the policy's namespaceSelector",
             namespace.name
-        ))
-    } else {
-        None
-    }
+        )
+    })
 }
 
 /// Why the pod's images satisfy `patterns`, or `Err` if none matches.

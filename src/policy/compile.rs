@@ -3,14 +3,16 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::NodeSelectorRequirement;
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::ResourceExt;
 use kube::core::{Selector, SelectorExt};
 
 use super::crd::{PlacementPolicy, PlacementPolicySpec, Pool};
 use super::image::ImagePatterns;
-use crate::names::{MAX_POLICY_NAME, is_dns_subdomain, is_owned_node_key, is_valid_policy_name};
+use crate::names::{
+    MAX_POLICY_NAME, POOL_TAINT, is_dns_subdomain, is_owned_node_key, is_valid_policy_name,
+};
 
 /// Labels of a Kubernetes object.
 pub type Labels = BTreeMap<String, String>;
@@ -33,6 +35,8 @@ pub struct CompiledPolicy {
     namespace_selector: Option<Selector>,
     pod_selector: Option<Selector>,
     pool_selector: Option<Selector>,
+    /// `colocateWith` or `avoid`: the pods whose nodes carry this policy's anchor label.
+    anchor_selector: Option<Selector>,
 }
 
 impl CompiledPolicy {
@@ -68,8 +72,15 @@ impl CompiledPolicy {
         };
         let namespace_selector = selector("namespaceSelector", &spec.namespace_selector)?;
         let pod_selector = selector("podSelector", &spec.pod_selector)?;
-        selector("colocateWith", &spec.colocate_with)?;
-        selector("avoid", &spec.avoid)?;
+        if spec.colocate_with.is_some() && spec.avoid.is_some() {
+            return Err(error(
+                "colocateWith and avoid share the policy's anchor label: use two policies".into(),
+            ));
+        }
+        let anchor_selector = match (&spec.colocate_with, &spec.avoid) {
+            (Some(_), _) => selector("colocateWith", &spec.colocate_with)?,
+            (None, _) => selector("avoid", &spec.avoid)?,
+        };
         let pool_selector = match &spec.pool {
             Some(pool) => {
                 check_pool(pool).map_err(error)?;
@@ -110,6 +121,7 @@ impl CompiledPolicy {
             namespace_selector,
             pod_selector,
             pool_selector,
+            anchor_selector,
         })
     }
 
@@ -123,6 +135,32 @@ impl CompiledPolicy {
     /// Whether a pod's labels match `podSelector` (absent: every pod).
     pub fn selects_pod(&self, labels: &Labels) -> bool {
         self.pod_selector.as_ref().is_none_or(|s| s.matches(labels))
+    }
+
+    /// Whether a pod with these labels is one this policy's anchor label follows
+    /// (it matches `colocateWith` or `avoid`).
+    pub fn is_anchor_pod(&self, labels: &Labels) -> bool {
+        self.anchor_selector
+            .as_ref()
+            .is_some_and(|s| s.matches(labels))
+    }
+
+    /// Whether the namespace opts into this policy: its `berth.io/policies`
+    /// annotation names it, or its labels match `namespaceSelector`.
+    pub fn namespace_opts_in(&self, config: &super::NamespaceConfig, labels: &Labels) -> bool {
+        config.policies.contains(&self.name) || self.selects_namespace(labels)
+    }
+
+    /// The taint on this policy's pool nodes, when the pool is dedicated:
+    /// `berth.io/pool=<policy>:<effect>`.
+    pub fn pool_taint(&self) -> Option<Taint> {
+        let pool = self.dedicated_pool()?;
+        Some(Taint {
+            key: POOL_TAINT.into(),
+            value: Some(self.name.clone()),
+            effect: pool.effect.as_str().into(),
+            time_added: None,
+        })
     }
 
     /// The pool, if the policy has one and it is dedicated (tainted).
@@ -219,11 +257,28 @@ impl PolicySet {
         self.policies.is_empty()
     }
 
+    /// Every policy whose pool claims `node`, the owner (the oldest) first.
+    ///
+    /// Pool selectors see the node's labels without berth's own, so that a pool
+    /// label berth wrote can never pull a node into a pool.
+    pub fn pool_claims(&self, node: &str, labels: Option<&Labels>) -> Vec<&CompiledPolicy> {
+        let foreign = labels.map(|l| {
+            l.iter()
+                .filter(|(k, _)| !is_owned_node_key(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<Labels>()
+        });
+        let mut claims: Vec<&CompiledPolicy> = self
+            .iter()
+            .filter(|p| p.claims_node(node, foreign.as_ref()))
+            .collect();
+        claims.sort_by(|a, b| a.seniority().cmp(&b.seniority()));
+        claims
+    }
+
     /// The policy whose pool owns `node`: of all pools that claim it, the oldest.
     pub fn pool_of_node(&self, node: &str, labels: Option<&Labels>) -> Option<&CompiledPolicy> {
-        self.iter()
-            .filter(|p| p.claims_node(node, labels))
-            .min_by(|a, b| a.seniority().cmp(&b.seniority()))
+        self.pool_claims(node, labels).into_iter().next()
     }
 }
 

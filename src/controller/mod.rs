@@ -1,0 +1,8 @@
+//! The node controller: keeps berth's labels and taints on Nodes so the default
+//! scheduler enforces pools and co-location.
+
+pub mod desired;
+pub mod run;
+pub mod writer;
+
+pub use run::run;

@@ -1,0 +1,500 @@
+//! The controller loop. Watches on PlacementPolicies, Nodes, Namespaces and bound
+//! Pods feed in-memory stores; any change (and a periodic resync) wakes one pass
+//! that computes every node's desired state and writes the differences. Only the
+//! replica holding the Lease writes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::desired::{BoundPod, DesiredNode, OptIn, desired_node_state};
+use super::writer::{Written, in_sync, write_node};
+use crate::names::APPLIED_ANNOTATION;
+use crate::policy::compile::Labels;
+use crate::policy::crd::PlacementPolicyStatus;
+use crate::policy::{CompiledPolicy, NamespaceConfig, PlacementPolicy, PolicySet};
+use crate::telemetry::{KindLabels, Metrics, PolicyLabels};
+
+/// The finalizer that lets berth clean a deleted policy's labels and taints.
+pub const FINALIZER: &str = "berth.io/cleanup";
+/// Node writes in flight at once.
+const WRITE_CONCURRENCY: usize = 4;
+/// Changes within this window are handled in one pass.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// How the controller runs.
+#[derive(Debug, Clone)]
+pub struct ControllerOptions {
+    /// Namespace of the Lease `berth-controller`.
+    pub lease_namespace: String,
+    /// This replica's name in the Lease.
+    pub identity: String,
+    /// A full pass at least this often, even without changes.
+    pub resync: Duration,
+}
+
+struct Stores {
+    policies: Store<PlacementPolicy>,
+    nodes: Store<Node>,
+    namespaces: Store<Namespace>,
+    pods: Store<Pod>,
+}
+
+/// Starts a watch feeding a store; every event wakes the loop.
+fn watch<K>(api: Api<K>, config: watcher::Config, wake: Arc<Notify>, strip: fn(&mut K)) -> Store<K>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api, config).default_backoff().modify(strip));
+    tokio::spawn(async move {
+        let mut events = stream.boxed();
+        while let Some(event) = events.next().await {
+            if let Err(e) = event {
+                tracing::warn!(error = %e, "watch failed; retrying");
+            }
+            wake.notify_one();
+        }
+    });
+    store
+}
+
+/// Keeps only what anchors and entitlement need of a bound pod, so the cache of
+/// every bound pod in a large cluster stays small.
+fn strip_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    let annotations = pod.metadata.annotations.take().unwrap_or_default();
+    let applied: BTreeMap<String, String> = annotations
+        .into_iter()
+        .filter(|(k, _)| k == APPLIED_ANNOTATION)
+        .collect();
+    pod.metadata.annotations = (!applied.is_empty()).then_some(applied);
+    if let Some(spec) = pod.spec.as_mut() {
+        *spec = k8s_openapi::api::core::v1::PodSpec {
+            node_name: spec.node_name.take(),
+            ..Default::default()
+        };
+    }
+    if let Some(status) = pod.status.as_mut() {
+        *status = k8s_openapi::api::core::v1::PodStatus {
+            phase: status.phase.take(),
+            ..Default::default()
+        };
+    }
+}
+
+fn strip_managed_fields<K: Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
+}
+
+/// Namespace opt-in for `anchorNamespaces: Same`, from the namespace cache.
+struct Namespaces(BTreeMap<String, (NamespaceConfig, Labels)>);
+
+impl OptIn for Namespaces {
+    fn opts_in(&self, policy: &CompiledPolicy, namespace: &str) -> bool {
+        self.0
+            .get(namespace)
+            .is_some_and(|(config, labels)| policy.namespace_opts_in(config, labels))
+    }
+}
+
+/// Runs the controller until `shutdown`; writes only while holding the Lease,
+/// and releases it on shutdown.
+pub async fn run(
+    client: Client,
+    metrics: Arc<Metrics>,
+    options: ControllerOptions,
+    shutdown: CancellationToken,
+) {
+    let wake = Arc::new(Notify::new());
+    let stores = Stores {
+        policies: watch(
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            wake.clone(),
+            strip_managed_fields,
+        ),
+        nodes: watch(
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            wake.clone(),
+            strip_managed_fields,
+        ),
+        namespaces: watch(
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            wake.clone(),
+            strip_managed_fields,
+        ),
+        pods: watch(
+            Api::all(client.clone()),
+            watcher::Config::default().fields("spec.nodeName!="),
+            wake.clone(),
+            strip_pod,
+        ),
+    };
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "berth".into(),
+            instance: Some(options.identity.clone()),
+        },
+    );
+
+    let manager = match kube_lease_manager::LeaseManagerBuilder::new(
+        client.clone(),
+        "berth-controller",
+    )
+    .with_namespace(&options.lease_namespace)
+    .with_identity(&options.identity)
+    .with_duration(15)
+    .with_grace(5)
+    .build()
+    .await
+    {
+        Ok(manager) => manager,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot set up leader election; the controller does not run");
+            return;
+        }
+    };
+    let (mut leadership, lease_task) = manager.watch().await;
+    let mut resync = tokio::time::interval(options.resync);
+    let mut reported: BTreeSet<String> = BTreeSet::new();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            changed = leadership.changed() => {
+                if changed.is_err() {
+                    tracing::warn!("leader election stopped");
+                    break;
+                }
+                let leading = *leadership.borrow_and_update();
+                metrics.leader.set(i64::from(leading));
+                tracing::info!(leading, identity = %options.identity, "controller leadership changed");
+            }
+            () = wake.notified() => tokio::time::sleep(DEBOUNCE).await,
+            _ = resync.tick() => {}
+        }
+        if !*leadership.borrow() {
+            continue;
+        }
+        if let Err(e) = reconcile(&client, &stores, &metrics, &recorder, &mut reported).await {
+            tracing::warn!(error = %e, "reconcile pass failed; retrying on the next change");
+        }
+    }
+    // Dropping the receiver makes the lease task release the Lease.
+    drop(leadership);
+    metrics.leader.set(0);
+    let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
+}
+
+/// One pass over every node.
+async fn reconcile(
+    client: &Client,
+    stores: &Stores,
+    metrics: &Metrics,
+    recorder: &Recorder,
+    reported: &mut BTreeSet<String>,
+) -> kube::Result<()> {
+    metrics.reconciles.inc();
+    let all_policies = stores.policies.state();
+    let api: Api<PlacementPolicy> = Api::all(client.clone());
+    // Live policies get the finalizer before they have any effect on nodes.
+    for policy in all_policies
+        .iter()
+        .filter(|p| p.meta().deletion_timestamp.is_none())
+    {
+        if !policy.finalizers().iter().any(|f| f == FINALIZER) {
+            let mut finalizers = policy.finalizers().to_vec();
+            finalizers.push(FINALIZER.into());
+            let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": policy.resource_version()}});
+            api.patch(
+                &policy.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        }
+    }
+    // Deleted policies count as gone: their labels and taints are removed.
+    let live: Vec<&PlacementPolicy> = all_policies
+        .iter()
+        .map(|p| p.as_ref())
+        .filter(|p| p.meta().deletion_timestamp.is_none())
+        .collect();
+    let (policies, errors) = PolicySet::compile(live.iter().copied());
+    for error in &errors {
+        tracing::warn!(%error, "policy ignored");
+    }
+
+    let namespaces = Namespaces(
+        stores
+            .namespaces
+            .state()
+            .iter()
+            .map(|ns| {
+                let config = NamespaceConfig::parse(ns.annotations()).unwrap_or_default();
+                (ns.name_any(), (config, ns.labels().clone()))
+            })
+            .collect(),
+    );
+    let pods: Vec<BoundPod> = stores
+        .pods
+        .state()
+        .iter()
+        .filter_map(|pod| bound_pod(pod))
+        .collect();
+    let mut by_node: BTreeMap<&str, Vec<&BoundPod>> = BTreeMap::new();
+    for pod in &pods {
+        by_node.entry(pod.node.as_str()).or_default().push(pod);
+    }
+
+    let nodes = stores.nodes.state();
+    let plans: Vec<(Arc<Node>, DesiredNode)> = nodes
+        .iter()
+        .map(|node| {
+            let name = node.name_any();
+            let on_node = by_node
+                .get(name.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let desired = desired_node_state(&name, node.labels(), &policies, on_node, &namespaces);
+            (node.clone(), desired)
+        })
+        .collect();
+
+    // Owned work items: the write futures then borrow nothing from this pass.
+    let work: Vec<(Arc<Node>, DesiredNode)> = plans
+        .iter()
+        .filter(|(node, desired)| !in_sync(node, desired))
+        .cloned()
+        .collect();
+    let results: Vec<kube::Result<Written>> = stream::iter(work)
+        .map(|(node, desired)| {
+            let client = client.clone();
+            async move { write_node(&client, &node, &desired).await }
+        })
+        .buffer_unordered(WRITE_CONCURRENCY)
+        .collect()
+        .await;
+    for written in results.iter().flatten() {
+        for (kind, did) in [("labels", written.labels), ("taints", written.taints)] {
+            if did {
+                metrics
+                    .node_writes
+                    .get_or_create(&KindLabels { kind: kind.into() })
+                    .inc();
+            }
+        }
+        metrics.write_conflicts.inc_by(written.conflicts as u64);
+    }
+    let all_written = results.iter().all(Result::is_ok);
+    for e in results.into_iter().filter_map(Result::err) {
+        tracing::warn!(error = %e, "node write failed");
+    }
+
+    for policy in live {
+        update_status(&api, policy, &plans, metrics, recorder, reported).await?;
+    }
+    // Once every node is clean, deleted policies may go.
+    if all_written {
+        for policy in all_policies
+            .iter()
+            .filter(|p| p.meta().deletion_timestamp.is_some())
+        {
+            let finalizers: Vec<&String> = policy
+                .finalizers()
+                .iter()
+                .filter(|f| *f != FINALIZER)
+                .collect();
+            if finalizers.len() != policy.finalizers().len() {
+                let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": policy.resource_version()}});
+                api.patch(
+                    &policy.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn bound_pod(pod: &Pod) -> Option<BoundPod> {
+    let node = pod.spec.as_ref()?.node_name.clone()?;
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Succeeded" | "Failed")) || pod.meta().deletion_timestamp.is_some() {
+        return None;
+    }
+    Some(BoundPod {
+        namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
+        node,
+        labels: pod.labels().clone(),
+        applied: pod
+            .annotations()
+            .get(APPLIED_ANNOTATION)
+            .map(|a| a.split(',').map(str::to_owned).collect())
+            .unwrap_or_default(),
+        daemonset: pod
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == "DaemonSet" && o.controller == Some(true)),
+    })
+}
+
+fn condition(
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: String,
+    previous: &[Condition],
+) -> Condition {
+    let status = if status { "True" } else { "False" };
+    // The transition time moves only when the status does.
+    let last_transition_time = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::now()));
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time,
+        observed_generation: None,
+    }
+}
+
+/// Writes a policy's status when it changed; Events for new conflicts and pods
+/// without entitlement.
+async fn update_status(
+    api: &Api<PlacementPolicy>,
+    policy: &PlacementPolicy,
+    plans: &[(Arc<Node>, DesiredNode)],
+    metrics: &Metrics,
+    recorder: &Recorder,
+    reported: &mut BTreeSet<String>,
+) -> kube::Result<()> {
+    let name = policy.name_any();
+    let owned: Vec<&DesiredNode> = plans
+        .iter()
+        .map(|(_, d)| d)
+        .filter(|d| d.labels.get(crate::names::POOL_LABEL) == Some(&name))
+        .collect();
+    let lost: Vec<String> = plans
+        .iter()
+        .filter(|(_, d)| d.losing_claims.contains(&name))
+        .map(|(n, _)| n.name_any())
+        .collect();
+    let unentitled: Vec<&(String, String)> =
+        owned.iter().flat_map(|d| d.unentitled.iter()).collect();
+    metrics
+        .unentitled_pods
+        .get_or_create(&PolicyLabels {
+            policy: name.clone(),
+        })
+        .set(unentitled.len() as i64);
+
+    let previous = policy
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let conflict_message = if lost.is_empty() {
+        "no node of this pool is claimed by an older policy".to_string()
+    } else {
+        format!("nodes claimed by an older policy: {}", lost.join(", "))
+    };
+    let unentitled_message = if unentitled.is_empty() {
+        "every pod on this pool's nodes is entitled".to_string()
+    } else {
+        let names: Vec<String> = unentitled
+            .iter()
+            .map(|(ns, p)| format!("{ns}/{p}"))
+            .collect();
+        format!(
+            "pods without entitlement on pool nodes: {}",
+            names.join(", ")
+        )
+    };
+    let status = PlacementPolicyStatus {
+        nodes: Some(owned.len() as i32),
+        conditions: vec![
+            condition(
+                "Ready",
+                true,
+                "Reconciled",
+                "the controller keeps this policy's nodes".into(),
+                previous,
+            ),
+            condition(
+                "Conflict",
+                !lost.is_empty(),
+                "PoolConflict",
+                conflict_message,
+                previous,
+            ),
+            condition(
+                "UnentitledPods",
+                !unentitled.is_empty(),
+                "UnentitledPods",
+                unentitled_message,
+                previous,
+            ),
+        ],
+    };
+    if policy.status.as_ref() != Some(&status) {
+        let patch = json!({"status": status});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+
+    let reference = policy.object_ref(&());
+    let mut events = Vec::new();
+    for node in &lost {
+        events.push((
+            format!("conflict/{name}/{node}"),
+            "PoolConflict",
+            format!("node {node} belongs to an older policy's pool"),
+        ));
+    }
+    for (ns, pod) in unentitled {
+        events.push((
+            format!("unentitled/{name}/{ns}/{pod}"),
+            "UnentitledPod",
+            format!("pod {ns}/{pod} runs on pool {name} without entitlement"),
+        ));
+    }
+    for (key, reason, note) in events {
+        if reported.insert(key) {
+            let event = Event {
+                type_: EventType::Warning,
+                reason: reason.into(),
+                note: Some(note),
+                action: "Reconcile".into(),
+                secondary: None,
+            };
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                tracing::warn!(error = %e, "cannot publish event");
+            }
+        }
+    }
+    Ok(())
+}
