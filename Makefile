@@ -33,10 +33,9 @@ static:
 
 ## lint: formatting, clippy with warnings denied, and shell syntax
 lint:
-	cargo fmt --all -- --check
+	cargo fmt --all -- --check   # the fuzz target too: it is in the workspace
 	cargo clippy --locked --all-targets -- -D warnings
-	cargo fmt --manifest-path fuzz/Cargo.toml -- --check
-	cargo check --locked --manifest-path fuzz/Cargo.toml --target-dir target/fuzz-check   # keep the fuzz target compiling
+	cargo check --locked -p berth-fuzz   # keep the fuzz target compiling
 	for f in tests/cluster/{build,up,down,add-nodes,berth-up,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
 
 ## control-plane: build etcd and the Kubernetes binaries once, into ~/.cache/berth
