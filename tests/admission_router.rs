@@ -322,3 +322,21 @@ async fn an_unknown_namespace_gets_no_grants_and_a_warning() {
         "berth could not read namespace elsewhere; the pod gets no grants"
     );
 }
+
+#[tokio::test]
+async fn daemonset_templates_get_the_tolerations_of_pools_that_let_daemonsets_run() {
+    let mut request = fixture("pod-create.json");
+    request["request"]["kind"] = json!({"group": "apps", "version": "v1", "kind": "DaemonSet"});
+    request["request"]["object"] = json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "agent", "namespace": "default"},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}},
+                 "template": {"metadata": {"labels": {"app": "agent"}},
+                              "spec": {"containers": [{"name": "a", "image": "fluent-bit"}]}}}});
+    let response = review("/mutate", &request).await;
+    assert_eq!(response["allowed"], true);
+    assert_eq!(
+        decoded_patch(&response),
+        json!([{"op": "add", "path": "/spec/template/spec/tolerations",
+        "value": [{"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]}])
+    );
+}

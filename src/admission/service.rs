@@ -51,9 +51,23 @@ fn run(object: &Value, snapshot: &Snapshot) -> Decision {
     })
 }
 
-/// `POST /mutate`: Pods at CREATE get berth's patch; anything else is allowed
-/// unchanged.
+/// `POST /mutate`: Pods at CREATE get berth's patch, DaemonSets the pool
+/// tolerations in their pod template; anything else is allowed unchanged.
 pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResponse, Verdict) {
+    if request.is_kind("apps", "DaemonSet")
+        && let Some(object) = request.object.as_ref()
+    {
+        let patch = crate::placement::daemonset::template_patch(object, snapshot.policies);
+        let outcome = if patch.0.is_empty() {
+            "unchanged"
+        } else {
+            "patched"
+        };
+        return (
+            AdmissionResponse::allow(request).with_patch(&patch),
+            Verdict::new(outcome),
+        );
+    }
     let (true, "CREATE", Some(object)) = (
         request.is_pod(),
         request.operation.as_str(),

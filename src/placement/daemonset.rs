@@ -39,3 +39,35 @@ pub fn daemonset_grants(pod: &PodView, policies: &PolicySet) -> (Grants, Vec<Str
     grants.applied.sort();
     (grants, warnings)
 }
+
+/// The patch that gives a DaemonSet's pod template the tolerations its pods get.
+///
+/// The DaemonSet controller creates a pod for a node only if the *template*
+/// tolerates the node's taints, so tolerating pool taints on the pods alone would
+/// never get a DaemonSet onto a dedicated node: the template needs them too.
+pub fn template_patch(daemonset: &serde_json::Value, policies: &PolicySet) -> json_patch::Patch {
+    let Some(template) = daemonset.pointer("/spec/template") else {
+        return json_patch::Patch(Vec::new());
+    };
+    let pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": template.get("metadata").cloned().unwrap_or_else(|| serde_json::json!({})),
+        "spec": template.get("spec").cloned().unwrap_or_else(|| serde_json::json!({})),
+    });
+    let Ok(view) = PodView::read(&pod) else {
+        return json_patch::Patch(Vec::new());
+    };
+    let (grants, _) = daemonset_grants(&view, policies);
+    // Only tolerations: templates carry no `berth.io/applied`.
+    let tolerations = Grants {
+        tolerations: grants.tolerations,
+        ..Grants::default()
+    };
+    let mut patch = super::patch::build_patch(&pod, &tolerations);
+    // A template's annotations are the user's: leave them alone.
+    patch
+        .0
+        .retain(|op| !op.path().as_str().starts_with("/metadata"));
+    super::patch::nest(patch, &["spec", "template"])
+}

@@ -276,3 +276,32 @@ impl Builder<'_> {
         self.add(&path, json!(value));
     }
 }
+
+/// `patch` moved under `prefix`, for a pod template inside another object.
+pub fn nest(patch: Patch, prefix: &[&str]) -> Patch {
+    let under = |path: &PointerBuf| {
+        let mut nested = pointer(prefix);
+        for token in path.tokens() {
+            nested.push_back(token);
+        }
+        nested
+    };
+    Patch(
+        patch
+            .0
+            .into_iter()
+            .map(|op| match op {
+                PatchOperation::Add(AddOperation { path, value }) => {
+                    PatchOperation::Add(AddOperation {
+                        path: under(&path),
+                        value,
+                    })
+                }
+                PatchOperation::Remove(RemoveOperation { path }) => {
+                    PatchOperation::Remove(RemoveOperation { path: under(&path) })
+                }
+                other => other,
+            })
+            .collect(),
+    )
+}

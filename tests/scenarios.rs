@@ -1,0 +1,425 @@
+//! SPEC scenarios 1, 3, 4 and 5 with the real scheduler: the webhook rewrites the
+//! pods, the controller keeps node labels and taints, and the unmodified
+//! kube-scheduler places them.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use support::{Berth, Nodes, eventually, fresh_namespace, is_bound, kubectl_with_input, wait_for};
+
+const NODES: Nodes = Nodes {
+    count: 4,
+    prefix: "node",
+};
+const WAIT: Duration = Duration::from_secs(60);
+
+fn berth() -> &'static Berth {
+    Berth::shared(NODES)
+}
+
+/// Applies a file from `policies/` once per test binary.
+fn policy(file: &str) {
+    static APPLIED: OnceLock<std::sync::Mutex<Vec<String>>> = OnceLock::new();
+    let applied = APPLIED.get_or_init(Default::default);
+    let mut applied = applied.lock().unwrap();
+    if applied.iter().any(|f| f == file) {
+        return;
+    }
+    let path = support::repo_root().join("policies").join(file);
+    let out = berth()
+        .cluster
+        .kubectl(&["apply", "-f", path.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    applied.push(file.to_owned());
+}
+
+fn apply(yaml: &str) {
+    let out = kubectl_with_input(&berth().cluster.dir, &["apply", "-f", "-"], yaml);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn annotate(client: &Client, ns: &str, key: &str, value: &str) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let patch = json!({"metadata": {"annotations": {key: value}}});
+    namespaces
+        .patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotate");
+}
+
+/// Waits until the controller has put `key` (with `value`) on `node`.
+async fn node_label(client: &Client, node: &str, key: &str, value: &str) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_for(
+        &nodes,
+        node,
+        |n: Option<&Node>| {
+            n.and_then(|n| n.metadata.labels.as_ref())
+                .and_then(|l| l.get(key))
+                .map(String::as_str)
+                == Some(value)
+        },
+        WAIT,
+    )
+    .await;
+}
+
+fn pod(name: &str, image: &str, extra_spec: Value, labels: Value) -> Pod {
+    let mut spec = json!({"containers": [{"name": "c", "image": image,
+        "resources": {"requests": {"cpu": "100m", "memory": "32Mi"}}}]});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+        spec.extend(extra.clone());
+    }
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": spec}))
+        .unwrap()
+}
+
+/// Pod name to node, once all `count` pods in `ns` with `selector` are bound.
+async fn placed(
+    client: &Client,
+    ns: &str,
+    selector: &str,
+    count: usize,
+) -> BTreeMap<String, String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    eventually(
+        &format!("{count} bound pods {selector} in {ns}"),
+        WAIT,
+        || async {
+            let list = pods
+                .list(&ListParams::default().labels(selector))
+                .await
+                .ok()?;
+            let bound: BTreeMap<String, String> = list
+                .items
+                .into_iter()
+                .filter_map(|p| Some((p.metadata.name?, p.spec?.node_name?)))
+                .collect();
+            (bound.len() == count).then_some(bound)
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn seed_000_cdn_pods_land_on_node2_and_nothing_else_does() {
+    let client = berth().cluster.client().await;
+    policy("cdn.yaml");
+    annotate(&client, "default", "berth.io/policies", "cdn").await;
+    node_label(
+        &client,
+        "node2",
+        "node-restriction.kubernetes.io/berth.pool",
+        "cdn",
+    )
+    .await;
+    let other = fresh_namespace(&client, "other").await;
+
+    // 50 pods on 4 nodes: cdn pods in default, nginx pods in default, and cdn
+    // images in a namespace that did not opt in.
+    let mut expected: Vec<(String, String, bool)> = Vec::new();
+    for i in 0..50 {
+        let (ns, image, cdn) = match i % 4 {
+            0 | 2 => ("default", "example/cdn-uploader:1.0", true),
+            1 => ("default", "nginx:1.27", false),
+            _ => (other.as_str(), "example/cdn-uploader:1.0", false),
+        };
+        let name = format!("seed-{i}");
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        pods.create(
+            &PostParams::default(),
+            &pod(&name, image, json!({}), json!({"test": "seed-000"})),
+        )
+        .await
+        .expect("create pod");
+        expected.push((ns.to_owned(), name, cdn));
+    }
+    let in_default = placed(&client, "default", "test=seed-000", 38).await;
+    let in_other = placed(&client, &other, "test=seed-000", 12).await;
+    for (ns, name, cdn) in expected {
+        let node = if ns == "default" {
+            &in_default[&name]
+        } else {
+            &in_other[&name]
+        };
+        if cdn {
+            assert_eq!(node, "node2", "cdn pod {ns}/{name}");
+        } else {
+            assert_ne!(node, "node2", "pod {ns}/{name} is not entitled to node2");
+        }
+    }
+}
+
+#[tokio::test]
+async fn seed_000_a_wildcard_toleration_stays_off_node2_and_node_name_node2_is_denied() {
+    let client = berth().cluster.client().await;
+    policy("cdn.yaml");
+    annotate(&client, "default", "berth.io/policies", "cdn").await;
+    node_label(
+        &client,
+        "node2",
+        "node-restriction.kubernetes.io/berth.pool",
+        "cdn",
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for i in 0..8 {
+        let tolerant = pod(
+            &format!("tolerant-{i}"),
+            "nginx",
+            json!({"tolerations": [{"operator": "Exists"}]}),
+            json!({"test": "wildcard"}),
+        );
+        pods.create(&PostParams::default(), &tolerant)
+            .await
+            .expect("create");
+    }
+    let nodes = placed(&client, "default", "test=wildcard", 8).await;
+    assert!(nodes.values().all(|n| n != "node2"), "{nodes:?}");
+
+    let pinned = pod("pinned", "nginx", json!({"nodeName": "node2"}), json!({}));
+    let error = pods
+        .create(&PostParams::default(), &pinned)
+        .await
+        .expect_err("denied");
+    assert!(
+        error
+            .to_string()
+            .contains("spec.nodeName node2 is in dedicated pool cdn"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn seed_000_a_daemonset_runs_on_all_four_nodes_including_node2() {
+    let client = berth().cluster.client().await;
+    policy("cdn.yaml");
+    node_label(
+        &client,
+        "node2",
+        "node-restriction.kubernetes.io/berth.pool",
+        "cdn",
+    )
+    .await;
+    let ns = fresh_namespace(&client, "agents").await;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &ns);
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "agent"},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}},
+                 "template": {"metadata": {"labels": {"app": "agent"}},
+                              "spec": {"containers": [{"name": "a", "image": "fluent-bit:3"}]}}}
+    }))
+    .unwrap();
+    daemonsets
+        .create(&PostParams::default(), &ds)
+        .await
+        .expect("create daemonset");
+    let nodes = placed(&client, &ns, "app=agent", 4).await;
+    let mut on: Vec<&String> = nodes.values().collect();
+    on.sort();
+    assert_eq!(on, ["node1", "node2", "node3", "node4"]);
+}
+
+#[tokio::test]
+async fn seed_000_preferred_placement_uses_the_pool_while_it_has_room() {
+    let client = berth().cluster.client().await;
+    apply(
+        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: spill}\nspec:\n  images: ['*spill*']\n  pool: {nodeNames: [node4], dedicated: false, placement: Preferred, weight: 100}\n",
+    );
+    let ns = fresh_namespace(&client, "spill").await;
+    annotate(&client, &ns, "berth.io/policies", "spill").await;
+    node_label(
+        &client,
+        "node4",
+        "node-restriction.kubernetes.io/berth.pool",
+        "spill",
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let mut nodes = Vec::new();
+    // Node4 has 8 CPUs: two 3-CPU pods fit, the third does not.
+    for i in 0..3 {
+        let mut big = pod(
+            &format!("big-{i}"),
+            "example/spill-job:1",
+            json!({}),
+            json!({}),
+        );
+        big.spec.as_mut().unwrap().containers[0].resources =
+            Some(serde_json::from_value(json!({"requests": {"cpu": "3"}})).unwrap());
+        pods.create(&PostParams::default(), &big)
+            .await
+            .expect("create");
+        let bound = wait_for(&pods, &format!("big-{i}"), is_bound, WAIT)
+            .await
+            .unwrap();
+        nodes.push(bound.spec.unwrap().node_name.unwrap());
+    }
+    assert_eq!(nodes[..2], ["node4", "node4"], "{nodes:?}");
+    assert_ne!(
+        nodes[2], "node4",
+        "the pool is full, so the third spills over: {nodes:?}"
+    );
+}
+
+#[tokio::test]
+async fn sidecar_b_pods_wait_for_a_and_follow_it_when_it_scales_out() {
+    let client = berth().cluster.client().await;
+    policy("sidecar.yaml");
+    let ns = fresh_namespace(&client, "sidecar").await;
+    annotate(&client, &ns, "berth.io/policies", "b-beside-a").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+
+    pods.create(
+        &PostParams::default(),
+        &pod("b-0", "busybox", json!({}), json!({"app": "b"})),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let waiting = pods.get("b-0").await.unwrap();
+    assert!(
+        waiting.spec.unwrap().node_name.is_none(),
+        "B was placed with no A anywhere"
+    );
+
+    let on = |node: &str| json!({"nodeSelector": {"kubernetes.io/hostname": node}});
+    pods.create(
+        &PostParams::default(),
+        &pod("a-0", "nginx", on("node1"), json!({"app": "a"})),
+    )
+    .await
+    .unwrap();
+    let b0 = wait_for(&pods, "b-0", is_bound, WAIT).await.unwrap();
+    assert_eq!(b0.spec.unwrap().node_name.as_deref(), Some("node1"));
+
+    pods.create(
+        &PostParams::default(),
+        &pod("a-1", "nginx", on("node3"), json!({"app": "a"})),
+    )
+    .await
+    .unwrap();
+    node_label(
+        &client,
+        "node3",
+        "node-restriction.kubernetes.io/berth.runs.b-beside-a",
+        "true",
+    )
+    .await;
+    for i in 1..9 {
+        pods.create(
+            &PostParams::default(),
+            &pod(&format!("b-{i}"), "busybox", json!({}), json!({"app": "b"})),
+        )
+        .await
+        .unwrap();
+    }
+    let b_nodes = placed(&client, &ns, "app=b", 9).await;
+    assert!(
+        b_nodes.values().all(|n| n == "node1" || n == "node3"),
+        "{b_nodes:?}"
+    );
+    assert!(
+        b_nodes.values().any(|n| n == "node3"),
+        "B followed A to node3: {b_nodes:?}"
+    );
+}
+
+#[tokio::test]
+async fn gpu_and_nvme_labels_drive_placement() {
+    let client = berth().cluster.client().await;
+    policy("gpu.yaml");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let label = |labels: Value| json!({"metadata": {"labels": labels}});
+    nodes
+        .patch(
+            "node3",
+            &PatchParams::default(),
+            &Patch::Merge(&label(json!({"nvidia.com/gpu.product": "A100"}))),
+        )
+        .await
+        .unwrap();
+    nodes
+        .patch(
+            "node1",
+            &PatchParams::default(),
+            &Patch::Merge(&label(
+                json!({"nvidia.com/gpu.product": "H100", "example.com/nvme": "true"}),
+            )),
+        )
+        .await
+        .unwrap();
+    let ns = fresh_namespace(&client, "gpu").await;
+    annotate(&client, &ns, "berth.io/policies", "gpu").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for i in 0..3 {
+        pods.create(
+            &PostParams::default(),
+            &pod(
+                &format!("train-{i}"),
+                "nvcr.io/nvidia/cuda:12.4.0-base",
+                json!({}),
+                json!({"app": "train"}),
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    let placed = placed(&client, &ns, "app=train", 3).await;
+    assert!(
+        placed.values().all(|n| n == "node1"),
+        "GPU pods prefer the NVMe node: {placed:?}"
+    );
+    pods.create(
+        &PostParams::default(),
+        &pod("web", "nginx", json!({}), json!({"app": "web"})),
+    )
+    .await
+    .unwrap();
+    let web = wait_for(&pods, "web", is_bound, WAIT).await.unwrap();
+    assert!(
+        web.spec.unwrap().node_name.is_some(),
+        "pods the policy does not cover go anywhere"
+    );
+}
+
+#[tokio::test]
+async fn a_namespace_scheduler_annotation_routes_its_pods() {
+    let client = berth().cluster.client().await;
+    let ns = fresh_namespace(&client, "batch").await;
+    annotate(&client, &ns, "berth.io/scheduler-name", "batch-scheduler").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let created = pods
+        .create(
+            &PostParams::default(),
+            &pod("job", "spark:3", json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        created.spec.unwrap().scheduler_name.as_deref(),
+        Some("batch-scheduler")
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = pods.get("job").await.unwrap();
+    assert!(
+        later.spec.unwrap().node_name.is_none(),
+        "the default scheduler left it to batch-scheduler"
+    );
+}
