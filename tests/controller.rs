@@ -1,0 +1,263 @@
+//! The node controller against the real apiserver: drift repair, taints of other
+//! owners kept while berth writes its own, cleanup when a policy is deleted, and
+//! pods on a dedicated node without entitlement reported, or evicted by NoExecute.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use support::{Berth, Nodes, eventually, fresh_namespace, is_bound, kubectl_with_input, wait_for};
+
+const NODES: Nodes = Nodes {
+    count: 4,
+    prefix: "node",
+};
+const WAIT: Duration = Duration::from_secs(60);
+const POOL_LABEL: &str = "node-restriction.kubernetes.io/berth.pool";
+
+fn berth() -> &'static Berth {
+    Berth::shared(NODES)
+}
+
+fn apply(yaml: &str) {
+    let out = kubectl_with_input(&berth().cluster.dir, &["apply", "-f", "-"], yaml);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn pool_policy(name: &str, node: &str, effect: &str) -> String {
+    format!(
+        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {{name: {name}}}\nspec:\n  images: ['*{name}*']\n  pool: {{nodeNames: [{node}], effect: {effect}}}\n"
+    )
+}
+
+/// The node's taints as `key=value:effect`.
+fn taints(node: &Node) -> Vec<String> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| format!("{}={}:{}", t.key, t.value.unwrap_or_default(), t.effect))
+        .collect()
+}
+
+async fn wait_node(client: &Client, name: &str, what: &str, check: impl Fn(&Node) -> bool) -> Node {
+    let nodes: Api<Node> = Api::all(client.clone());
+    eventually(&format!("{name}: {what}"), WAIT, || async {
+        let node = nodes.get(name).await.ok()?;
+        check(&node).then_some(node)
+    })
+    .await
+}
+
+fn pool_label(node: &Node) -> Option<&str> {
+    node.metadata
+        .labels
+        .as_ref()?
+        .get(POOL_LABEL)
+        .map(String::as_str)
+}
+
+#[tokio::test]
+async fn a_berth_label_removed_by_hand_comes_back() {
+    let client = berth().cluster.client().await;
+    apply(&pool_policy("drift", "node1", "NoSchedule"));
+    wait_node(&client, "node1", "pool label", |n| {
+        pool_label(n) == Some("drift")
+    })
+    .await;
+    let out = berth()
+        .cluster
+        .kubectl(&["label", "node", "node1", &format!("{POOL_LABEL}-")]);
+    assert!(out.status.success());
+    let out = berth()
+        .cluster
+        .kubectl(&["taint", "node", "node1", "berth.io/pool-"]);
+    assert!(out.status.success());
+    let node = wait_node(&client, "node1", "label and taint back", |n| {
+        pool_label(n) == Some("drift")
+            && taints(n).contains(&"berth.io/pool=drift:NoSchedule".to_string())
+    })
+    .await;
+    assert_eq!(pool_label(&node), Some("drift"));
+}
+
+#[tokio::test]
+async fn taints_of_other_owners_survive_berths_writes() {
+    let client = berth().cluster.client().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    // berth rewrites node2's taint on every effect change while another owner adds
+    // taints at the same moments: the resourceVersion precondition turns every
+    // race into a retry, never into a lost taint.
+    for i in 0..8 {
+        let effect = if i % 2 == 0 {
+            "NoSchedule"
+        } else {
+            "NoExecute"
+        };
+        apply(&pool_policy("flip", "node2", effect));
+        let node = nodes.get("node2").await.unwrap();
+        let mut list: Vec<Value> = node
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| serde_json::to_value(t).unwrap())
+            .collect();
+        list.push(json!({"key": format!("example.com/other-{i}"), "effect": "PreferNoSchedule"}));
+        let patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}, "spec": {"taints": list}});
+        // Our own write may lose the race too; then read again and retry, as any
+        // well-behaved owner of an atomic list must.
+        if nodes
+            .patch("node2", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .is_err()
+        {
+            let node = nodes.get("node2").await.unwrap();
+            let mut list: Vec<Value> = taints_json(&node);
+            list.push(
+                json!({"key": format!("example.com/other-{i}"), "effect": "PreferNoSchedule"}),
+            );
+            let patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}, "spec": {"taints": list}});
+            nodes
+                .patch("node2", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("second try");
+        }
+    }
+    let node = wait_node(&client, "node2", "final berth taint", |n| {
+        taints(n).contains(&"berth.io/pool=flip:NoExecute".to_string())
+    })
+    .await;
+    let all = taints(&node);
+    for i in 0..8 {
+        assert!(
+            all.contains(&format!("example.com/other-{i}=:PreferNoSchedule")),
+            "lost other-{i}: {all:?}"
+        );
+    }
+    assert_eq!(
+        all.iter()
+            .filter(|t| t.starts_with("berth.io/pool"))
+            .count(),
+        1,
+        "{all:?}"
+    );
+}
+
+fn taints_json(node: &Node) -> Vec<Value> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| serde_json::to_value(t).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn deleting_a_policy_cleans_its_nodes() {
+    let client = berth().cluster.client().await;
+    apply(&pool_policy("gone", "node3", "NoSchedule"));
+    wait_node(&client, "node3", "pool label", |n| {
+        pool_label(n) == Some("gone")
+    })
+    .await;
+    let out = berth()
+        .cluster
+        .kubectl(&["delete", "placementpolicy", "gone", "--timeout=60s"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let node = wait_node(&client, "node3", "clean", |n| pool_label(n).is_none()).await;
+    assert!(
+        taints(&node)
+            .iter()
+            .all(|t| !t.starts_with("berth.io/pool")),
+        "{:?}",
+        taints(&node)
+    );
+}
+
+#[tokio::test]
+async fn a_pod_on_a_pool_node_without_entitlement_is_reported_and_noexecute_evicts_it() {
+    let client = berth().cluster.client().await;
+    let ns = fresh_namespace(&client, "stray").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    // Placed on node4 before any pool exists there, as if the webhook had been down.
+    let stray: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "stray"},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": "node4"}, "containers": [{"name": "c", "image": "nginx"}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &stray).await.unwrap();
+    wait_for(&pods, "stray", is_bound, WAIT).await;
+
+    apply(&pool_policy("strict", "node4", "NoSchedule"));
+    let policies = berth()
+        .cluster
+        .kubectl(&["get", "bpp", "strict", "-o", "json"]);
+    assert!(policies.status.success());
+    let condition = eventually("UnentitledPods condition", WAIT, || async {
+        let out = berth()
+            .cluster
+            .kubectl(&["get", "bpp", "strict", "-o", "json"]);
+        let policy: Value = serde_json::from_slice(&out.stdout).ok()?;
+        policy["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "UnentitledPods" && c["status"] == "True")
+            .cloned()
+    })
+    .await;
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("{ns}/stray")),
+        "{condition}"
+    );
+    let metric = format!("berth_unentitled_pods{{policy=\"strict\"}} 1");
+    eventually("the unentitled-pods metric", WAIT, || async {
+        berth().metrics().contains(&metric).then_some(())
+    })
+    .await;
+    let events = eventually("an UnentitledPod event", WAIT, || async {
+        let out = berth().cluster.kubectl(&[
+            "get",
+            "events",
+            "-A",
+            "--field-selector",
+            "reason=UnentitledPod",
+            "-o",
+            "name",
+        ]);
+        (!out.stdout.is_empty()).then_some(out.stdout)
+    })
+    .await;
+    assert!(!events.is_empty());
+
+    // With NoExecute, the apiserver's taint-eviction controller removes it.
+    apply(&pool_policy("strict", "node4", "NoExecute"));
+    eventually("the stray pod evicted", WAIT, || async {
+        let list = pods.list(&ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .all(|p| {
+                p.metadata.name.as_deref() != Some("stray")
+                    || p.metadata.deletion_timestamp.is_some()
+            })
+            .then_some(())
+    })
+    .await;
+}
