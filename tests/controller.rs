@@ -204,10 +204,6 @@ async fn a_pod_on_a_pool_node_without_entitlement_is_reported_and_noexecute_evic
     wait_for(&pods, "stray", is_bound, WAIT).await;
 
     apply(&pool_policy("strict", "node4", "NoSchedule"));
-    let policies = berth()
-        .cluster
-        .kubectl(&["get", "bpp", "strict", "-o", "json"]);
-    assert!(policies.status.success());
     let condition = eventually("UnentitledPods condition", WAIT, || async {
         let out = berth()
             .cluster
@@ -227,9 +223,9 @@ async fn a_pod_on_a_pool_node_without_entitlement_is_reported_and_noexecute_evic
             .contains(&format!("{ns}/stray")),
         "{condition}"
     );
-    let metric = format!("berth_unentitled_pods{{policy=\"strict\"}} 1");
+    let metric = "berth_unentitled_pods{policy=\"strict\"} 1";
     eventually("the unentitled-pods metric", WAIT, || async {
-        berth().metrics().contains(&metric).then_some(())
+        berth().metrics().contains(metric).then_some(())
     })
     .await;
     let events = eventually("an UnentitledPod event", WAIT, || async {
