@@ -1,0 +1,139 @@
+//! Leader election on the `berth-controller` Lease: any number of replicas, one
+//! writer. SIGTERM releases the Lease at once; a killed leader is replaced once its
+//! Lease expires, and the new leader does the writing.
+
+mod support;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
+use kube::api::Api;
+use support::{Berth, Nodes, eventually, kubectl_with_input};
+
+const NODES: Nodes = Nodes {
+    count: 2,
+    prefix: "node",
+};
+const POOL_LABEL: &str = "node-restriction.kubernetes.io/berth.pool";
+
+/// A controller-only replica, killed when dropped.
+struct Replica(Child);
+
+impl Replica {
+    fn start(berth: &Berth, identity: &str) -> Replica {
+        let log =
+            std::fs::File::create(berth.cluster.dir.join(format!("logs/{identity}.log"))).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args([
+                "serve",
+                "--no-webhook",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--identity",
+                identity,
+            ])
+            .arg("--kubeconfig")
+            .arg(berth.cluster.kubeconfig())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start a replica");
+        Replica(child)
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn holder(client: &Client) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "berth-system");
+    leases
+        .get_opt("berth-controller")
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
+}
+
+async fn wait_holder(client: &Client, identity: &str, limit: Duration) {
+    eventually(&format!("{identity} holds the Lease"), limit, || async {
+        (holder(client).await.as_deref() == Some(identity)).then_some(())
+    })
+    .await;
+}
+
+/// Removes node1's pool label by hand and waits until the current leader puts it back.
+async fn drift_is_repaired(berth: &Berth, client: &Client) {
+    let out = berth
+        .cluster
+        .kubectl(&["label", "node", "node1", &format!("{POOL_LABEL}-")]);
+    assert!(out.status.success());
+    let nodes: Api<Node> = Api::all(client.clone());
+    eventually(
+        "the pool label back on node1",
+        Duration::from_secs(30),
+        || async {
+            let node = nodes.get("node1").await.ok()?;
+            (node.metadata.labels?.get(POOL_LABEL)?.as_str() == "lead").then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_lease_passes_on_sigterm_at_once_and_after_a_kill_on_expiry() {
+    let berth = Berth::shared(NODES);
+    let client = berth.cluster.client().await;
+    let policy = "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: lead}\nspec:\n  pool: {nodeNames: [node1], dedicated: false}\n";
+    let out = kubectl_with_input(&berth.cluster.dir, &["apply", "-f", "-"], policy);
+    assert!(out.status.success());
+
+    let first = Replica::start(berth, "first");
+    // berth-up's replica leads; the other two stand by.
+    let leader = eventually("a leader", Duration::from_secs(30), || holder(&client)).await;
+    assert_ne!(leader, "first");
+    drift_is_repaired(berth, &client).await;
+
+    // SIGTERM on the leader (berth-up's replica) releases the Lease at once (no
+    // holder until the standby's next look), and the standby takes it over.
+    let status = Command::new("kill")
+        .args(["-TERM", &berth.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    eventually("the Lease released", Duration::from_secs(8), || async {
+        let now = holder(&client).await;
+        (now.as_deref() != Some(leader.as_str())).then_some(())
+    })
+    .await;
+    wait_holder(&client, "first", Duration::from_secs(30)).await;
+    drift_is_repaired(berth, &client).await;
+
+    // A killed leader cannot release: the next replica takes over on expiry.
+    let second = Replica::start(berth, "second");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        holder(&client).await.as_deref(),
+        Some("first"),
+        "only one leader"
+    );
+    first.signal("-KILL");
+    wait_holder(&client, "second", Duration::from_secs(60)).await;
+    drift_is_repaired(berth, &client).await;
+    drop(second);
+}
