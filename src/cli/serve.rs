@@ -62,6 +62,9 @@ pub struct ServeArgs {
     /// A full controller pass at least this often, in seconds, even without changes.
     #[arg(long, env = "BERTH_RESYNC_SECONDS", default_value_t = 60)]
     pub resync_seconds: u64,
+    /// Node writes per second at most.
+    #[arg(long, env = "BERTH_CONTROLLER_QPS", default_value_t = 20)]
+    pub controller_qps: u32,
 }
 
 /// Why `berth serve` could not start.
@@ -124,6 +127,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         lease_namespace,
         identity,
         resync_seconds,
+        controller_qps,
     } = args;
     let metrics = Arc::new(Metrics::default());
     let client = client(kubeconfig.as_ref()).await?;
@@ -135,6 +139,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             lease_namespace,
             identity: identity.unwrap_or_else(default_identity),
             resync: Duration::from_secs(resync_seconds.max(1)),
+            writes_per_second: controller_qps,
         };
         tokio::spawn(controller::run(
             client.clone(),

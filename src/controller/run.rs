@@ -43,6 +43,8 @@ pub struct ControllerOptions {
     pub identity: String,
     /// A full pass at least this often, even without changes.
     pub resync: Duration,
+    /// Node writes per second at most, so a large change cannot flood the apiserver.
+    pub writes_per_second: u32,
 }
 
 struct Stores {
@@ -98,6 +100,22 @@ fn strip_pod(pod: &mut Pod) {
 
 fn strip_managed_fields<K: Resource>(object: &mut K) {
     object.meta_mut().managed_fields = None;
+}
+
+/// At most `n` node writes a second, spread evenly.
+struct RateLimit(tokio::sync::Mutex<tokio::time::Interval>);
+
+impl RateLimit {
+    fn new(per_second: u32) -> Self {
+        let period = Duration::from_secs(1) / per_second.max(1);
+        let mut interval = tokio::time::interval(period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        RateLimit(tokio::sync::Mutex::new(interval))
+    }
+
+    async fn acquire(&self) {
+        self.0.lock().await.tick().await;
+    }
 }
 
 /// Namespace opt-in for `anchorNamespaces: Same`, from the namespace cache.
@@ -173,6 +191,7 @@ pub async fn run(
     };
     let (mut leadership, lease_task) = manager.watch().await;
     let mut resync = tokio::time::interval(options.resync);
+    let limit = Arc::new(RateLimit::new(options.writes_per_second));
     let mut reported: BTreeSet<String> = BTreeSet::new();
     loop {
         tokio::select! {
@@ -192,7 +211,9 @@ pub async fn run(
         if !*leadership.borrow() {
             continue;
         }
-        if let Err(e) = reconcile(&client, &stores, &metrics, &recorder, &mut reported).await {
+        if let Err(e) =
+            reconcile(&client, &stores, &metrics, &recorder, &limit, &mut reported).await
+        {
             tracing::warn!(error = %e, "reconcile pass failed; retrying on the next change");
         }
     }
@@ -208,6 +229,7 @@ async fn reconcile(
     stores: &Stores,
     metrics: &Metrics,
     recorder: &Recorder,
+    limit: &Arc<RateLimit>,
     reported: &mut BTreeSet<String>,
 ) -> kube::Result<()> {
     metrics.reconciles.inc();
@@ -286,7 +308,11 @@ async fn reconcile(
     let results: Vec<kube::Result<Written>> = stream::iter(work)
         .map(|(node, desired)| {
             let client = client.clone();
-            async move { write_node(&client, &node, &desired).await }
+            let limit = limit.clone();
+            async move {
+                limit.acquire().await;
+                write_node(&client, &node, &desired).await
+            }
         })
         .buffer_unordered(WRITE_CONCURRENCY)
         .collect()
