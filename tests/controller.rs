@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::{Berth, Nodes, eventually, fresh_namespace, is_bound, kubectl_with_input, wait_for};
+use support::{Berth, Nodes, eventually, fresh_namespace, is_bound, wait_for};
 
 const NODES: Nodes = Nodes {
     count: 4,
@@ -21,15 +21,6 @@ const POOL_LABEL: &str = "node-restriction.kubernetes.io/berth.pool";
 
 fn berth() -> &'static Berth {
     Berth::shared(NODES)
-}
-
-fn apply(yaml: &str) {
-    let out = kubectl_with_input(&berth().cluster.dir, &["apply", "-f", "-"], yaml);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 fn pool_policy(name: &str, node: &str, effect: &str) -> String {
@@ -69,7 +60,9 @@ fn pool_label(node: &Node) -> Option<&str> {
 #[tokio::test]
 async fn a_berth_label_removed_by_hand_comes_back() {
     let client = berth().cluster.client().await;
-    apply(&pool_policy("drift", "node1", "NoSchedule"));
+    berth()
+        .cluster
+        .apply(&pool_policy("drift", "node1", "NoSchedule"));
     wait_node(&client, "node1", "pool label", |n| {
         pool_label(n) == Some("drift")
     })
@@ -103,7 +96,7 @@ async fn taints_of_other_owners_survive_berths_writes() {
         } else {
             "NoExecute"
         };
-        apply(&pool_policy("flip", "node2", effect));
+        berth().cluster.apply(&pool_policy("flip", "node2", effect));
         let node = nodes.get("node2").await.unwrap();
         let mut list: Vec<Value> = node
             .spec
@@ -166,7 +159,9 @@ fn taints_json(node: &Node) -> Vec<Value> {
 #[tokio::test]
 async fn deleting_a_policy_cleans_its_nodes() {
     let client = berth().cluster.client().await;
-    apply(&pool_policy("gone", "node3", "NoSchedule"));
+    berth()
+        .cluster
+        .apply(&pool_policy("gone", "node3", "NoSchedule"));
     wait_node(&client, "node3", "pool label", |n| {
         pool_label(n) == Some("gone")
     })
@@ -203,7 +198,9 @@ async fn a_pod_on_a_pool_node_without_entitlement_is_reported_and_noexecute_evic
     pods.create(&PostParams::default(), &stray).await.unwrap();
     wait_for(&pods, "stray", is_bound, WAIT).await;
 
-    apply(&pool_policy("strict", "node4", "NoSchedule"));
+    berth()
+        .cluster
+        .apply(&pool_policy("strict", "node4", "NoSchedule"));
     let condition = eventually("UnentitledPods condition", WAIT, || async {
         let out = berth()
             .cluster
@@ -244,7 +241,9 @@ async fn a_pod_on_a_pool_node_without_entitlement_is_reported_and_noexecute_evic
     assert!(!events.is_empty());
 
     // With NoExecute, the apiserver's taint-eviction controller removes it.
-    apply(&pool_policy("strict", "node4", "NoExecute"));
+    berth()
+        .cluster
+        .apply(&pool_policy("strict", "node4", "NoExecute"));
     eventually("the stray pod evicted", WAIT, || async {
         let list = pods.list(&ListParams::default()).await.ok()?;
         list.items

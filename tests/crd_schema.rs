@@ -19,28 +19,15 @@ fn cluster() -> &'static TestCluster {
     let cluster = TestCluster::shared(NODES);
     INSTALLED.get_or_init(|| {
         let crd = support::repo_root().join("manifests/crd.yaml");
-        run_ok(cluster, &["apply", "-f", crd.to_str().unwrap()]);
-        run_ok(
-            cluster,
-            &[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=30s",
-                "crd/placementpolicies.berth.io",
-            ],
-        );
+        cluster.kubectl_ok(&["apply", "-f", crd.to_str().unwrap()]);
+        cluster.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=30s",
+            "crd/placementpolicies.berth.io",
+        ]);
     });
     cluster
-}
-
-fn run_ok(cluster: &TestCluster, args: &[&str]) -> String {
-    let out = cluster.kubectl(args);
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Applies `yaml` with kubectl's default strict field validation; the error text.
@@ -65,8 +52,8 @@ fn policy(name: &str, spec: &str) -> String {
 #[test]
 fn every_example_policy_is_accepted_and_listed_with_its_columns() {
     let dir = support::repo_root().join("policies");
-    run_ok(cluster(), &["apply", "-f", dir.to_str().unwrap()]);
-    let table = run_ok(cluster(), &["get", "bpp"]);
+    cluster().kubectl_ok(&["apply", "-f", dir.to_str().unwrap()]);
+    let table = cluster().kubectl_ok(&["get", "bpp"]);
     let header = table.lines().next().unwrap();
     for column in ["NAME", "NODES", "DEDICATED", "PLACEMENT", "AGE"] {
         assert!(header.contains(column), "{header}");

@@ -11,22 +11,12 @@ const NODES: Nodes = Nodes {
     prefix: "node",
 };
 
-fn kubectl_ok(cluster: &TestCluster, args: &[&str]) -> String {
-    let out = cluster.kubectl(args);
-    assert!(
-        out.status.success(),
-        "kubectl {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn the_manifests_apply_with_server_side_dry_run() {
     let cluster = TestCluster::shared(NODES);
     let root = support::repo_root();
     let manifests = root.join("manifests");
-    let rendered = kubectl_ok(cluster, &["kustomize", manifests.to_str().unwrap()]);
+    let rendered = cluster.kubectl_ok(&["kustomize", manifests.to_str().unwrap()]);
     for kind in [
         "kind: Namespace",
         "kind: CustomResourceDefinition",
@@ -43,27 +33,18 @@ fn the_manifests_apply_with_server_side_dry_run() {
     }
     // Namespaced objects can only be dry-run into a namespace that exists, and the
     // CRD must exist for nothing else to depend on: create those two for real.
-    kubectl_ok(
-        cluster,
-        &[
-            "apply",
-            "-f",
-            manifests.join("namespace.yaml").to_str().unwrap(),
-        ],
-    );
-    kubectl_ok(
-        cluster,
-        &["apply", "-f", manifests.join("crd.yaml").to_str().unwrap()],
-    );
-    let applied = kubectl_ok(
-        cluster,
-        &[
-            "apply",
-            "--dry-run=server",
-            "-k",
-            manifests.to_str().unwrap(),
-        ],
-    );
+    cluster.kubectl_ok(&[
+        "apply",
+        "-f",
+        manifests.join("namespace.yaml").to_str().unwrap(),
+    ]);
+    cluster.kubectl_ok(&["apply", "-f", manifests.join("crd.yaml").to_str().unwrap()]);
+    let applied = cluster.kubectl_ok(&[
+        "apply",
+        "--dry-run=server",
+        "-k",
+        manifests.to_str().unwrap(),
+    ]);
     assert!(
         applied.contains("deployment.apps/berth created (server dry run)"),
         "{applied}"
@@ -81,17 +62,14 @@ fn the_manifests_apply_with_server_side_dry_run() {
 fn the_shipped_mutating_webhook_never_blocks_the_cluster() {
     let cluster = TestCluster::shared(NODES);
     let webhooks = support::repo_root().join("manifests/webhooks.yaml");
-    let json = kubectl_ok(
-        cluster,
-        &[
-            "create",
-            "--dry-run=client",
-            "-o",
-            "json",
-            "-f",
-            webhooks.to_str().unwrap(),
-        ],
-    );
+    let json = cluster.kubectl_ok(&[
+        "create",
+        "--dry-run=client",
+        "-o",
+        "json",
+        "-f",
+        webhooks.to_str().unwrap(),
+    ]);
     let mutating: serde_json::Value = serde_json::Deserializer::from_str(&json)
         .into_iter::<serde_json::Value>()
         .map(Result::unwrap)
@@ -127,7 +105,7 @@ fn the_shipped_mutating_webhook_never_blocks_the_cluster() {
 fn the_cert_manager_overlay_injects_the_ca() {
     let cluster = TestCluster::shared(NODES);
     let overlay = support::repo_root().join("certs/cert-manager");
-    let rendered = kubectl_ok(cluster, &["kustomize", overlay.to_str().unwrap()]);
+    let rendered = cluster.kubectl_ok(&["kustomize", overlay.to_str().unwrap()]);
     assert_eq!(
         rendered
             .matches("cert-manager.io/inject-ca-from: berth-system/berth")

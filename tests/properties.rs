@@ -21,8 +21,8 @@ prop_compose! {
         images in prop::sample::subsequence(vec!["*cdn*", "*cuda*", "registry.example.com/*", "docker.io/library/nginx:*"], 0..3),
         pool in prop::option::of((any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), 1..=100i32, prop::sample::subsequence(vec!["node1", "node2", "node3"], 1..3))),
         pod_selector in arb_selector(),
-        colocate in arb_selector(),
-        avoid in arb_selector(),
+        // One of colocateWith and avoid at most: they share the anchor label.
+        anchor in prop::option::of((any::<bool>(), arb_selector())),
         gpu in any::<bool>(),
         scheduler in prop::option::of(prop::sample::select(vec!["s1", "s2"])),
     ) -> Value {
@@ -36,8 +36,9 @@ prop_compose! {
             });
         }
         if let Some(s) = pod_selector { spec["podSelector"] = s; }
-        if let Some(s) = colocate { spec["colocateWith"] = s; }
-        if let Some(s) = avoid { spec["avoid"] = s; }
+        if let Some((colocate, Some(s))) = anchor {
+            spec[if colocate { "colocateWith" } else { "avoid" }] = s;
+        }
         if gpu {
             spec["nodeAffinity"] = json!({
                 "required": [{"key": "gpu", "operator": "In", "values": ["A100"]}],

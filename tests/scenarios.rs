@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::{Berth, Nodes, eventually, fresh_namespace, is_bound, kubectl_with_input, wait_for};
+use support::{Berth, Nodes, eventually, fresh_namespace, is_bound, wait_for};
 
 const NODES: Nodes = Nodes {
     count: 4,
@@ -43,15 +43,6 @@ fn policy(file: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
     applied.push(file.to_owned());
-}
-
-fn apply(yaml: &str) {
-    let out = kubectl_with_input(&berth().cluster.dir, &["apply", "-f", "-"], yaml);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 async fn annotate(client: &Client, ns: &str, key: &str, value: &str) {
@@ -239,7 +230,7 @@ async fn seed_000_a_daemonset_runs_on_all_four_nodes_including_node2() {
 #[tokio::test]
 async fn seed_000_preferred_placement_uses_the_pool_while_it_has_room() {
     let client = berth().cluster.client().await;
-    apply(
+    berth().cluster.apply(
         "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: spill}\nspec:\n  images: ['*spill*']\n  pool: {nodeNames: [node4], dedicated: false, placement: Preferred, weight: 100}\n",
     );
     let ns = fresh_namespace(&client, "spill").await;

@@ -39,7 +39,7 @@ const NS_LABELS: u8 = 1 << 5;
 const NODE_VARIANT: u8 = 1 << 6;
 const NS_NAME_FROM_FUZZ: u8 = 1 << 7;
 
-const ALL_POLICIES: &str = "cdn, edge, gpu, redis, batch";
+const ALL_POLICIES: &str = "cdn, edge, gpu, redis, sidecar, batch";
 
 fn policy(name: &str, spec: Value) -> PlacementPolicy {
     serde_json::from_value(json!({
@@ -92,15 +92,22 @@ fn policies() -> &'static PolicySet {
                     }
                 }),
             ),
-            // colocateWith, avoid and a scheduler, for labelled pods of any image.
+            // avoid and a scheduler, for labelled pods of any image.
             policy(
                 "redis",
                 json!({
                     "podSelector": {"matchExpressions": [{"key": "role", "operator": "Exists"}]},
-                    "colocateWith": {"matchLabels": {"app": "cache"}},
                     "avoid": {"matchLabels": {"role": "master"}},
                     "anchorNamespaces": "All",
                     "schedulerName": "berth-scheduler"
+                }),
+            ),
+            // colocateWith (a policy has one of colocateWith and avoid).
+            policy(
+                "sidecar",
+                json!({
+                    "podSelector": {"matchExpressions": [{"key": "role", "operator": "Exists"}]},
+                    "colocateWith": {"matchLabels": {"app": "cache"}}
                 }),
             ),
             // Another scheduler (conflicts with redis) and a non-dedicated pool.

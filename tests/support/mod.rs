@@ -108,6 +108,27 @@ impl TestCluster {
     pub fn kubectl(&self, args: &[&str]) -> std::process::Output {
         kubectl(&self.dir, args)
     }
+
+    /// kubectl that must succeed; its stdout, or a panic with its stderr.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl apply -f -` of `yaml`, which must succeed.
+    pub fn apply(&self, yaml: &str) {
+        let out = kubectl_with_input(&self.dir, &["apply", "-f", "-"], yaml);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// A client for the cluster whose kubeconfig is at `path`.
