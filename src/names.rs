@@ -22,6 +22,9 @@ pub const IMAGES_ANNOTATION_PREFIX: &str = "berth.io/images.";
 pub const SCHEDULER_ANNOTATION: &str = "berth.io/scheduler-name";
 /// Annotation berth writes on a mutated pod: the applied policies, sorted.
 pub const APPLIED_ANNOTATION: &str = "berth.io/applied";
+/// Scheduling gate on pods of `avoid` policies, removed by the controller when the
+/// pod may be placed without racing another pod it must avoid.
+pub const AVOID_GATE: &str = "berth.io/avoid";
 /// Field manager for every write berth makes.
 pub const FIELD_MANAGER: &str = "berth";
 /// Policy names feed label keys, whose name part is at most 63 characters.

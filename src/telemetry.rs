@@ -61,6 +61,10 @@ pub struct Metrics {
     pub unentitled_pods: Family<PolicyLabels, Gauge>,
     /// 1 while this replica holds the controller Lease.
     pub leader: Gauge,
+    /// Pods held by the `berth.io/avoid` scheduling gate now.
+    pub gated_pods: Gauge,
+    /// Seconds from creation to release of gated pods.
+    pub gated_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -100,6 +104,18 @@ impl Default for Metrics {
             "1 while this replica holds the controller Lease",
             leader.clone(),
         );
+        let gated_pods = Gauge::default();
+        let gated_seconds = Histogram::new(exponential_buckets(0.05, 2.0, 14));
+        registry.register(
+            "gated_pods",
+            "Pods held by the berth.io/avoid scheduling gate",
+            gated_pods.clone(),
+        );
+        registry.register(
+            "gated_seconds",
+            "Seconds from creation to release of gated pods",
+            gated_seconds.clone(),
+        );
         registry.register(
             "admission_duration_seconds",
             "Time to answer an admission request, by path and outcome",
@@ -131,6 +147,8 @@ impl Default for Metrics {
             write_conflicts,
             unentitled_pods,
             leader,
+            gated_pods,
+            gated_seconds,
         }
     }
 }

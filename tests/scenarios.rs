@@ -54,7 +54,12 @@ async fn annotate(client: &Client, ns: &str, key: &str, value: &str) {
         .expect("annotate");
 }
 
-/// Waits until the controller has put `key` (with `value`) on `node`.
+/// Waits until the controller has put `key` (with `value`) on `node` *and* the
+/// scheduler has seen it: the scheduler has a node cache of its own, so a label
+/// visible through the API may not steer it yet. A probe pod that needs the label
+/// (in berth-system, which berth never mutates, tolerating everything) is bound
+/// only once the scheduler knows it. berth writes taints before labels, so the
+/// pool taint is known by then too.
 async fn node_label(client: &Client, node: &str, key: &str, value: &str) {
     let nodes: Api<Node> = Api::all(client.clone());
     wait_for(
@@ -69,7 +74,27 @@ async fn node_label(client: &Client, node: &str, key: &str, value: &str) {
         WAIT,
     )
     .await;
+    let probes: Api<Pod> = Api::namespaced(client.clone(), "berth-system");
+    let name = format!("probe-{}-{}", node, std::process::id());
+    let name = format!(
+        "{name}-{}",
+        NEXT_PROBE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let probe = pod(
+        &name,
+        "busybox",
+        json!({"nodeSelector": {"kubernetes.io/hostname": node, key: value},
+               "tolerations": [{"operator": "Exists"}]}),
+        json!({}),
+    );
+    probes
+        .create(&PostParams::default(), &probe)
+        .await
+        .expect("create probe");
+    wait_for(&probes, &name, is_bound, WAIT).await;
 }
+
+static NEXT_PROBE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 fn pod(name: &str, image: &str, extra_spec: Value, labels: Value) -> Pod {
     let mut spec = json!({"containers": [{"name": "c", "image": image,
@@ -313,6 +338,7 @@ async fn sidecar_b_pods_wait_for_a_and_follow_it_when_it_scales_out() {
         "true",
     )
     .await;
+
     for i in 1..9 {
         pods.create(
             &PostParams::default(),

@@ -69,13 +69,9 @@ pub fn desired_node_state(
         }
     }
     for policy in policies.iter() {
-        let anchored = pods.iter().any(|pod| {
-            policy.is_anchor_pod(&pod.labels)
-                && match policy.spec.anchor_namespaces {
-                    AnchorNamespaces::All => true,
-                    AnchorNamespaces::Same => opt_in.opts_in(policy, &pod.namespace),
-                }
-        });
+        let anchored = pods
+            .iter()
+            .any(|pod| anchors(policy, &pod.labels, &pod.namespace, &pod.applied, opt_in));
         if anchored {
             desired
                 .labels
@@ -83,6 +79,26 @@ pub fn desired_node_state(
         }
     }
     desired
+}
+
+/// Whether a pod (labels, namespace, applied policies) is one `policy`'s anchor
+/// label follows. For `anchorNamespaces: Same` its namespace must opt into the
+/// policy; a pod the webhook admitted with the policy is proof of that, which
+/// matters when the namespace cache has not caught up with a fresh annotation.
+pub fn anchors(
+    policy: &CompiledPolicy,
+    labels: &Labels,
+    namespace: &str,
+    applied: &[String],
+    opt_in: &dyn OptIn,
+) -> bool {
+    policy.is_anchor_pod(labels)
+        && match policy.spec.anchor_namespaces {
+            AnchorNamespaces::All => true,
+            AnchorNamespaces::Same => {
+                applied.contains(&policy.name) || opt_in.opts_in(policy, namespace)
+            }
+        }
 }
 
 /// A pod may sit on `owner`'s dedicated node when the webhook applied the policy

@@ -2,6 +2,7 @@
 //! scheduler enforces pools and co-location.
 
 pub mod desired;
+pub mod exclusion;
 pub mod run;
 pub mod writer;
 

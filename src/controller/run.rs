@@ -15,13 +15,14 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::desired::{BoundPod, DesiredNode, OptIn, desired_node_state};
+use super::exclusion::{self, ExclusionPod};
 use super::writer::{Written, in_sync, write_node};
-use crate::names::APPLIED_ANNOTATION;
+use crate::names::{APPLIED_ANNOTATION, AVOID_GATE};
 use crate::policy::compile::Labels;
 use crate::policy::crd::PlacementPolicyStatus;
 use crate::policy::{CompiledPolicy, NamespaceConfig, PlacementPolicy, PolicySet};
@@ -51,6 +52,9 @@ struct Stores {
     policies: Store<PlacementPolicy>,
     nodes: Store<Node>,
     namespaces: Store<Namespace>,
+    /// Every pod, stripped: bound ones for anchors and entitlement, unbound ones for
+    /// exclusion. One watch, so a pod moves from unbound to bound in one event and
+    /// is never, between two watches, in neither.
     pods: Store<Pod>,
 }
 
@@ -74,8 +78,8 @@ where
     store
 }
 
-/// Keeps only what anchors and entitlement need of a bound pod, so the cache of
-/// every bound pod in a large cluster stays small.
+/// Keeps only what anchors, entitlement and exclusion need of a pod, so the cache
+/// of every pod in a large cluster stays small.
 fn strip_pod(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
     let annotations = pod.metadata.annotations.take().unwrap_or_default();
@@ -85,8 +89,15 @@ fn strip_pod(pod: &mut Pod) {
         .collect();
     pod.metadata.annotations = (!applied.is_empty()).then_some(applied);
     if let Some(spec) = pod.spec.as_mut() {
+        let gated = spec
+            .scheduling_gates
+            .as_ref()
+            .is_some_and(|g| !g.is_empty());
         *spec = k8s_openapi::api::core::v1::PodSpec {
             node_name: spec.node_name.take(),
+            // A held pod's node affinity is narrowed when it is released.
+            affinity: if gated { spec.affinity.take() } else { None },
+            scheduling_gates: spec.scheduling_gates.take(),
             ..Default::default()
         };
     }
@@ -159,7 +170,7 @@ pub async fn run(
         ),
         pods: watch(
             Api::all(client.clone()),
-            watcher::Config::default().fields("spec.nodeName!="),
+            watcher::Config::default(),
             wake.clone(),
             strip_pod,
         ),
@@ -193,6 +204,7 @@ pub async fn run(
     let mut resync = tokio::time::interval(options.resync);
     let limit = Arc::new(RateLimit::new(options.writes_per_second));
     let mut reported: BTreeSet<String> = BTreeSet::new();
+    let mut released: BTreeSet<(String, String)> = BTreeSet::new();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -216,11 +228,47 @@ pub async fn run(
         {
             tracing::warn!(error = %e, "reconcile pass failed; retrying on the next change");
         }
+        // Exclusion runs even when another part of the pass failed.
+        release_held_pods(
+            &client,
+            &stores,
+            &metrics,
+            &recorder,
+            &mut reported,
+            &mut released,
+        )
+        .await;
     }
     // Dropping the receiver makes the lease task release the Lease.
     drop(leadership);
     metrics.leader.set(0);
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
+}
+
+/// The usable live policies (deleted ones count as gone) and what each namespace
+/// opts into, from the caches.
+fn current_policies_and_namespaces(stores: &Stores) -> (PolicySet, Namespaces) {
+    let all = stores.policies.state();
+    let live = all
+        .iter()
+        .map(|p| p.as_ref())
+        .filter(|p| p.meta().deletion_timestamp.is_none());
+    let (policies, errors) = PolicySet::compile(live);
+    for error in &errors {
+        tracing::debug!(%error, "policy ignored");
+    }
+    let namespaces = Namespaces(
+        stores
+            .namespaces
+            .state()
+            .iter()
+            .map(|ns| {
+                let config = NamespaceConfig::parse(ns.annotations()).unwrap_or_default();
+                (ns.name_any(), (config, ns.labels().clone()))
+            })
+            .collect(),
+    );
+    (policies, namespaces)
 }
 
 /// One pass over every node.
@@ -258,22 +306,7 @@ async fn reconcile(
         .map(|p| p.as_ref())
         .filter(|p| p.meta().deletion_timestamp.is_none())
         .collect();
-    let (policies, errors) = PolicySet::compile(live.iter().copied());
-    for error in &errors {
-        tracing::warn!(%error, "policy ignored");
-    }
-
-    let namespaces = Namespaces(
-        stores
-            .namespaces
-            .state()
-            .iter()
-            .map(|ns| {
-                let config = NamespaceConfig::parse(ns.annotations()).unwrap_or_default();
-                (ns.name_any(), (config, ns.labels().clone()))
-            })
-            .collect(),
-    );
+    let (policies, namespaces) = current_policies_and_namespaces(stores);
     let pods: Vec<BoundPod> = stores
         .pods
         .state()
@@ -361,6 +394,186 @@ async fn reconcile(
     Ok(())
 }
 
+/// A pod as exclusion sees it; `None` for terminated or deleted pods.
+fn exclusion_pod(pod: &Pod) -> Option<ExclusionPod> {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Succeeded" | "Failed")) || pod.meta().deletion_timestamp.is_some() {
+        return None;
+    }
+    let spec = pod.spec.as_ref();
+    Some(ExclusionPod {
+        namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
+        uid: pod.uid(),
+        created: pod.meta().creation_timestamp.clone(),
+        labels: pod.labels().clone(),
+        applied: applied_policies(pod),
+        gate: spec
+            .and_then(|s| s.scheduling_gates.as_ref())
+            .and_then(|gates| gates.iter().position(|g| g.name == AVOID_GATE)),
+        node: spec.and_then(|s| s.node_name.clone()),
+        terms: spec
+            .and_then(|s| {
+                s.affinity
+                    .as_ref()?
+                    .node_affinity
+                    .as_ref()?
+                    .required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
+            .map(|r| {
+                r.node_selector_terms
+                    .iter()
+                    .map(|t| t.match_fields.as_ref().is_some_and(|f| !f.is_empty()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    })
+}
+
+/// The JSON Patch that releases a held pod: the gate must still be where we saw it
+/// (so a stale cache cannot remove another gate), every required term is narrowed
+/// to keep off `avoid_nodes`, and the gate goes, in one update.
+fn release_patch(release: &exclusion::Release, gate: usize) -> Value {
+    let mut ops = vec![
+        json!({"op": "test", "path": format!("/spec/schedulingGates/{gate}/name"), "value": AVOID_GATE}),
+    ];
+    if !release.avoid_nodes.is_empty() {
+        // A node field selector takes one value, so one NotIn per node, ANDed.
+        let keep_off: Vec<Value> = release
+            .avoid_nodes
+            .iter()
+            .map(|node| json!({"key": "metadata.name", "operator": "NotIn", "values": [node]}))
+            .collect();
+        let terms = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms";
+        for (i, has_fields) in release.pod.terms.iter().enumerate() {
+            if *has_fields {
+                for entry in &keep_off {
+                    ops.push(json!({"op": "add", "path": format!("{terms}/{i}/matchFields/-"), "value": entry}));
+                }
+            } else {
+                ops.push(json!({"op": "add", "path": format!("{terms}/{i}/matchFields"), "value": keep_off}));
+            }
+        }
+    }
+    ops.push(json!({"op": "remove", "path": format!("/spec/schedulingGates/{gate}")}));
+    Value::Array(ops)
+}
+
+fn applied_policies(pod: &Pod) -> Vec<String> {
+    pod.annotations()
+        .get(APPLIED_ANNOTATION)
+        .map(|a| a.split(',').map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// Releases the held pods that may go now (see [`super::exclusion`]) and tells the
+/// others, with an Event, which pod they wait for.
+async fn release_held_pods(
+    client: &Client,
+    stores: &Stores,
+    metrics: &Metrics,
+    recorder: &Recorder,
+    reported: &mut BTreeSet<String>,
+    released: &mut BTreeSet<(String, String)>,
+) {
+    let (policies, namespaces) = current_policies_and_namespaces(stores);
+    let (policies, namespaces) = (&policies, &namespaces);
+    let mut all: Vec<ExclusionPod> = stores
+        .pods
+        .state()
+        .iter()
+        .filter_map(|p| exclusion_pod(p))
+        .collect();
+    // Read your writes: a pod released a moment ago may still look held in the
+    // cache. Until the cache shows its gate gone, it counts as released (in flight),
+    // or a pod created earlier could be released beside it.
+    released.retain(|(ns, name)| {
+        all.iter()
+            .any(|p| p.gate.is_some() && &p.namespace == ns && &p.name == name)
+    });
+    for pod in all.iter_mut() {
+        if released.contains(&(pod.namespace.clone(), pod.name.clone())) {
+            pod.gate = None;
+        }
+    }
+    let plan = exclusion::plan(&all, policies, namespaces);
+    metrics
+        .gated_pods
+        .set((all.iter().filter(|p| p.gate.is_some()).count() - plan.release.len()) as i64);
+    for release in &plan.release {
+        let pod = release.pod;
+        let Some(gate) = pod.gate else { continue };
+        if pod.terms.is_empty() && !release.avoid_nodes.is_empty() {
+            // berth gives every avoid pod a required term; without one there is
+            // nothing to narrow, and the anchor labels must do.
+            tracing::warn!(pod = %pod.name, "held pod has no required node affinity to narrow");
+        }
+        let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
+        let patch: json_patch::Patch = match serde_json::from_value(release_patch(release, gate)) {
+            Ok(patch) => patch,
+            Err(_) => continue,
+        };
+        match api
+            .patch(
+                &pod.name,
+                &PatchParams::default(),
+                &Patch::<()>::Json(patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                let held_for = pod
+                    .created
+                    .as_ref()
+                    .map(|t| {
+                        (k8s_openapi::jiff::Timestamp::now() - t.0).get_milliseconds() as f64
+                            / 1000.0
+                    })
+                    .unwrap_or_default();
+                metrics.gated_seconds.observe(held_for.max(0.0));
+                tracing::debug!(pod = %pod.name, namespace = %pod.namespace, avoid = ?release.avoid_nodes, "released");
+            }
+            Err(e) => {
+                tracing::warn!(pod = %pod.name, error = %e, "release failed; retrying on the next pass")
+            }
+        }
+    }
+    for waiting in &plan.waiting {
+        // One event per held pod and policy: repeated events are folded into a
+        // series by the recorder, so the note must not name a blocker that changes.
+        let key = format!(
+            "held/{}/{}/{}",
+            waiting.pod.namespace, waiting.pod.name, waiting.policy
+        );
+        if !reported.insert(key) {
+            continue;
+        }
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(waiting.pod.namespace.clone()),
+            name: Some(waiting.pod.name.clone()),
+            uid: waiting.pod.uid.clone(),
+            ..Default::default()
+        };
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "HeldForExclusion".into(),
+            note: Some(format!(
+                "held by {AVOID_GATE}: a pod it must avoid (policy {}, first {}/{}) is still being placed; \
+                 it is released once that pod's node is labelled",
+                waiting.policy, waiting.behind.namespace, waiting.behind.name
+            )),
+            action: "Hold".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &reference).await {
+            tracing::warn!(error = %e, "cannot publish event");
+        }
+    }
+}
+
 fn bound_pod(pod: &Pod) -> Option<BoundPod> {
     let node = pod.spec.as_ref()?.node_name.clone()?;
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -372,11 +585,7 @@ fn bound_pod(pod: &Pod) -> Option<BoundPod> {
         name: pod.name_any(),
         node,
         labels: pod.labels().clone(),
-        applied: pod
-            .annotations()
-            .get(APPLIED_ANNOTATION)
-            .map(|a| a.split(',').map(str::to_owned).collect())
-            .unwrap_or_default(),
+        applied: applied_policies(pod),
         daemonset: pod
             .owner_references()
             .iter()

@@ -67,6 +67,12 @@ pub fn explain(input: &Input, pod_name: &str, decision: &Decision, patch_len: us
             ));
         }
     }
+    for gate in &grants.scheduling_gates {
+        say(format!(
+            "+ is held by the scheduling gate {gate} until berth's controller releases it, so that \
+             no two pods that must avoid each other are scheduled at the same time"
+        ));
+    }
     if let Some(name) = &grants.scheduler_name {
         say(format!("+ is scheduled by {name}"));
     }

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{
     NodeSelectorRequirement, NodeSelectorTerm, PreferredSchedulingTerm, Toleration,
 };
 
-use crate::names::{POOL_LABEL, POOL_TAINT, anchor_label};
+use crate::names::{AVOID_GATE, POOL_LABEL, POOL_TAINT, anchor_label};
 use crate::policy::CompiledPolicy;
 use crate::policy::crd::Placement;
 
@@ -18,6 +18,8 @@ pub struct Grants {
     pub required: Vec<NodeSelectorRequirement>,
     pub preferred: Vec<PreferredSchedulingTerm>,
     pub scheduler_name: Option<String>,
+    /// Scheduling gates berth holds the pod with (`berth.io/avoid`).
+    pub scheduling_gates: Vec<String>,
     /// Names of the applied policies, sorted: the `berth.io/applied` annotation.
     pub applied: Vec<String>,
 }
@@ -108,6 +110,12 @@ pub fn grants_for(applied: &[&CompiledPolicy]) -> Grants {
                 "DoesNotExist",
                 &[],
             ));
+            // Node labels alone race: pods created together would all be scheduled
+            // before any node is labelled. The gate lets the controller release
+            // them so that no two that must avoid each other are in flight at once.
+            if !grants.scheduling_gates.iter().any(|g| g == AVOID_GATE) {
+                grants.scheduling_gates.push(AVOID_GATE.into());
+            }
         }
         grants.applied.push(policy.name.clone());
     }

@@ -21,7 +21,7 @@ use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde_json::{Value, json};
 
 use super::grants::Grants;
-use crate::names::{APPLIED_ANNOTATION, POOL_TAINT, is_owned_node_key};
+use crate::names::{APPLIED_ANNOTATION, AVOID_GATE, POOL_TAINT, is_owned_node_key};
 
 const NODE_AFFINITY: [&str; 3] = ["spec", "affinity", "nodeAffinity"];
 const REQUIRED: &str = "requiredDuringSchedulingIgnoredDuringExecution";
@@ -48,6 +48,12 @@ pub fn build_patch(raw: &Value, grants: &Grants) -> Patch {
     builder.required(&to_values(&grants.required));
     builder.preferred(&to_values(&grants.preferred));
     builder.scheduler(grants.scheduler_name.as_deref());
+    let gates: Vec<Value> = grants
+        .scheduling_gates
+        .iter()
+        .map(|g| json!({"name": g}))
+        .collect();
+    builder.scheduling_gates(&gates);
     builder.applied_annotation(&grants.applied);
     Patch(builder.ops)
 }
@@ -245,6 +251,26 @@ impl Builder<'_> {
         }
         for item in missing {
             self.add(&[&path[..], &["-"]].concat(), item.clone());
+        }
+    }
+
+    /// Scheduling gates can only be added at CREATE, which is when berth mutates.
+    fn scheduling_gates(&mut self, wanted: &[Value]) {
+        let path = ["spec", "schedulingGates"];
+        let Some(current) = lookup(self.raw, &path).and_then(Value::as_array) else {
+            if !wanted.is_empty() {
+                self.ensure_object(&path[..1]);
+                self.add(&path, Value::Array(wanted.to_vec()));
+            }
+            return;
+        };
+        let owned = |g: &Value| g.get("name").and_then(Value::as_str) == Some(AVOID_GATE);
+        let (remove, missing) = reconcile_list(current, wanted, owned);
+        for i in remove {
+            self.remove(&["spec", "schedulingGates", &i.to_string()]);
+        }
+        for item in missing {
+            self.add(&["spec", "schedulingGates", "-"], item.clone());
         }
     }
 

@@ -564,3 +564,28 @@ fn terms_with_only_match_fields_or_empty_expressions_get_berths_expressions() {
     );
     assert!(admit(&out.pod, &opted_in("cdn"), &set).patch.0.is_empty());
 }
+
+#[test]
+fn avoid_pods_are_held_by_a_scheduling_gate_and_forged_gates_are_removed() {
+    let set = mk_set(&[mk_policy(
+        "redis",
+        json!({"avoid": {"matchLabels": {"app": "redis-master"}}}),
+    )]);
+    let out = admit(&mk_pod("redis:7"), &opted_in("redis"), &set);
+    assert_eq!(
+        out.pod["spec"]["schedulingGates"],
+        json!([{"name": "berth.io/avoid"}])
+    );
+    assert!(
+        admit(&out.pod, &opted_in("redis"), &set).patch.0.is_empty(),
+        "the gate is kept, once"
+    );
+    let mut forged = mk_pod("nginx");
+    forged["spec"]["schedulingGates"] =
+        json!([{"name": "berth.io/avoid"}, {"name": "example.com/mine"}]);
+    let out = admit(&forged, &opted_in(""), &set);
+    assert_eq!(
+        out.pod["spec"]["schedulingGates"],
+        json!([{"name": "example.com/mine"}])
+    );
+}

@@ -1,0 +1,285 @@
+//! Exact exclusion (SPEC "The controller"; seeds 001 and 002). Pods of `avoid`
+//! policies arrive held by the scheduling gate `berth.io/avoid`. A pure function
+//! decides which to release:
+//!
+//! - a held pod goes only when no pod it must avoid is *in flight* (released but
+//!   not bound yet), so two pods that must avoid each other are never scheduled at
+//!   the same time; pods that do not conflict are released together;
+//! - before its gate is removed, the pod's own required node affinity is narrowed
+//!   (Kubernetes allows that while a pod is gated) to keep off the nodes where the
+//!   pods it must avoid are bound. The anchor labels alone would not do: the
+//!   scheduler's node cache may not have seen the newest label when the next pod
+//!   arrives, while a constraint in the pod itself cannot be missed.
+//!
+//! Everything is derived from the cluster as it is, so a restarted controller or a
+//! new leader picks up where the last one stopped, and no pod is released twice.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::desired::OptIn;
+use crate::policy::compile::Labels;
+use crate::policy::{CompiledPolicy, PolicySet};
+
+/// A pod as exclusion sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExclusionPod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: Option<String>,
+    pub created: Option<Time>,
+    pub labels: Labels,
+    /// Policies the webhook applied (`berth.io/applied`).
+    pub applied: Vec<String>,
+    /// Index of the `berth.io/avoid` gate in `spec.schedulingGates`, if held.
+    pub gate: Option<usize>,
+    pub node: Option<String>,
+    /// For each required nodeSelectorTerm, whether it has `matchFields` already.
+    pub terms: Vec<bool>,
+}
+
+/// A held pod to release, and the nodes it must keep off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Release<'a> {
+    pub pod: &'a ExclusionPod,
+    pub avoid_nodes: Vec<String>,
+}
+
+/// A held pod that stays held, and the pod it waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting<'a> {
+    pub pod: &'a ExclusionPod,
+    pub behind: &'a ExclusionPod,
+    pub policy: String,
+}
+
+/// What to do with the held pods now.
+#[derive(Debug, Default)]
+pub struct Plan<'a> {
+    pub release: Vec<Release<'a>>,
+    pub waiting: Vec<Waiting<'a>>,
+}
+
+/// Whether `other` is one of the pods `policy` keeps its pods away from.
+fn avoided_by(policy: &CompiledPolicy, other: &ExclusionPod, opt_in: &dyn OptIn) -> bool {
+    policy.spec.avoid.is_some()
+        && super::desired::anchors(
+            policy,
+            &other.labels,
+            &other.namespace,
+            &other.applied,
+            opt_in,
+        )
+}
+
+/// The avoid policies the webhook applied to `pod`.
+fn avoid_policies<'p>(pod: &ExclusionPod, policies: &'p PolicySet) -> Vec<&'p CompiledPolicy> {
+    pod.applied
+        .iter()
+        .filter_map(|name| policies.get(name))
+        .filter(|p| p.spec.avoid.is_some())
+        .collect()
+}
+
+/// The policy through which `a` and `b` must avoid each other, if any.
+fn conflict(
+    a: &ExclusionPod,
+    b: &ExclusionPod,
+    policies: &PolicySet,
+    opt_in: &dyn OptIn,
+) -> Option<String> {
+    let one_way = |x: &ExclusionPod, y: &ExclusionPod| {
+        avoid_policies(x, policies)
+            .into_iter()
+            .find(|p| avoided_by(p, y, opt_in))
+            .map(|p| p.name.clone())
+    };
+    one_way(a, b).or_else(|| one_way(b, a))
+}
+
+/// Released but not bound yet.
+fn in_flight(pod: &ExclusionPod) -> bool {
+    pod.gate.is_none() && pod.node.is_none()
+}
+
+/// Which held pods to release now, oldest first, with the nodes each must keep
+/// off, and why the others wait.
+pub fn plan<'a>(pods: &'a [ExclusionPod], policies: &PolicySet, opt_in: &dyn OptIn) -> Plan<'a> {
+    let mut flying: Vec<&ExclusionPod> = pods.iter().filter(|p| in_flight(p)).collect();
+    let bound: Vec<&ExclusionPod> = pods.iter().filter(|p| p.node.is_some()).collect();
+    let mut held: Vec<&ExclusionPod> = pods.iter().filter(|p| p.gate.is_some()).collect();
+    held.sort_by(|a, b| {
+        (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
+    });
+    let mut plan = Plan::default();
+    for pod in held {
+        let blocker = flying.iter().find_map(|other| {
+            conflict(pod, other, policies, opt_in).map(|policy| (*other, policy))
+        });
+        if let Some((behind, policy)) = blocker {
+            plan.waiting.push(Waiting {
+                pod,
+                behind,
+                policy,
+            });
+            continue;
+        }
+        let mut avoid_nodes: Vec<String> = bound
+            .iter()
+            .filter(|other| conflict(pod, other, policies, opt_in).is_some())
+            .filter_map(|other| other.node.clone())
+            .collect();
+        avoid_nodes.sort();
+        avoid_nodes.dedup();
+        plan.release.push(Release { pod, avoid_nodes });
+        flying.push(pod);
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::PlacementPolicy;
+    use serde_json::json;
+
+    struct Everyone;
+    impl OptIn for Everyone {
+        fn opts_in(&self, _: &CompiledPolicy, _: &str) -> bool {
+            true
+        }
+    }
+
+    fn policies(specs: &[(&str, serde_json::Value)]) -> PolicySet {
+        let list: Vec<PlacementPolicy> = specs
+            .iter()
+            .map(|(name, spec)| {
+                serde_json::from_value(
+                    json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+                    "metadata": {"name": name}, "spec": spec}),
+                )
+                .unwrap()
+            })
+            .collect();
+        let (set, errors) = PolicySet::compile(&list);
+        assert!(errors.is_empty(), "{errors:?}");
+        set
+    }
+
+    fn pod(
+        name: &str,
+        role: &str,
+        applied: &[&str],
+        gate: bool,
+        node: Option<&str>,
+    ) -> ExclusionPod {
+        ExclusionPod {
+            namespace: "db".into(),
+            name: name.into(),
+            uid: None,
+            created: None,
+            labels: Labels::from([("role".to_string(), role.to_string())]),
+            applied: applied.iter().map(|a| a.to_string()).collect(),
+            gate: gate.then_some(0),
+            node: node.map(Into::into),
+            terms: vec![false],
+        }
+    }
+
+    fn masters() -> PolicySet {
+        policies(&[(
+            "masters",
+            json!({"podSelector": {"matchLabels": {"role": "master"}}, "avoid": {"matchLabels": {"role": "master"}}}),
+        )])
+    }
+
+    fn names<'a>(releases: &[Release<'a>]) -> Vec<&'a str> {
+        releases.iter().map(|r| r.pod.name.as_str()).collect()
+    }
+
+    #[test]
+    fn pods_created_together_are_released_one_at_a_time() {
+        let pods = vec![
+            pod("m1", "master", &["masters"], true, None),
+            pod("m2", "master", &["masters"], true, None),
+            pod("m3", "master", &["masters"], true, None),
+        ];
+        let plan = plan(&pods, &masters(), &Everyone);
+        assert_eq!(names(&plan.release), ["m1"]);
+        assert_eq!(plan.waiting.len(), 2);
+        assert_eq!(plan.waiting[0].behind.name, "m1");
+    }
+
+    #[test]
+    fn the_next_goes_once_the_previous_is_bound_and_keeps_off_its_node() {
+        let mut pods = vec![
+            pod("m1", "master", &["masters"], false, None),
+            pod("m2", "master", &["masters"], true, None),
+            pod("web", "web", &[], false, Some("n9")),
+        ];
+        assert!(
+            plan(&pods, &masters(), &Everyone).release.is_empty(),
+            "m1 released but unbound"
+        );
+        pods[0].node = Some("n1".into());
+        let plan = plan(&pods, &masters(), &Everyone);
+        assert_eq!(names(&plan.release), ["m2"]);
+        assert_eq!(
+            plan.release[0].avoid_nodes,
+            ["n1"],
+            "only the nodes of pods it must avoid"
+        );
+    }
+
+    #[test]
+    fn pods_that_do_not_conflict_are_released_together() {
+        let set = policies(&[
+            (
+                "masters",
+                json!({"podSelector": {"matchLabels": {"role": "master"}}, "avoid": {"matchLabels": {"role": "master"}}}),
+            ),
+            (
+                "data",
+                json!({"podSelector": {"matchLabels": {"role": "data"}}, "avoid": {"matchLabels": {"role": "data"}}}),
+            ),
+        ]);
+        let pods = vec![
+            pod("m1", "master", &["masters"], true, None),
+            pod("d1", "data", &["data"], true, None),
+            pod("d2", "data", &["data"], true, None),
+        ];
+        assert_eq!(names(&plan(&pods, &set, &Everyone).release), ["d1", "m1"]);
+    }
+
+    #[test]
+    fn masters_and_replicas_that_avoid_each_other_are_not_released_together() {
+        let set = policies(&[
+            (
+                "masters",
+                json!({"podSelector": {"matchLabels": {"role": "master"}}, "avoid": {"matchLabels": {"role": "replica"}}}),
+            ),
+            (
+                "replicas",
+                json!({"podSelector": {"matchLabels": {"role": "replica"}}, "avoid": {"matchLabels": {"role": "master"}}}),
+            ),
+        ]);
+        let pods = vec![
+            pod("m1", "master", &["masters"], true, None),
+            pod("r1", "replica", &["replicas"], true, None),
+        ];
+        let plan = plan(&pods, &set, &Everyone);
+        assert_eq!(names(&plan.release), ["m1"]);
+        assert_eq!(plan.waiting[0].pod.name, "r1");
+    }
+
+    #[test]
+    fn a_held_pod_whose_policy_is_gone_is_released() {
+        let pods = vec![
+            pod("m1", "master", &["deleted"], true, None),
+            pod("m2", "master", &["deleted"], true, None),
+        ];
+        assert_eq!(
+            names(&plan(&pods, &masters(), &Everyone).release),
+            ["m1", "m2"]
+        );
+    }
+}

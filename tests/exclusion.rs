@@ -1,0 +1,327 @@
+//! Exclusion that holds when pods are created together (seeds 001, 002): 30
+//! redis-master pods created at once on 40 nodes land on 30 distinct nodes, round
+//! after round; masters and replicas never share a node; a surplus waits and is
+//! placed when a node is added. The same 30 pods with native podAntiAffinity are
+//! timed for comparison (the numbers are printed, not asserted).
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use support::{Berth, Nodes, eventually, fresh_namespace};
+
+const NODES: Nodes = Nodes {
+    count: 40,
+    prefix: "node",
+};
+const WAIT: Duration = Duration::from_secs(180);
+
+fn berth() -> &'static Berth {
+    Berth::shared(NODES)
+}
+
+/// A fresh namespace that opts into `policies`, once berth's caches show it does:
+/// a dry-run probe with `probe_labels` must come back with `policies` applied.
+/// (berth's caches are eventually consistent: a pod created the same instant as
+/// the annotation may be admitted by a cache that has not seen it yet.)
+async fn opted_in(client: &Client, purpose: &str, policies: &str, probe_labels: Value) -> String {
+    let ns = fresh_namespace(client, purpose).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let patch = json!({"metadata": {"annotations": {"berth.io/policies": policies}}});
+    namespaces
+        .patch(&ns, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let wanted = policies
+        .split(',')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    eventually(
+        "berth's caches know the namespace and policy",
+        WAIT,
+        || async {
+            let probe = pod("probe", probe_labels.clone(), json!({}));
+            let created = api.create(&dry_run, &probe).await.ok()?;
+            let applied = created
+                .metadata
+                .annotations?
+                .get("berth.io/applied")?
+                .clone();
+            applied.split(',').any(|p| p == wanted).then_some(())
+        },
+    )
+    .await;
+    ns
+}
+
+fn pod(name: &str, labels: Value, extra_spec: Value) -> Pod {
+    let mut spec = json!({"containers": [{"name": "redis", "image": "redis:7",
+        "resources": {"requests": {"cpu": "100m"}}}]});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+        spec.extend(extra.clone());
+    }
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": spec}))
+        .unwrap()
+}
+
+/// Creates all pods concurrently, as a StatefulSet or a burst of Jobs would.
+async fn create_at_once(client: &Client, ns: &str, pods: Vec<Pod>) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let params = PostParams::default();
+    let creates = pods.iter().map(|p| api.create(&params, p));
+    for result in futures::future::join_all(creates).await {
+        result.expect("create pod");
+    }
+}
+
+/// Pod name to node once `count` pods matching `selector` in `ns` are bound.
+async fn placed(
+    client: &Client,
+    ns: &str,
+    selector: &str,
+    count: usize,
+) -> BTreeMap<String, String> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    eventually(
+        &format!("{count} pods {selector} bound in {ns}"),
+        WAIT,
+        || async {
+            let list = api
+                .list(&ListParams::default().labels(selector))
+                .await
+                .ok()?;
+            let bound: BTreeMap<String, String> = list
+                .items
+                .into_iter()
+                .filter_map(|p| Some((p.metadata.name?, p.spec?.node_name?)))
+                .collect();
+            (bound.len() == count).then_some(bound)
+        },
+    )
+    .await
+}
+
+/// Force-deletes the pods in `ns` (no kubelet will confirm a graceful deletion)
+/// and waits until no node carries the anchor label of `policy` any more.
+async fn clear(client: &Client, ns: &str, policy: &str) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    api.delete_collection(&params, &ListParams::default())
+        .await
+        .unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let key = format!("node-restriction.kubernetes.io/berth.runs.{policy}");
+    eventually("anchor labels cleared", WAIT, || async {
+        let list = nodes.list(&ListParams::default().labels(&key)).await.ok()?;
+        list.items.is_empty().then_some(())
+    })
+    .await;
+}
+
+fn masters(count: usize, prefix: &str) -> Vec<Pod> {
+    (0..count)
+        .map(|i| {
+            pod(
+                &format!("{prefix}-{i}"),
+                json!({"app": "redis-master"}),
+                json!({}),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn thirty_masters_created_at_once_land_on_thirty_nodes_every_round() {
+    let client = berth().cluster.client().await;
+    let policy = support::repo_root().join("policies/redis-master.yaml");
+    berth()
+        .cluster
+        .kubectl_ok(&["apply", "-f", policy.to_str().unwrap()]);
+    let mut timings = Vec::new();
+    for round in 0..3 {
+        let ns = opted_in(
+            &client,
+            &format!("masters-{round}"),
+            "redis-master",
+            json!({"app": "redis-master"}),
+        )
+        .await;
+        let started = Instant::now();
+        create_at_once(&client, &ns, masters(30, "master")).await;
+        let nodes = placed(&client, &ns, "app=redis-master", 30).await;
+        timings.push(started.elapsed());
+        let distinct: BTreeSet<&String> = nodes.values().collect();
+        if distinct.len() != 30 {
+            let out = berth()
+                .cluster
+                .kubectl(&["get", "pods", "-n", &ns, "-o", "json"]);
+            let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+            for p in list["items"].as_array().unwrap() {
+                let terms = &p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+                eprintln!(
+                    "{} {} applied={} fields={}",
+                    p["metadata"]["name"],
+                    p["spec"]["nodeName"],
+                    p["metadata"]["annotations"]["berth.io/applied"],
+                    terms["nodeSelectorTerms"][0]["matchFields"]
+                );
+            }
+        }
+        assert_eq!(
+            distinct.len(),
+            30,
+            "round {round}: two masters share a node: {nodes:?}"
+        );
+        clear(&client, &ns, "redis-master").await;
+    }
+    eprintln!("berth exclusion: 30 gated pods placed in {timings:?}");
+
+    // The same pods with native inter-pod anti-affinity, in a namespace berth does
+    // not touch, for comparison.
+    let ns = fresh_namespace(&client, "native").await;
+    let anti = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "native-master"}}}]}}});
+    let pods = (0..30)
+        .map(|i| {
+            pod(
+                &format!("native-{i}"),
+                json!({"app": "native-master"}),
+                anti.clone(),
+            )
+        })
+        .collect();
+    let started = Instant::now();
+    create_at_once(&client, &ns, pods).await;
+    let nodes = placed(&client, &ns, "app=native-master", 30).await;
+    let native = started.elapsed();
+    assert_eq!(nodes.values().collect::<BTreeSet<_>>().len(), 30);
+    eprintln!("native podAntiAffinity: 30 pods placed in {native:?}");
+}
+
+#[tokio::test]
+async fn masters_and_replicas_that_avoid_each_other_never_share_a_node() {
+    let client = berth().cluster.client().await;
+    let policies = "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: shard-masters}\nspec:\n  podSelector: {matchLabels: {role: master}}\n  avoid: {matchLabels: {role: replica}}\n---\napiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: shard-replicas}\nspec:\n  podSelector: {matchLabels: {role: replica}}\n  avoid: {matchLabels: {role: master}}\n";
+    berth().cluster.apply(policies);
+    let ns = opted_in(
+        &client,
+        "pairs",
+        "shard-masters, shard-replicas",
+        json!({"role": "master"}),
+    )
+    .await;
+    let mut pods = Vec::new();
+    for i in 0..8 {
+        pods.push(pod(
+            &format!("master-{i}"),
+            json!({"role": "master", "shard": i.to_string()}),
+            json!({}),
+        ));
+        pods.push(pod(
+            &format!("replica-{i}"),
+            json!({"role": "replica", "shard": i.to_string()}),
+            json!({}),
+        ));
+    }
+    create_at_once(&client, &ns, pods).await;
+    let masters = placed(&client, &ns, "role=master", 8).await;
+    let replicas = placed(&client, &ns, "role=replica", 8).await;
+    let master_nodes: BTreeSet<&String> = masters.values().collect();
+    for (replica, node) in &replicas {
+        assert!(
+            !master_nodes.contains(node),
+            "{replica} shares {node} with a master"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_surplus_waits_with_a_reason_and_is_placed_when_a_node_is_added() {
+    let client = berth().cluster.client().await;
+    // Only nodes labelled zone=small are eligible: three of them, five pods.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let small = json!({"metadata": {"labels": {"zone": "small"}}});
+    for node in ["node38", "node39", "node40"] {
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&small))
+            .await
+            .unwrap();
+    }
+    berth().cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: small-zone}\nspec:\n  podSelector: {matchLabels: {app: cache}}\n  avoid: {matchLabels: {app: cache}}\n  nodeAffinity:\n    required: [{key: zone, operator: In, values: [small]}]\n");
+    let ns = opted_in(&client, "surplus", "small-zone", json!({"app": "cache"})).await;
+    let pods = (0..5)
+        .map(|i| pod(&format!("cache-{i}"), json!({"app": "cache"}), json!({})))
+        .collect();
+    create_at_once(&client, &ns, pods).await;
+    let first = placed(&client, &ns, "app=cache", 3).await;
+    assert_eq!(first.values().collect::<BTreeSet<_>>().len(), 3);
+
+    // The other two wait: one released but unschedulable, one still gated, with an
+    // Event that says what it waits for.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let list = api
+        .list(&ListParams::default().labels("app=cache"))
+        .await
+        .unwrap();
+    let unplaced: Vec<&Pod> = list
+        .items
+        .iter()
+        .filter(|p| p.spec.as_ref().unwrap().node_name.is_none())
+        .collect();
+    assert_eq!(unplaced.len(), 2);
+    let gated = unplaced
+        .iter()
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .unwrap()
+                .scheduling_gates
+                .as_ref()
+                .is_some_and(|g| !g.is_empty())
+        })
+        .count();
+    assert_eq!(gated, 1, "one in flight, one held");
+    let events = eventually("a HeldForExclusion event", WAIT, || async {
+        let out = berth().cluster.kubectl(&[
+            "get",
+            "events",
+            "-n",
+            &ns,
+            "--field-selector",
+            "reason=HeldForExclusion",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (!text.is_empty()).then_some(text)
+    })
+    .await;
+    assert!(
+        events.contains("held by berth.io/avoid: a pod it must avoid (policy small-zone"),
+        "{events}"
+    );
+
+    // A new eligible node: the one in flight lands, then the last one follows.
+    nodes
+        .patch("node37", &PatchParams::default(), &Patch::Merge(&small))
+        .await
+        .unwrap();
+    let more = placed(&client, &ns, "app=cache", 4).await;
+    assert_eq!(more.values().collect::<BTreeSet<_>>().len(), 4);
+}
