@@ -6,14 +6,14 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::{Berth, Nodes, eventually, fresh_namespace};
+use support::{Berth, Nodes, eventually, fresh_namespace, placed};
 
 const NODES: Nodes = Nodes {
     count: 40,
@@ -86,33 +86,6 @@ async fn create_at_once(client: &Client, ns: &str, pods: Vec<Pod>) {
     }
 }
 
-/// Pod name to node once `count` pods matching `selector` in `ns` are bound.
-async fn placed(
-    client: &Client,
-    ns: &str,
-    selector: &str,
-    count: usize,
-) -> BTreeMap<String, String> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    eventually(
-        &format!("{count} pods {selector} bound in {ns}"),
-        WAIT,
-        || async {
-            let list = api
-                .list(&ListParams::default().labels(selector))
-                .await
-                .ok()?;
-            let bound: BTreeMap<String, String> = list
-                .items
-                .into_iter()
-                .filter_map(|p| Some((p.metadata.name?, p.spec?.node_name?)))
-                .collect();
-            (bound.len() == count).then_some(bound)
-        },
-    )
-    .await
-}
-
 /// Force-deletes the pods in `ns` (no kubelet will confirm a graceful deletion)
 /// and waits until no node carries the anchor label of `policy` any more.
 async fn clear(client: &Client, ns: &str, policy: &str) {
@@ -163,7 +136,7 @@ async fn thirty_masters_created_at_once_land_on_thirty_nodes_every_round() {
         .await;
         let started = Instant::now();
         create_at_once(&client, &ns, masters(30, "master")).await;
-        let nodes = placed(&client, &ns, "app=redis-master", 30).await;
+        let nodes = placed(&client, &ns, "app=redis-master", 30, WAIT).await;
         timings.push(started.elapsed());
         let distinct: BTreeSet<&String> = nodes.values().collect();
         if distinct.len() != 30 {
@@ -207,7 +180,7 @@ async fn thirty_masters_created_at_once_land_on_thirty_nodes_every_round() {
         .collect();
     let started = Instant::now();
     create_at_once(&client, &ns, pods).await;
-    let nodes = placed(&client, &ns, "app=native-master", 30).await;
+    let nodes = placed(&client, &ns, "app=native-master", 30, WAIT).await;
     let native = started.elapsed();
     assert_eq!(nodes.values().collect::<BTreeSet<_>>().len(), 30);
     eprintln!("native podAntiAffinity: 30 pods placed in {native:?}");
@@ -239,8 +212,8 @@ async fn masters_and_replicas_that_avoid_each_other_never_share_a_node() {
         ));
     }
     create_at_once(&client, &ns, pods).await;
-    let masters = placed(&client, &ns, "role=master", 8).await;
-    let replicas = placed(&client, &ns, "role=replica", 8).await;
+    let masters = placed(&client, &ns, "role=master", 8, WAIT).await;
+    let replicas = placed(&client, &ns, "role=replica", 8, WAIT).await;
     let master_nodes: BTreeSet<&String> = masters.values().collect();
     for (replica, node) in &replicas {
         assert!(
@@ -268,7 +241,7 @@ async fn a_surplus_waits_with_a_reason_and_is_placed_when_a_node_is_added() {
         .map(|i| pod(&format!("cache-{i}"), json!({"app": "cache"}), json!({})))
         .collect();
     create_at_once(&client, &ns, pods).await;
-    let first = placed(&client, &ns, "app=cache", 3).await;
+    let first = placed(&client, &ns, "app=cache", 3, WAIT).await;
     assert_eq!(first.values().collect::<BTreeSet<_>>().len(), 3);
 
     // The other two wait: one released but unschedulable, one still gated, with an
@@ -322,6 +295,6 @@ async fn a_surplus_waits_with_a_reason_and_is_placed_when_a_node_is_added() {
         .patch("node37", &PatchParams::default(), &Patch::Merge(&small))
         .await
         .unwrap();
-    let more = placed(&client, &ns, "app=cache", 4).await;
+    let more = placed(&client, &ns, "app=cache", 4, WAIT).await;
     assert_eq!(more.values().collect::<BTreeSet<_>>().len(), 4);
 }

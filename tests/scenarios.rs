@@ -4,16 +4,15 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::{Berth, Nodes, eventually, fresh_namespace, is_bound, wait_for};
+use support::{Berth, Nodes, fresh_namespace, is_bound, placed, wait_for};
 
 const NODES: Nodes = Nodes {
     count: 4,
@@ -106,33 +105,6 @@ fn pod(name: &str, image: &str, extra_spec: Value, labels: Value) -> Pod {
         .unwrap()
 }
 
-/// Pod name to node, once all `count` pods in `ns` with `selector` are bound.
-async fn placed(
-    client: &Client,
-    ns: &str,
-    selector: &str,
-    count: usize,
-) -> BTreeMap<String, String> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    eventually(
-        &format!("{count} bound pods {selector} in {ns}"),
-        WAIT,
-        || async {
-            let list = pods
-                .list(&ListParams::default().labels(selector))
-                .await
-                .ok()?;
-            let bound: BTreeMap<String, String> = list
-                .items
-                .into_iter()
-                .filter_map(|p| Some((p.metadata.name?, p.spec?.node_name?)))
-                .collect();
-            (bound.len() == count).then_some(bound)
-        },
-    )
-    .await
-}
-
 #[tokio::test]
 async fn seed_000_cdn_pods_land_on_node2_and_nothing_else_does() {
     let client = berth().cluster.client().await;
@@ -166,8 +138,8 @@ async fn seed_000_cdn_pods_land_on_node2_and_nothing_else_does() {
         .expect("create pod");
         expected.push((ns.to_owned(), name, cdn));
     }
-    let in_default = placed(&client, "default", "test=seed-000", 38).await;
-    let in_other = placed(&client, &other, "test=seed-000", 12).await;
+    let in_default = placed(&client, "default", "test=seed-000", 38, WAIT).await;
+    let in_other = placed(&client, &other, "test=seed-000", 12, WAIT).await;
     for (ns, name, cdn) in expected {
         let node = if ns == "default" {
             &in_default[&name]
@@ -206,7 +178,7 @@ async fn seed_000_a_wildcard_toleration_stays_off_node2_and_node_name_node2_is_d
             .await
             .expect("create");
     }
-    let nodes = placed(&client, "default", "test=wildcard", 8).await;
+    let nodes = placed(&client, "default", "test=wildcard", 8, WAIT).await;
     assert!(nodes.values().all(|n| n != "node2"), "{nodes:?}");
 
     let pinned = pod("pinned", "nginx", json!({"nodeName": "node2"}), json!({}));
@@ -246,7 +218,7 @@ async fn seed_000_a_daemonset_runs_on_all_four_nodes_including_node2() {
         .create(&PostParams::default(), &ds)
         .await
         .expect("create daemonset");
-    let nodes = placed(&client, &ns, "app=agent", 4).await;
+    let nodes = placed(&client, &ns, "app=agent", 4, WAIT).await;
     let mut on: Vec<&String> = nodes.values().collect();
     on.sort();
     assert_eq!(on, ["node1", "node2", "node3", "node4"]);
@@ -347,7 +319,7 @@ async fn sidecar_b_pods_wait_for_a_and_follow_it_when_it_scales_out() {
         .await
         .unwrap();
     }
-    let b_nodes = placed(&client, &ns, "app=b", 9).await;
+    let b_nodes = placed(&client, &ns, "app=b", 9, WAIT).await;
     assert!(
         b_nodes.values().all(|n| n == "node1" || n == "node3"),
         "{b_nodes:?}"
@@ -398,7 +370,7 @@ async fn gpu_and_nvme_labels_drive_placement() {
         .await
         .unwrap();
     }
-    let placed = placed(&client, &ns, "app=train", 3).await;
+    let placed = placed(&client, &ns, "app=train", 3, WAIT).await;
     assert!(
         placed.values().all(|n| n == "node1"),
         "GPU pods prefer the NVMe node: {placed:?}"

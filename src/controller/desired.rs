@@ -112,13 +112,14 @@ fn is_entitled(pod: &BoundPod, owner: &CompiledPolicy) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::policy::PlacementPolicy;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use serde_json::json;
 
-    struct Everyone;
+    /// Every namespace opts into every policy.
+    pub(crate) struct Everyone;
     impl OptIn for Everyone {
         fn opts_in(&self, _: &CompiledPolicy, _: &str) -> bool {
             true

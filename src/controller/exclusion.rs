@@ -139,15 +139,9 @@ pub fn plan<'a>(pods: &'a [ExclusionPod], policies: &PolicySet, opt_in: &dyn Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::desired::tests::Everyone;
     use crate::policy::PlacementPolicy;
     use serde_json::json;
-
-    struct Everyone;
-    impl OptIn for Everyone {
-        fn opts_in(&self, _: &CompiledPolicy, _: &str) -> bool {
-            true
-        }
-    }
 
     fn policies(specs: &[(&str, serde_json::Value)]) -> PolicySet {
         let list: Vec<PlacementPolicy> = specs

@@ -223,21 +223,21 @@ pub async fn run(
         if !*leadership.borrow() {
             continue;
         }
-        if let Err(e) =
-            reconcile(&client, &stores, &metrics, &recorder, &limit, &mut reported).await
-        {
+        // Compiled once per pass, for the nodes and for exclusion alike.
+        let (policies, namespaces) = current_policies_and_namespaces(&stores);
+        let pass = Pass {
+            client: &client,
+            stores: &stores,
+            policies: &policies,
+            namespaces: &namespaces,
+            metrics: &metrics,
+            recorder: &recorder,
+        };
+        if let Err(e) = reconcile(&pass, &limit, &mut reported).await {
             tracing::warn!(error = %e, "reconcile pass failed; retrying on the next change");
         }
         // Exclusion runs even when another part of the pass failed.
-        release_held_pods(
-            &client,
-            &stores,
-            &metrics,
-            &recorder,
-            &mut reported,
-            &mut released,
-        )
-        .await;
+        release_held_pods(&pass, &mut reported, &mut released).await;
     }
     // Dropping the receiver makes the lease task release the Lease.
     drop(leadership);
@@ -272,14 +272,29 @@ fn current_policies_and_namespaces(stores: &Stores) -> (PolicySet, Namespaces) {
 }
 
 /// One pass over every node.
+/// What one pass works with.
+struct Pass<'a> {
+    client: &'a Client,
+    stores: &'a Stores,
+    policies: &'a PolicySet,
+    namespaces: &'a Namespaces,
+    metrics: &'a Metrics,
+    recorder: &'a Recorder,
+}
+
 async fn reconcile(
-    client: &Client,
-    stores: &Stores,
-    metrics: &Metrics,
-    recorder: &Recorder,
+    pass: &Pass<'_>,
     limit: &Arc<RateLimit>,
     reported: &mut BTreeSet<String>,
 ) -> kube::Result<()> {
+    let Pass {
+        client,
+        stores,
+        policies,
+        namespaces,
+        metrics,
+        recorder,
+    } = *pass;
     metrics.reconciles.inc();
     let all_policies = stores.policies.state();
     let api: Api<PlacementPolicy> = Api::all(client.clone());
@@ -306,7 +321,6 @@ async fn reconcile(
         .map(|p| p.as_ref())
         .filter(|p| p.meta().deletion_timestamp.is_none())
         .collect();
-    let (policies, namespaces) = current_policies_and_namespaces(stores);
     let pods: Vec<BoundPod> = stores
         .pods
         .state()
@@ -327,7 +341,7 @@ async fn reconcile(
                 .get(name.as_str())
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            let desired = desired_node_state(&name, node.labels(), &policies, on_node, &namespaces);
+            let desired = desired_node_state(&name, node.labels(), policies, on_node, namespaces);
             (node.clone(), desired)
         })
         .collect();
@@ -394,10 +408,15 @@ async fn reconcile(
     Ok(())
 }
 
+/// Neither terminated nor being deleted.
+fn is_live(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    !matches!(phase, Some("Succeeded" | "Failed")) && pod.meta().deletion_timestamp.is_none()
+}
+
 /// A pod as exclusion sees it; `None` for terminated or deleted pods.
 fn exclusion_pod(pod: &Pod) -> Option<ExclusionPod> {
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    if matches!(phase, Some("Succeeded" | "Failed")) || pod.meta().deletion_timestamp.is_some() {
+    if !is_live(pod) {
         return None;
     }
     let spec = pod.spec.as_ref();
@@ -470,15 +489,18 @@ fn applied_policies(pod: &Pod) -> Vec<String> {
 /// Releases the held pods that may go now (see [`super::exclusion`]) and tells the
 /// others, with an Event, which pod they wait for.
 async fn release_held_pods(
-    client: &Client,
-    stores: &Stores,
-    metrics: &Metrics,
-    recorder: &Recorder,
+    pass: &Pass<'_>,
     reported: &mut BTreeSet<String>,
     released: &mut BTreeSet<(String, String)>,
 ) {
-    let (policies, namespaces) = current_policies_and_namespaces(stores);
-    let (policies, namespaces) = (&policies, &namespaces);
+    let Pass {
+        client,
+        stores,
+        policies,
+        namespaces,
+        metrics,
+        recorder,
+    } = *pass;
     let mut all: Vec<ExclusionPod> = stores
         .pods
         .state()
@@ -576,8 +598,7 @@ async fn release_held_pods(
 
 fn bound_pod(pod: &Pod) -> Option<BoundPod> {
     let node = pod.spec.as_ref()?.node_name.clone()?;
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    if matches!(phase, Some("Succeeded" | "Failed")) || pod.meta().deletion_timestamp.is_some() {
+    if !is_live(pod) {
         return None;
     }
     Some(BoundPod {

@@ -321,3 +321,31 @@ pub fn kubectl_with_input(dir: &Path, args: &[&str], stdin: &str) -> std::proces
         .expect("write stdin");
     child.wait_with_output().expect("kubectl output")
 }
+
+/// Pod name to node, once `count` pods in `ns` matching `selector` are all bound.
+pub async fn placed(
+    client: &Client,
+    ns: &str,
+    selector: &str,
+    count: usize,
+    limit: Duration,
+) -> std::collections::BTreeMap<String, String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    eventually(
+        &format!("{count} bound pods {selector} in {ns}"),
+        limit,
+        || async {
+            let list = pods
+                .list(&kube::api::ListParams::default().labels(selector))
+                .await
+                .ok()?;
+            let bound: std::collections::BTreeMap<String, String> = list
+                .items
+                .into_iter()
+                .filter_map(|p| Some((p.metadata.name?, p.spec?.node_name?)))
+                .collect();
+            (bound.len() == count).then_some(bound)
+        },
+    )
+    .await
+}
