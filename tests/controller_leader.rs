@@ -4,14 +4,13 @@
 
 mod support;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::Api;
-use support::{Berth, Nodes, eventually, kubectl_with_input};
+use support::{Berth, Nodes, Replica, eventually, kubectl_with_input, lease_holder};
 
 const NODES: Nodes = Nodes {
     count: 2,
@@ -19,60 +18,9 @@ const NODES: Nodes = Nodes {
 };
 const POOL_LABEL: &str = "node-restriction.kubernetes.io/berth.pool";
 
-/// A controller-only replica, killed when dropped.
-struct Replica(Child);
-
-impl Replica {
-    fn start(berth: &Berth, identity: &str) -> Replica {
-        let log =
-            std::fs::File::create(berth.cluster.dir.join(format!("logs/{identity}.log"))).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_berth"))
-            .args([
-                "serve",
-                "--no-webhook",
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "--identity",
-                identity,
-            ])
-            .arg("--kubeconfig")
-            .arg(berth.cluster.kubeconfig())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start a replica");
-        Replica(child)
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.0.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-async fn holder(client: &Client) -> Option<String> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "berth-system");
-    leases
-        .get_opt("berth-controller")
-        .await
-        .ok()??
-        .spec?
-        .holder_identity
-}
-
 async fn wait_holder(client: &Client, identity: &str, limit: Duration) {
     eventually(&format!("{identity} holds the Lease"), limit, || async {
-        (holder(client).await.as_deref() == Some(identity)).then_some(())
+        (lease_holder(client).await.as_deref() == Some(identity)).then_some(())
     })
     .await;
 }
@@ -105,7 +53,10 @@ async fn the_lease_passes_on_sigterm_at_once_and_after_a_kill_on_expiry() {
 
     let first = Replica::start(berth, "first");
     // berth-up's replica leads; the other two stand by.
-    let leader = eventually("a leader", Duration::from_secs(30), || holder(&client)).await;
+    let leader = eventually("a leader", Duration::from_secs(30), || {
+        lease_holder(&client)
+    })
+    .await;
     assert_ne!(leader, "first");
     drift_is_repaired(berth, &client).await;
 
@@ -117,7 +68,7 @@ async fn the_lease_passes_on_sigterm_at_once_and_after_a_kill_on_expiry() {
         .unwrap();
     assert!(status.success());
     eventually("the Lease released", Duration::from_secs(8), || async {
-        let now = holder(&client).await;
+        let now = lease_holder(&client).await;
         (now.as_deref() != Some(leader.as_str())).then_some(())
     })
     .await;
@@ -128,7 +79,7 @@ async fn the_lease_passes_on_sigterm_at_once_and_after_a_kill_on_expiry() {
     let second = Replica::start(berth, "second");
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        holder(&client).await.as_deref(),
+        lease_holder(&client).await.as_deref(),
         Some("first"),
         "only one leader"
     );

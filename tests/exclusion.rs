@@ -9,11 +9,13 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
-use support::{Berth, Nodes, eventually, fresh_namespace, placed};
+use support::{
+    Berth, Nodes, create_at_once, eventually, fresh_namespace, opted_in, placed, test_pod,
+};
 
 const NODES: Nodes = Nodes {
     count: 40,
@@ -23,67 +25,6 @@ const WAIT: Duration = Duration::from_secs(180);
 
 fn berth() -> &'static Berth {
     Berth::shared(NODES)
-}
-
-/// A fresh namespace that opts into `policies`, once berth's caches show it does:
-/// a dry-run probe with `probe_labels` must come back with `policies` applied.
-/// (berth's caches are eventually consistent: a pod created the same instant as
-/// the annotation may be admitted by a cache that has not seen it yet.)
-async fn opted_in(client: &Client, purpose: &str, policies: &str, probe_labels: Value) -> String {
-    let ns = fresh_namespace(client, purpose).await;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let patch = json!({"metadata": {"annotations": {"berth.io/policies": policies}}});
-    namespaces
-        .patch(&ns, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap();
-    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let dry_run = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    let wanted = policies
-        .split(',')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_owned();
-    eventually(
-        "berth's caches know the namespace and policy",
-        WAIT,
-        || async {
-            let probe = pod("probe", probe_labels.clone(), json!({}));
-            let created = api.create(&dry_run, &probe).await.ok()?;
-            let applied = created
-                .metadata
-                .annotations?
-                .get("berth.io/applied")?
-                .clone();
-            applied.split(',').any(|p| p == wanted).then_some(())
-        },
-    )
-    .await;
-    ns
-}
-
-fn pod(name: &str, labels: Value, extra_spec: Value) -> Pod {
-    let mut spec = json!({"containers": [{"name": "redis", "image": "redis:7",
-        "resources": {"requests": {"cpu": "100m"}}}]});
-    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
-        spec.extend(extra.clone());
-    }
-    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": spec}))
-        .unwrap()
-}
-
-/// Creates all pods concurrently, as a StatefulSet or a burst of Jobs would.
-async fn create_at_once(client: &Client, ns: &str, pods: Vec<Pod>) {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let params = PostParams::default();
-    let creates = pods.iter().map(|p| api.create(&params, p));
-    for result in futures::future::join_all(creates).await {
-        result.expect("create pod");
-    }
 }
 
 /// Force-deletes the pods in `ns` (no kubelet will confirm a graceful deletion)
@@ -109,7 +50,7 @@ async fn clear(client: &Client, ns: &str, policy: &str) {
 fn masters(count: usize, prefix: &str) -> Vec<Pod> {
     (0..count)
         .map(|i| {
-            pod(
+            test_pod(
                 &format!("{prefix}-{i}"),
                 json!({"app": "redis-master"}),
                 json!({}),
@@ -132,6 +73,7 @@ async fn thirty_masters_created_at_once_land_on_thirty_nodes_every_round() {
             &format!("masters-{round}"),
             "redis-master",
             json!({"app": "redis-master"}),
+            WAIT,
         )
         .await;
         let started = Instant::now();
@@ -163,6 +105,11 @@ async fn thirty_masters_created_at_once_land_on_thirty_nodes_every_round() {
         clear(&client, &ns, "redis-master").await;
     }
     eprintln!("berth exclusion: 30 gated pods placed in {timings:?}");
+    let released = berth().metric("berth_gated_seconds_count").unwrap_or(0.0);
+    assert!(
+        released >= 90.0,
+        "every released pod is timed; {released} observed"
+    );
 
     // The same pods with native inter-pod anti-affinity, in a namespace berth does
     // not touch, for comparison.
@@ -171,7 +118,7 @@ async fn thirty_masters_created_at_once_land_on_thirty_nodes_every_round() {
         {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "native-master"}}}]}}});
     let pods = (0..30)
         .map(|i| {
-            pod(
+            test_pod(
                 &format!("native-{i}"),
                 json!({"app": "native-master"}),
                 anti.clone(),
@@ -196,16 +143,17 @@ async fn masters_and_replicas_that_avoid_each_other_never_share_a_node() {
         "pairs",
         "shard-masters, shard-replicas",
         json!({"role": "master"}),
+        WAIT,
     )
     .await;
     let mut pods = Vec::new();
     for i in 0..8 {
-        pods.push(pod(
+        pods.push(test_pod(
             &format!("master-{i}"),
             json!({"role": "master", "shard": i.to_string()}),
             json!({}),
         ));
-        pods.push(pod(
+        pods.push(test_pod(
             &format!("replica-{i}"),
             json!({"role": "replica", "shard": i.to_string()}),
             json!({}),
@@ -236,9 +184,16 @@ async fn a_surplus_waits_with_a_reason_and_is_placed_when_a_node_is_added() {
             .unwrap();
     }
     berth().cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: small-zone}\nspec:\n  podSelector: {matchLabels: {app: cache}}\n  avoid: {matchLabels: {app: cache}}\n  nodeAffinity:\n    required: [{key: zone, operator: In, values: [small]}]\n");
-    let ns = opted_in(&client, "surplus", "small-zone", json!({"app": "cache"})).await;
+    let ns = opted_in(
+        &client,
+        "surplus",
+        "small-zone",
+        json!({"app": "cache"}),
+        WAIT,
+    )
+    .await;
     let pods = (0..5)
-        .map(|i| pod(&format!("cache-{i}"), json!({"app": "cache"}), json!({})))
+        .map(|i| test_pod(&format!("cache-{i}"), json!({"app": "cache"}), json!({})))
         .collect();
     create_at_once(&client, &ns, pods).await;
     let first = placed(&client, &ns, "app=cache", 3, WAIT).await;
@@ -270,6 +225,11 @@ async fn a_surplus_waits_with_a_reason_and_is_placed_when_a_node_is_added() {
         })
         .count();
     assert_eq!(gated, 1, "one in flight, one held");
+    let held = berth().metric("berth_gated_pods").unwrap_or(0.0);
+    assert!(
+        held >= 1.0,
+        "the held pod is counted; berth_gated_pods {held}"
+    );
     let events = eventually("a HeldForExclusion event", WAIT, || async {
         let out = berth().cluster.kubectl(&[
             "get",

@@ -14,6 +14,8 @@
 //! Everything is derived from the cluster as it is, so a restarted controller or a
 //! new leader picks up where the last one stopped, and no pod is released twice.
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::desired::OptIn;
@@ -44,12 +46,24 @@ pub struct Release<'a> {
     pub avoid_nodes: Vec<String>,
 }
 
-/// A held pod that stays held, and the pod it waits for.
+/// A held pod that stays held, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Waiting<'a> {
     pub pod: &'a ExclusionPod,
-    pub behind: &'a ExclusionPod,
-    pub policy: String,
+    pub reason: Hold<'a>,
+}
+
+/// Why a held pod stays held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hold<'a> {
+    /// A pod it must avoid (through `policy`) is released but not bound yet.
+    Behind {
+        pod: &'a ExclusionPod,
+        policy: String,
+    },
+    /// The webhook applied a policy the controller has not seen yet: its watch lags
+    /// the webhook's. Releasing now would ignore what the policy avoids.
+    PolicyNotSeen(String),
 }
 
 /// What to do with the held pods now.
@@ -102,8 +116,15 @@ fn in_flight(pod: &ExclusionPod) -> bool {
 }
 
 /// Which held pods to release now, oldest first, with the nodes each must keep
-/// off, and why the others wait.
-pub fn plan<'a>(pods: &'a [ExclusionPod], policies: &PolicySet, opt_in: &dyn OptIn) -> Plan<'a> {
+/// off, and why the others wait. `unseen` names policies that exist but are not in
+/// `policies` yet; a pod the webhook admitted with one of them waits for it. (A
+/// policy that is gone is simply absent: its pods no longer avoid anything.)
+pub fn plan<'a>(
+    pods: &'a [ExclusionPod],
+    policies: &PolicySet,
+    opt_in: &dyn OptIn,
+    unseen: &BTreeSet<String>,
+) -> Plan<'a> {
     let mut flying: Vec<&ExclusionPod> = pods.iter().filter(|p| in_flight(p)).collect();
     let bound: Vec<&ExclusionPod> = pods.iter().filter(|p| p.node.is_some()).collect();
     let mut held: Vec<&ExclusionPod> = pods.iter().filter(|p| p.gate.is_some()).collect();
@@ -112,14 +133,23 @@ pub fn plan<'a>(pods: &'a [ExclusionPod], policies: &PolicySet, opt_in: &dyn Opt
     });
     let mut plan = Plan::default();
     for pod in held {
+        if let Some(policy) = pod.applied.iter().find(|p| unseen.contains(*p)) {
+            plan.waiting.push(Waiting {
+                pod,
+                reason: Hold::PolicyNotSeen(policy.clone()),
+            });
+            continue;
+        }
         let blocker = flying.iter().find_map(|other| {
             conflict(pod, other, policies, opt_in).map(|policy| (*other, policy))
         });
         if let Some((behind, policy)) = blocker {
             plan.waiting.push(Waiting {
                 pod,
-                behind,
-                policy,
+                reason: Hold::Behind {
+                    pod: behind,
+                    policy,
+                },
             });
             continue;
         }
@@ -186,6 +216,10 @@ mod tests {
         )])
     }
 
+    fn none() -> BTreeSet<String> {
+        BTreeSet::new()
+    }
+
     fn names<'a>(releases: &[Release<'a>]) -> Vec<&'a str> {
         releases.iter().map(|r| r.pod.name.as_str()).collect()
     }
@@ -197,10 +231,12 @@ mod tests {
             pod("m2", "master", &["masters"], true, None),
             pod("m3", "master", &["masters"], true, None),
         ];
-        let plan = plan(&pods, &masters(), &Everyone);
+        let plan = plan(&pods, &masters(), &Everyone, &none());
         assert_eq!(names(&plan.release), ["m1"]);
         assert_eq!(plan.waiting.len(), 2);
-        assert_eq!(plan.waiting[0].behind.name, "m1");
+        assert!(
+            matches!(&plan.waiting[0].reason, Hold::Behind { pod, policy } if pod.name == "m1" && policy == "masters")
+        );
     }
 
     #[test]
@@ -211,11 +247,13 @@ mod tests {
             pod("web", "web", &[], false, Some("n9")),
         ];
         assert!(
-            plan(&pods, &masters(), &Everyone).release.is_empty(),
+            plan(&pods, &masters(), &Everyone, &none())
+                .release
+                .is_empty(),
             "m1 released but unbound"
         );
         pods[0].node = Some("n1".into());
-        let plan = plan(&pods, &masters(), &Everyone);
+        let plan = plan(&pods, &masters(), &Everyone, &none());
         assert_eq!(names(&plan.release), ["m2"]);
         assert_eq!(
             plan.release[0].avoid_nodes,
@@ -241,7 +279,10 @@ mod tests {
             pod("d1", "data", &["data"], true, None),
             pod("d2", "data", &["data"], true, None),
         ];
-        assert_eq!(names(&plan(&pods, &set, &Everyone).release), ["d1", "m1"]);
+        assert_eq!(
+            names(&plan(&pods, &set, &Everyone, &none()).release),
+            ["d1", "m1"]
+        );
     }
 
     #[test]
@@ -260,7 +301,7 @@ mod tests {
             pod("m1", "master", &["masters"], true, None),
             pod("r1", "replica", &["replicas"], true, None),
         ];
-        let plan = plan(&pods, &set, &Everyone);
+        let plan = plan(&pods, &set, &Everyone, &none());
         assert_eq!(names(&plan.release), ["m1"]);
         assert_eq!(plan.waiting[0].pod.name, "r1");
     }
@@ -272,8 +313,23 @@ mod tests {
             pod("m2", "master", &["deleted"], true, None),
         ];
         assert_eq!(
-            names(&plan(&pods, &masters(), &Everyone).release),
+            names(&plan(&pods, &masters(), &Everyone, &none()).release),
             ["m1", "m2"]
+        );
+    }
+
+    #[test]
+    fn a_held_pod_waits_for_a_policy_the_controller_has_not_seen_yet() {
+        let pods = vec![
+            pod("m1", "master", &["masters"], true, None),
+            pod("m2", "master", &["masters"], true, None),
+        ];
+        let unseen = BTreeSet::from(["masters".to_string()]);
+        let plan = plan(&pods, &PolicySet::default(), &Everyone, &unseen);
+        assert!(plan.release.is_empty(), "both would be released at once");
+        assert_eq!(
+            plan.waiting[1].reason,
+            Hold::PolicyNotSeen("masters".into())
         );
     }
 }

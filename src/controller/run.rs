@@ -200,6 +200,24 @@ pub async fn run(
             return;
         }
     };
+    // A pass on a half-filled cache would do harm: without the pods it would take
+    // every anchor label off, without the policies release every held pod at once.
+    let synced = async {
+        tokio::try_join!(
+            stores.policies.wait_until_ready(),
+            stores.nodes.wait_until_ready(),
+            stores.namespaces.wait_until_ready(),
+            stores.pods.wait_until_ready(),
+        )
+    };
+    tokio::select! {
+        () = shutdown.cancelled() => return,
+        ready = synced => if ready.is_err() {
+            tracing::error!("a watch stopped before its first list; the controller does not run");
+            return;
+        },
+    }
+    tracing::info!("controller caches synced");
     let (mut leadership, lease_task) = manager.watch().await;
     let mut resync = tokio::time::interval(options.resync);
     let limit = Arc::new(RateLimit::new(options.writes_per_second));
@@ -479,6 +497,39 @@ fn release_patch(release: &exclusion::Release, gate: usize) -> Value {
     Value::Array(ops)
 }
 
+/// Policies held pods were admitted with that the policy cache does not hold. The
+/// webhook's and the controller's watches lag independently, so a pod may name a
+/// policy created a moment ago; one GET tells that apart from a deleted policy.
+async fn unseen_policies(
+    client: &Client,
+    cache: &Store<PlacementPolicy>,
+    pods: &[ExclusionPod],
+) -> BTreeSet<String> {
+    let cached: BTreeSet<String> = cache.state().iter().map(|p| p.name_any()).collect();
+    let missing: BTreeSet<&String> = pods
+        .iter()
+        .filter(|p| p.gate.is_some())
+        .flat_map(|p| &p.applied)
+        .filter(|name| !cached.contains(*name))
+        .collect();
+    let api: Api<PlacementPolicy> = Api::all(client.clone());
+    let mut unseen = BTreeSet::new();
+    for name in missing {
+        match api.get_opt(name).await {
+            Ok(None) => {}
+            Ok(Some(_)) => {
+                unseen.insert(name.clone());
+            }
+            Err(e) => {
+                // Unknown either way: keep the pod held, the next pass asks again.
+                tracing::warn!(policy = %name, error = %e, "cannot look up policy");
+                unseen.insert(name.clone());
+            }
+        }
+    }
+    unseen
+}
+
 fn applied_policies(pod: &Pod) -> Vec<String> {
     pod.annotations()
         .get(APPLIED_ANNOTATION)
@@ -519,7 +570,8 @@ async fn release_held_pods(
             pod.gate = None;
         }
     }
-    let plan = exclusion::plan(&all, policies, namespaces);
+    let unseen = unseen_policies(client, &stores.policies, &all).await;
+    let plan = exclusion::plan(&all, policies, namespaces, &unseen);
     metrics
         .gated_pods
         .set((all.iter().filter(|p| p.gate.is_some()).count() - plan.release.len()) as i64);
@@ -562,11 +614,19 @@ async fn release_held_pods(
         }
     }
     for waiting in &plan.waiting {
+        // A policy not seen yet is a moment's lag, not worth an Event.
+        let exclusion::Hold::Behind {
+            pod: behind,
+            policy,
+        } = &waiting.reason
+        else {
+            continue;
+        };
         // One event per held pod and policy: repeated events are folded into a
         // series by the recorder, so the note must not name a blocker that changes.
         let key = format!(
-            "held/{}/{}/{}",
-            waiting.pod.namespace, waiting.pod.name, waiting.policy
+            "held/{}/{}/{policy}",
+            waiting.pod.namespace, waiting.pod.name
         );
         if !reported.insert(key) {
             continue;
@@ -583,9 +643,9 @@ async fn release_held_pods(
             type_: EventType::Normal,
             reason: "HeldForExclusion".into(),
             note: Some(format!(
-                "held by {AVOID_GATE}: a pod it must avoid (policy {}, first {}/{}) is still being placed; \
+                "held by {AVOID_GATE}: a pod it must avoid (policy {policy}, first {}/{}) is still being placed; \
                  it is released once that pod's node is labelled",
-                waiting.policy, waiting.behind.namespace, waiting.behind.name
+                behind.namespace, behind.name
             )),
             action: "Hold".into(),
             secondary: None,

@@ -7,16 +7,18 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{Condition, await_condition};
 use kube::{Client, Config, Resource};
+use serde_json::{Value, json};
 
 /// How many fake nodes a test binary wants, and their name prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,6 +293,15 @@ impl Berth {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
+    /// The value of one sample (`name` with its labels, as printed) on berth's
+    /// metrics port, if berth reports it.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        self.metrics().lines().find_map(|line| {
+            let (sample, value) = line.rsplit_once(' ')?;
+            (sample == name).then(|| value.parse().ok())?
+        })
+    }
+
     /// Runs the berth binary under test.
     pub fn run(&self, args: &[&str]) -> std::process::Output {
         Command::new(env!("CARGO_BIN_EXE_berth"))
@@ -348,4 +359,124 @@ pub async fn placed(
         },
     )
     .await
+}
+
+/// A controller-only replica, killed when dropped.
+pub struct Replica(Child);
+
+impl Replica {
+    pub fn start(berth: &Berth, identity: &str) -> Replica {
+        let log =
+            std::fs::File::create(berth.cluster.dir.join(format!("logs/{identity}.log"))).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args([
+                "serve",
+                "--no-webhook",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--identity",
+                identity,
+            ])
+            .arg("--kubeconfig")
+            .arg(berth.cluster.kubeconfig())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start a replica");
+        Replica(child)
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A fresh namespace that opts into `policies`, once berth's caches show it does:
+/// a dry-run probe with `probe_labels` must come back with `policies` applied.
+/// (berth's caches are eventually consistent: a pod created the same instant as
+/// the annotation may be admitted by a cache that has not seen it yet.)
+pub async fn opted_in(
+    client: &Client,
+    purpose: &str,
+    policies: &str,
+    probe_labels: Value,
+    limit: Duration,
+) -> String {
+    let ns = fresh_namespace(client, purpose).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let patch = json!({"metadata": {"annotations": {"berth.io/policies": policies}}});
+    namespaces
+        .patch(&ns, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let wanted = policies
+        .split(',')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    eventually(
+        "berth's caches know the namespace and policy",
+        limit,
+        || async {
+            let probe = test_pod("probe", probe_labels.clone(), json!({}));
+            let created = api.create(&dry_run, &probe).await.ok()?;
+            let applied = created
+                .metadata
+                .annotations?
+                .get("berth.io/applied")?
+                .clone();
+            applied.split(',').any(|p| p == wanted).then_some(())
+        },
+    )
+    .await;
+    ns
+}
+
+/// A pod with one small container and `labels`; `extra_spec` is merged into its spec.
+pub fn test_pod(name: &str, labels: Value, extra_spec: Value) -> Pod {
+    let mut spec = json!({"containers": [{"name": "redis", "image": "redis:7",
+        "resources": {"requests": {"cpu": "100m"}}}]});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+        spec.extend(extra.clone());
+    }
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": spec}))
+        .unwrap()
+}
+
+/// Creates all pods concurrently, as a StatefulSet or a burst of Jobs would.
+pub async fn create_at_once(client: &Client, ns: &str, pods: Vec<Pod>) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let params = PostParams::default();
+    let creates = pods.iter().map(|p| api.create(&params, p));
+    for result in futures::future::join_all(creates).await {
+        result.expect("create pod");
+    }
+}
+
+/// Who holds the controller Lease `berth-system/berth-controller` now.
+pub async fn lease_holder(client: &Client) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "berth-system");
+    leases
+        .get_opt("berth-controller")
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
 }

@@ -1,0 +1,109 @@
+//! Exclusion across a leader change: the state of the held pods lives in the
+//! cluster (gates, bindings), so a new leader rebuilds it from there. It must not
+//! release a pod beside one the old leader left in flight, and it must release the
+//! rest once that one is bound. Its own cluster: the test kills berth's leader.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Client;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::json;
+use support::{
+    Berth, Nodes, Replica, create_at_once, eventually, lease_holder, opted_in, placed, test_pod,
+};
+
+const NODES: Nodes = Nodes {
+    count: 8,
+    prefix: "node",
+};
+const WAIT: Duration = Duration::from_secs(120);
+
+async fn label_eligible(client: &Client, nodes: &[&str]) {
+    let api: Api<Node> = Api::all(client.clone());
+    let patch = json!({"metadata": {"labels": {"zone": "failover"}}});
+    for node in nodes {
+        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+}
+
+/// (bound, released but unbound, still gated) among the pods in `ns`.
+async fn census(client: &Client, ns: &str) -> (usize, usize, usize) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pods = api.list(&ListParams::default()).await.unwrap().items;
+    let gated = |p: &&Pod| {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.scheduling_gates.as_ref())
+            .is_some_and(|g| !g.is_empty())
+    };
+    let bound = |p: &&Pod| p.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+    (
+        pods.iter().filter(bound).count(),
+        pods.iter().filter(|p| !bound(p) && !gated(p)).count(),
+        pods.iter().filter(gated).count(),
+    )
+}
+
+#[tokio::test]
+async fn a_new_leader_keeps_the_old_leaders_pod_in_flight_and_releases_the_rest() {
+    let berth = Berth::shared(NODES);
+    let client = berth.cluster.client().await;
+    // Three eligible nodes for six pods: the old leader binds three, leaves the
+    // fourth in flight (released, unschedulable) and two held.
+    label_eligible(&client, &["node1", "node2", "node3"]).await;
+    berth.cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: failover}\nspec:\n  podSelector: {matchLabels: {app: failover}}\n  avoid: {matchLabels: {app: failover}}\n  nodeAffinity:\n    required: [{key: zone, operator: In, values: [failover]}]\n");
+    let ns = opted_in(
+        &client,
+        "failover",
+        "failover",
+        json!({"app": "failover"}),
+        WAIT,
+    )
+    .await;
+    let leader = eventually("a leader", WAIT, || lease_holder(&client)).await;
+    let standby = Replica::start(berth, "standby");
+
+    let pods = (0..6)
+        .map(|i| test_pod(&format!("cache-{i}"), json!({"app": "failover"}), json!({})))
+        .collect();
+    create_at_once(&client, &ns, pods).await;
+    eventually("three bound, one in flight, two held", WAIT, || async {
+        (census(&client, &ns).await == (3, 1, 2)).then_some(())
+    })
+    .await;
+
+    // A leader that is killed cannot hand over: the standby takes the Lease when
+    // it expires, with nothing but what it reads from the cluster.
+    let killed = Command::new("kill")
+        .args(["-KILL", &berth.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    eventually("the standby leads", WAIT, || async {
+        (lease_holder(&client).await.as_deref() == Some("standby")).then_some(())
+    })
+    .await;
+    assert_ne!(leader, "standby");
+    // The new leader has had time for passes (its caches are full before it
+    // leads); it must still hold both, behind the pod in flight.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        census(&client, &ns).await,
+        (3, 1, 2),
+        "the new leader releases nothing while the old leader's pod is in flight"
+    );
+
+    // Room for everyone: the pod in flight lands, then the held ones, one by one.
+    label_eligible(&client, &["node4", "node5", "node6"]).await;
+    let nodes = placed(&client, &ns, "app=failover", 6, WAIT).await;
+    let distinct: BTreeSet<&String> = nodes.values().collect();
+    assert_eq!(distinct.len(), 6, "two pods share a node: {nodes:?}");
+    drop(standby);
+}
