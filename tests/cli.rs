@@ -213,6 +213,34 @@ fn bad_input_exits_2_with_one_line_naming_the_file() {
 }
 
 #[test]
+fn live_explain_with_an_unreadable_kubeconfig_exits_2_naming_it() {
+    let missing = std::env::temp_dir().join("berth-no-such-kubeconfig");
+    let out = berth(
+        &[
+            "explain",
+            "pod",
+            "web",
+            "-n",
+            "shop",
+            "--kubeconfig",
+            missing.to_str().unwrap(),
+        ],
+        None,
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(err.contains("berth-no-such-kubeconfig"), "{err}");
+    // Offline and live explain do not mix.
+    let out = berth(
+        &["explain", "-f", "tests/data/cdn-pod.yaml", "pod", "web"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+#[test]
 fn a_namespace_file_decides_which_policies_apply() {
     let ns = std::env::temp_dir().join(format!("berth-ns-{}.yaml", std::process::id()));
     std::fs::write(&ns, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: default\n  annotations: {berth.io/policies: gpu}\n").unwrap();

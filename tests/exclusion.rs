@@ -1,7 +1,7 @@
 //! Exclusion that holds when pods are created together (seeds 001, 002): 30
 //! redis-master pods created at once on 40 nodes land on 30 distinct nodes, round
 //! after round; masters and replicas never share a node; a surplus waits and is
-//! placed when a node is added. The same 30 pods with native podAntiAffinity are
+//! placed when nodes are added. The same 30 pods with native podAntiAffinity are
 //! timed for comparison (the numbers are printed, not asserted).
 
 mod support;
@@ -96,6 +96,7 @@ async fn thirty_masters_created_at_once_land_on_thirty_nodes_every_round() {
                     terms["nodeSelectorTerms"][0]["matchFields"]
                 );
             }
+            eprintln!("berth's log:\n{}", berth().log());
         }
         assert_eq!(
             distinct.len(),
@@ -172,7 +173,7 @@ async fn masters_and_replicas_that_avoid_each_other_never_share_a_node() {
 }
 
 #[tokio::test]
-async fn a_surplus_waits_with_a_reason_and_is_placed_when_a_node_is_added() {
+async fn a_surplus_waits_with_a_reason_and_is_placed_when_nodes_are_added() {
     let client = berth().cluster.client().await;
     // Only nodes labelled zone=small are eligible: three of them, five pods.
     let nodes: Api<Node> = Api::all(client.clone());
@@ -213,18 +214,19 @@ async fn a_surplus_waits_with_a_reason_and_is_placed_when_a_node_is_added() {
         .filter(|p| p.spec.as_ref().unwrap().node_name.is_none())
         .collect();
     assert_eq!(unplaced.len(), 2);
-    let gated = unplaced
-        .iter()
-        .filter(|p| {
-            p.spec
-                .as_ref()
-                .unwrap()
-                .scheduling_gates
-                .as_ref()
-                .is_some_and(|g| !g.is_empty())
-        })
-        .count();
-    assert_eq!(gated, 1, "one in flight, one held");
+    let (gated, in_flight): (Vec<&Pod>, Vec<&Pod>) = unplaced.iter().partition(|p| {
+        p.spec
+            .as_ref()
+            .unwrap()
+            .scheduling_gates
+            .as_ref()
+            .is_some_and(|g| !g.is_empty())
+    });
+    assert_eq!(
+        (gated.len(), in_flight.len()),
+        (1, 1),
+        "one in flight, one held"
+    );
     let held = berth().metric("berth_gated_pods").unwrap_or(0.0);
     assert!(
         held >= 1.0,
@@ -250,11 +252,71 @@ async fn a_surplus_waits_with_a_reason_and_is_placed_when_a_node_is_added() {
         "{events}"
     );
 
-    // A new eligible node: the one in flight lands, then the last one follows.
-    nodes
-        .patch("node37", &PatchParams::default(), &Patch::Merge(&small))
-        .await
-        .unwrap();
-    let more = placed(&client, &ns, "app=cache", 4, WAIT).await;
-    assert_eq!(more.values().collect::<BTreeSet<_>>().len(), 4);
+    // `berth explain pod` says the same, live: the held pod names the one it waits
+    // behind and what the scheduler says about that one.
+    let kubeconfig = berth().cluster.kubeconfig();
+    let explain = |pod: &Pod| {
+        let out = berth().run(&[
+            "explain",
+            "pod",
+            &pod.metadata.name.clone().unwrap(),
+            "-n",
+            &ns,
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let blocker = format!("{ns}/{}", in_flight[0].metadata.name.as_deref().unwrap());
+    let text = eventually("explain names the pod in flight", WAIT, || async {
+        let text = explain(gated[0]);
+        text.contains("the scheduler says:").then_some(text)
+    })
+    .await;
+    assert!(
+        text.contains(&format!(
+            "Now: held by the scheduling gate berth.io/avoid: it must avoid {blocker} (policy small-zone)"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("Policies that apply:\n  small-zone, because:"),
+        "{text}"
+    );
+    let text = explain(in_flight[0]);
+    assert!(
+        text.contains("Now: not scheduled yet; the scheduler says:"),
+        "{text}"
+    );
+    let missing = berth().run(&[
+        "explain",
+        "pod",
+        "nope",
+        "-n",
+        &ns,
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+    ]);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr).contains(&format!("pod {ns}/nope not found")),
+        "{missing:?}"
+    );
+
+    // Two nodes join the cluster: the pod in flight lands, then the held one.
+    let dir = berth().cluster.dir.to_string_lossy().into_owned();
+    support::cluster_script("add-nodes", &[&dir, "2", "--prefix", "small"]);
+    for node in ["small1", "small2"] {
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&small))
+            .await
+            .unwrap();
+    }
+    let all = placed(&client, &ns, "app=cache", 5, WAIT).await;
+    assert_eq!(
+        all.values().collect::<BTreeSet<_>>().len(),
+        5,
+        "two pods share a node: {all:?}"
+    );
 }

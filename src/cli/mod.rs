@@ -1,13 +1,16 @@
 //! The command line: one clap struct per subcommand, dispatched from [`run`].
 
 mod input;
+mod live;
 mod offline;
 mod serve;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
 
 use offline::{Ending, Output, PlacementFiles};
 
@@ -42,11 +45,18 @@ enum Command {
     },
     /// Explain in plain words which policies apply to pods, why, and what changes.
     ///
-    /// Given nodes, it also says which of them each pod may land on, with berth's
-    /// pool labels and taints applied as the controller keeps them.
+    /// Offline (`-f POD.yaml --policies PATH`): given nodes, it also says which of
+    /// them each pod may land on, with berth's pool labels and taints applied as the
+    /// controller keeps them. Live (`pod NAME -n NS`): the same for a pod in the
+    /// cluster, with its namespace, the policies and the nodes read from there, and
+    /// where the pod stands now (bound, held by berth and behind which pod, or what
+    /// the scheduler says).
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Explain {
+        #[command(subcommand)]
+        live: Option<Live>,
         #[command(flatten)]
-        files: PlacementFiles,
+        files: Option<PlacementFiles>,
         /// Nodes to check the pods against (YAML or JSON, several documents allowed).
         #[arg(long, value_name = "NODES.yaml")]
         nodes: Option<PathBuf>,
@@ -73,6 +83,13 @@ enum Command {
     Crd,
 }
 
+/// What `berth explain` reads from the cluster.
+#[derive(Debug, Subcommand)]
+enum Live {
+    /// Explain a pod in the cluster, through the kubeconfig.
+    Pod(live::PodTarget),
+}
+
 /// Parses the command line and runs the chosen command; the exit code follows
 /// SPEC: 0 success, 1 a denial, 2 bad input.
 pub fn run() -> ExitCode {
@@ -85,8 +102,21 @@ pub fn run() -> ExitCode {
             out,
             days,
         } => return run_certs(&service, &namespace, &out, days),
-        Command::Mutate { files, output } => offline::mutate(&files, output),
-        Command::Explain { files, nodes } => offline::explain_offline(&files, nodes.as_deref()),
+        Command::Mutate { files, output } => {
+            offline::mutate(&files, output).map_err(|e| e.to_string())
+        }
+        Command::Explain {
+            live: Some(Live::Pod(target)),
+            ..
+        } => live::explain_live(&target),
+        Command::Explain {
+            files: Some(files),
+            nodes,
+            ..
+        } => offline::explain_offline(&files, nodes.as_deref()).map_err(|e| e.to_string()),
+        Command::Explain { .. } => Err(
+            "explain needs -f POD.yaml --policies PATH (offline) or pod NAME -n NS (live)".into(),
+        ),
         Command::Crd => {
             print!("{}", crate::policy::crd::crd_yaml());
             Ok(Ending::Done)
@@ -139,4 +169,20 @@ fn run_certs(service: &str, namespace: &str, out: &std::path::Path, days: i64) -
             ExitCode::from(2)
         }
     }
+}
+
+/// A client from `kubeconfig`, or without one from the in-cluster service account
+/// (or the usual kubeconfig lookup).
+async fn kube_client(kubeconfig: Option<&Path>) -> Result<Client, String> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file =
+                Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => Config::infer().await.map_err(|e| e.to_string())?,
+    };
+    Client::try_from(config).map_err(|e| e.to_string())
 }

@@ -192,7 +192,7 @@ fn json_text(mut values: Vec<Value>, as_array: bool) -> String {
     text
 }
 
-fn print(text: &str) {
+pub(super) fn print(text: &str) {
     // A closed pipe (`berth mutate ... | head`) is not an error worth a panic.
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }

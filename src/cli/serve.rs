@@ -7,8 +7,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use clap::Args;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::handlers::{AppState, router};
@@ -80,22 +78,6 @@ pub enum ServeError {
     Io(#[from] std::io::Error),
 }
 
-async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client, ServeError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let file = Kubeconfig::read_from(path)
-                .map_err(|e| ServeError::Kubeconfig(format!("{}: {e}", path.display())))?;
-            Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| ServeError::Kubeconfig(e.to_string()))?
-        }
-        None => Config::infer()
-            .await
-            .map_err(|e| ServeError::Kubeconfig(e.to_string()))?,
-    };
-    Client::try_from(config).map_err(|e| ServeError::Kubeconfig(e.to_string()))
-}
-
 /// Resolves on SIGTERM or Ctrl-C.
 async fn termination() {
     let ctrl_c = tokio::signal::ctrl_c();
@@ -130,7 +112,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         controller_qps,
     } = args;
     let metrics = Arc::new(Metrics::default());
-    let client = client(kubeconfig.as_ref()).await?;
+    let client = super::kube_client(kubeconfig.as_deref())
+        .await
+        .map_err(ServeError::Kubeconfig)?;
     let shutdown = CancellationToken::new();
     let metrics_listener = bind(metrics_addr).await?;
 

@@ -4,12 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Taint;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Taint};
+use kube::{Resource, ResourceExt};
 
-use crate::names::{POOL_LABEL, anchor_label};
+use crate::names::{APPLIED_ANNOTATION, POOL_LABEL, anchor_label};
 use crate::policy::compile::Labels;
 use crate::policy::crd::{AnchorNamespaces, DaemonSets};
-use crate::policy::{CompiledPolicy, PolicySet};
+use crate::policy::{CompiledPolicy, NamespaceConfig, PolicySet};
 
 /// A pod bound to a node, reduced to what the controller needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +39,47 @@ pub struct DesiredNode {
 /// Whether namespace `namespace` opts into `policy` (for `anchorNamespaces: Same`).
 pub trait OptIn {
     fn opts_in(&self, policy: &CompiledPolicy, namespace: &str) -> bool;
+}
+
+/// Namespace opt-in for `anchorNamespaces: Same`, from Namespace objects.
+pub struct NamespaceOptIn(BTreeMap<String, (NamespaceConfig, Labels)>);
+
+impl NamespaceOptIn {
+    /// A namespace whose berth annotations do not parse opts into nothing by
+    /// annotation (its labels may still be selected).
+    pub fn new<'a>(namespaces: impl IntoIterator<Item = &'a Namespace>) -> Self {
+        NamespaceOptIn(
+            namespaces
+                .into_iter()
+                .map(|ns| {
+                    let config = NamespaceConfig::parse(ns.annotations()).unwrap_or_default();
+                    (ns.name_any(), (config, ns.labels().clone()))
+                })
+                .collect(),
+        )
+    }
+}
+
+impl OptIn for NamespaceOptIn {
+    fn opts_in(&self, policy: &CompiledPolicy, namespace: &str) -> bool {
+        self.0
+            .get(namespace)
+            .is_some_and(|(config, labels)| policy.namespace_opts_in(config, labels))
+    }
+}
+
+/// Neither terminated nor being deleted.
+pub fn is_live(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    !matches!(phase, Some("Succeeded" | "Failed")) && pod.meta().deletion_timestamp.is_none()
+}
+
+/// The policies the webhook applied to `pod` (`berth.io/applied`).
+pub fn applied_policies(pod: &Pod) -> Vec<String> {
+    pod.annotations()
+        .get(APPLIED_ANNOTATION)
+        .map(|a| a.split(',').map(str::to_owned).collect())
+        .unwrap_or_default()
 }
 
 /// What the node `name` should carry.

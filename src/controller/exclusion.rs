@@ -16,9 +16,12 @@
 
 use std::collections::BTreeSet;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{Resource, ResourceExt};
 
 use super::desired::OptIn;
+use crate::names::AVOID_GATE;
 use crate::policy::compile::Labels;
 use crate::policy::{CompiledPolicy, PolicySet};
 
@@ -37,6 +40,44 @@ pub struct ExclusionPod {
     pub node: Option<String>,
     /// For each required nodeSelectorTerm, whether it has `matchFields` already.
     pub terms: Vec<bool>,
+}
+
+impl ExclusionPod {
+    /// A pod as exclusion sees it; `None` for terminated or deleted pods.
+    pub fn from_pod(pod: &Pod) -> Option<ExclusionPod> {
+        if !super::desired::is_live(pod) {
+            return None;
+        }
+        let spec = pod.spec.as_ref();
+        Some(ExclusionPod {
+            namespace: pod.namespace().unwrap_or_default(),
+            name: pod.name_any(),
+            uid: pod.uid(),
+            created: pod.meta().creation_timestamp.clone(),
+            labels: pod.labels().clone(),
+            applied: super::desired::applied_policies(pod),
+            gate: spec
+                .and_then(|s| s.scheduling_gates.as_ref())
+                .and_then(|gates| gates.iter().position(|g| g.name == AVOID_GATE)),
+            node: spec.and_then(|s| s.node_name.clone()),
+            terms: spec
+                .and_then(|s| {
+                    s.affinity
+                        .as_ref()?
+                        .node_affinity
+                        .as_ref()?
+                        .required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                })
+                .map(|r| {
+                    r.node_selector_terms
+                        .iter()
+                        .map(|t| t.match_fields.as_ref().is_some_and(|f| !f.is_empty()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        })
+    }
 }
 
 /// A held pod to release, and the nodes it must keep off.
@@ -108,6 +149,41 @@ fn conflict(
             .map(|p| p.name.clone())
     };
     one_way(a, b).or_else(|| one_way(b, a))
+}
+
+/// Pods this controller has released, until its cache shows them so. The watch
+/// event trails the write: a pod that still looks held must count as in flight,
+/// or a pod that must avoid it could be released beside it.
+#[derive(Debug, Default)]
+pub struct Released(BTreeSet<String>);
+
+impl Released {
+    fn key(pod: &ExclusionPod) -> String {
+        pod.uid
+            .clone()
+            .unwrap_or_else(|| format!("{}/{}", pod.namespace, pod.name))
+    }
+
+    /// Notes that `pod`'s gate was removed.
+    pub fn record(&mut self, pod: &ExclusionPod) {
+        self.0.insert(Self::key(pod));
+    }
+
+    /// Shows the pods released but still gated in the cache as released, and
+    /// forgets those the cache has caught up with (or that are gone).
+    pub fn overlay(&mut self, pods: &mut [ExclusionPod]) {
+        let still_gated: BTreeSet<String> = pods
+            .iter()
+            .filter(|p| p.gate.is_some())
+            .map(Self::key)
+            .collect();
+        self.0.retain(|key| still_gated.contains(key));
+        for pod in pods.iter_mut() {
+            if self.0.contains(&Self::key(pod)) {
+                pod.gate = None;
+            }
+        }
+    }
 }
 
 /// Released but not bound yet.
@@ -331,5 +407,22 @@ mod tests {
             plan.waiting[1].reason,
             Hold::PolicyNotSeen("masters".into())
         );
+    }
+
+    #[test]
+    fn a_release_the_cache_has_not_shown_yet_counts_as_in_flight() {
+        let mut pods = vec![
+            pod("m1", "master", &["masters"], true, None),
+            pod("m2", "master", &["masters"], true, None),
+        ];
+        let mut released = Released::default();
+        released.record(&pods[0]);
+        released.overlay(&mut pods);
+        let plan = plan(&pods, &masters(), &Everyone, &none());
+        assert!(plan.release.is_empty(), "m1 is in flight, m2 must wait");
+        // The cache catches up: m1's gate is gone there too, and it is forgotten.
+        pods[0].gate = None;
+        released.overlay(&mut pods);
+        assert!(released.0.is_empty());
     }
 }

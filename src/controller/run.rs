@@ -19,13 +19,14 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::desired::{BoundPod, DesiredNode, OptIn, desired_node_state};
+use super::desired::{
+    BoundPod, DesiredNode, NamespaceOptIn, applied_policies, desired_node_state, is_live,
+};
 use super::exclusion::{self, ExclusionPod};
 use super::writer::{Written, in_sync, write_node};
 use crate::names::{APPLIED_ANNOTATION, AVOID_GATE};
-use crate::policy::compile::Labels;
 use crate::policy::crd::PlacementPolicyStatus;
-use crate::policy::{CompiledPolicy, NamespaceConfig, PlacementPolicy, PolicySet};
+use crate::policy::{PlacementPolicy, PolicySet};
 use crate::telemetry::{KindLabels, Metrics, PolicyLabels};
 
 /// The finalizer that lets berth clean a deleted policy's labels and taints.
@@ -129,17 +130,6 @@ impl RateLimit {
     }
 }
 
-/// Namespace opt-in for `anchorNamespaces: Same`, from the namespace cache.
-struct Namespaces(BTreeMap<String, (NamespaceConfig, Labels)>);
-
-impl OptIn for Namespaces {
-    fn opts_in(&self, policy: &CompiledPolicy, namespace: &str) -> bool {
-        self.0
-            .get(namespace)
-            .is_some_and(|(config, labels)| policy.namespace_opts_in(config, labels))
-    }
-}
-
 /// Runs the controller until `shutdown`; writes only while holding the Lease,
 /// and releases it on shutdown.
 pub async fn run(
@@ -222,7 +212,7 @@ pub async fn run(
     let mut resync = tokio::time::interval(options.resync);
     let limit = Arc::new(RateLimit::new(options.writes_per_second));
     let mut reported: BTreeSet<String> = BTreeSet::new();
-    let mut released: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut released = exclusion::Released::default();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -241,13 +231,9 @@ pub async fn run(
         if !*leadership.borrow() {
             continue;
         }
-        // Compiled once per pass, for the nodes and for exclusion alike.
-        let (policies, namespaces) = current_policies_and_namespaces(&stores);
         let pass = Pass {
             client: &client,
             stores: &stores,
-            policies: &policies,
-            namespaces: &namespaces,
             metrics: &metrics,
             recorder: &recorder,
         };
@@ -263,39 +249,44 @@ pub async fn run(
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
 }
 
-/// The usable live policies (deleted ones count as gone) and what each namespace
-/// opts into, from the caches.
-fn current_policies_and_namespaces(stores: &Stores) -> (PolicySet, Namespaces) {
-    let all = stores.policies.state();
-    let live = all
-        .iter()
-        .map(|p| p.as_ref())
-        .filter(|p| p.meta().deletion_timestamp.is_none());
-    let (policies, errors) = PolicySet::compile(live);
-    for error in &errors {
-        tracing::debug!(%error, "policy ignored");
-    }
-    let namespaces = Namespaces(
-        stores
-            .namespaces
-            .state()
-            .iter()
-            .map(|ns| {
-                let config = NamespaceConfig::parse(ns.annotations()).unwrap_or_default();
-                (ns.name_any(), (config, ns.labels().clone()))
-            })
-            .collect(),
-    );
-    (policies, namespaces)
+/// Policies and namespaces as the caches hold them at one instant.
+struct Snapshot {
+    /// Every cached policy, deleted ones included (the finalizer needs them).
+    all: Vec<Arc<PlacementPolicy>>,
+    /// The usable live policies: deleted ones count as gone.
+    policies: PolicySet,
+    namespaces: NamespaceOptIn,
 }
 
-/// One pass over every node.
+impl Snapshot {
+    fn take(stores: &Stores) -> Snapshot {
+        let all = stores.policies.state();
+        let live = all
+            .iter()
+            .map(|p| p.as_ref())
+            .filter(|p| p.meta().deletion_timestamp.is_none());
+        let (policies, errors) = PolicySet::compile(live);
+        for error in &errors {
+            tracing::debug!(%error, "policy ignored");
+        }
+        let namespaces =
+            NamespaceOptIn::new(stores.namespaces.state().iter().map(|ns| ns.as_ref()));
+        Snapshot {
+            all,
+            policies,
+            namespaces,
+        }
+    }
+
+    fn has(&self, policy: &str) -> bool {
+        self.all.iter().any(|p| p.name_any() == policy)
+    }
+}
+
 /// What one pass works with.
 struct Pass<'a> {
     client: &'a Client,
     stores: &'a Stores,
-    policies: &'a PolicySet,
-    namespaces: &'a Namespaces,
     metrics: &'a Metrics,
     recorder: &'a Recorder,
 }
@@ -308,13 +299,15 @@ async fn reconcile(
     let Pass {
         client,
         stores,
-        policies,
-        namespaces,
         metrics,
         recorder,
     } = *pass;
     metrics.reconciles.inc();
-    let all_policies = stores.policies.state();
+    let Snapshot {
+        all: all_policies,
+        policies,
+        namespaces,
+    } = Snapshot::take(stores);
     let api: Api<PlacementPolicy> = Api::all(client.clone());
     // Live policies get the finalizer before they have any effect on nodes.
     for policy in all_policies
@@ -359,7 +352,7 @@ async fn reconcile(
                 .get(name.as_str())
                 .map(Vec::as_slice)
                 .unwrap_or_default();
-            let desired = desired_node_state(&name, node.labels(), policies, on_node, namespaces);
+            let desired = desired_node_state(&name, node.labels(), &policies, on_node, &namespaces);
             (node.clone(), desired)
         })
         .collect();
@@ -426,48 +419,6 @@ async fn reconcile(
     Ok(())
 }
 
-/// Neither terminated nor being deleted.
-fn is_live(pod: &Pod) -> bool {
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    !matches!(phase, Some("Succeeded" | "Failed")) && pod.meta().deletion_timestamp.is_none()
-}
-
-/// A pod as exclusion sees it; `None` for terminated or deleted pods.
-fn exclusion_pod(pod: &Pod) -> Option<ExclusionPod> {
-    if !is_live(pod) {
-        return None;
-    }
-    let spec = pod.spec.as_ref();
-    Some(ExclusionPod {
-        namespace: pod.namespace().unwrap_or_default(),
-        name: pod.name_any(),
-        uid: pod.uid(),
-        created: pod.meta().creation_timestamp.clone(),
-        labels: pod.labels().clone(),
-        applied: applied_policies(pod),
-        gate: spec
-            .and_then(|s| s.scheduling_gates.as_ref())
-            .and_then(|gates| gates.iter().position(|g| g.name == AVOID_GATE)),
-        node: spec.and_then(|s| s.node_name.clone()),
-        terms: spec
-            .and_then(|s| {
-                s.affinity
-                    .as_ref()?
-                    .node_affinity
-                    .as_ref()?
-                    .required_during_scheduling_ignored_during_execution
-                    .as_ref()
-            })
-            .map(|r| {
-                r.node_selector_terms
-                    .iter()
-                    .map(|t| t.match_fields.as_ref().is_some_and(|f| !f.is_empty()))
-                    .collect()
-            })
-            .unwrap_or_default(),
-    })
-}
-
 /// The JSON Patch that releases a held pod: the gate must still be where we saw it
 /// (so a stale cache cannot remove another gate), every required term is narrowed
 /// to keep off `avoid_nodes`, and the gate goes, in one update.
@@ -497,20 +448,19 @@ fn release_patch(release: &exclusion::Release, gate: usize) -> Value {
     Value::Array(ops)
 }
 
-/// Policies held pods were admitted with that the policy cache does not hold. The
+/// Policies held pods were admitted with that `snapshot` does not hold. The
 /// webhook's and the controller's watches lag independently, so a pod may name a
 /// policy created a moment ago; one GET tells that apart from a deleted policy.
 async fn unseen_policies(
     client: &Client,
-    cache: &Store<PlacementPolicy>,
+    snapshot: &Snapshot,
     pods: &[ExclusionPod],
 ) -> BTreeSet<String> {
-    let cached: BTreeSet<String> = cache.state().iter().map(|p| p.name_any()).collect();
     let missing: BTreeSet<&String> = pods
         .iter()
         .filter(|p| p.gate.is_some())
         .flat_map(|p| &p.applied)
-        .filter(|name| !cached.contains(*name))
+        .filter(|name| !snapshot.has(name))
         .collect();
     let api: Api<PlacementPolicy> = Api::all(client.clone());
     let mut unseen = BTreeSet::new();
@@ -530,25 +480,16 @@ async fn unseen_policies(
     unseen
 }
 
-fn applied_policies(pod: &Pod) -> Vec<String> {
-    pod.annotations()
-        .get(APPLIED_ANNOTATION)
-        .map(|a| a.split(',').map(str::to_owned).collect())
-        .unwrap_or_default()
-}
-
 /// Releases the held pods that may go now (see [`super::exclusion`]) and tells the
 /// others, with an Event, which pod they wait for.
 async fn release_held_pods(
     pass: &Pass<'_>,
     reported: &mut BTreeSet<String>,
-    released: &mut BTreeSet<(String, String)>,
+    released: &mut exclusion::Released,
 ) {
     let Pass {
         client,
         stores,
-        policies,
-        namespaces,
         metrics,
         recorder,
     } = *pass;
@@ -556,22 +497,15 @@ async fn release_held_pods(
         .pods
         .state()
         .iter()
-        .filter_map(|p| exclusion_pod(p))
+        .filter_map(|p| ExclusionPod::from_pod(p))
         .collect();
-    // Read your writes: a pod released a moment ago may still look held in the
-    // cache. Until the cache shows its gate gone, it counts as released (in flight),
-    // or a pod created earlier could be released beside it.
-    released.retain(|(ns, name)| {
-        all.iter()
-            .any(|p| p.gate.is_some() && &p.namespace == ns && &p.name == name)
-    });
-    for pod in all.iter_mut() {
-        if released.contains(&(pod.namespace.clone(), pod.name.clone())) {
-            pod.gate = None;
-        }
-    }
-    let unseen = unseen_policies(client, &stores.policies, &all).await;
-    let plan = exclusion::plan(&all, policies, namespaces, &unseen);
+    released.overlay(&mut all);
+    // The policies are read after the pods, never before: a policy the webhook
+    // applied to a pod in the cache must not look deleted because the snapshot
+    // predates it (that would release every pod of it at once).
+    let snapshot = Snapshot::take(stores);
+    let unseen = unseen_policies(client, &snapshot, &all).await;
+    let plan = exclusion::plan(&all, &snapshot.policies, &snapshot.namespaces, &unseen);
     metrics
         .gated_pods
         .set((all.iter().filter(|p| p.gate.is_some()).count() - plan.release.len()) as i64);
@@ -597,6 +531,7 @@ async fn release_held_pods(
             .await
         {
             Ok(_) => {
+                released.record(pod);
                 let held_for = pod
                     .created
                     .as_ref()
@@ -606,7 +541,7 @@ async fn release_held_pods(
                     })
                     .unwrap_or_default();
                 metrics.gated_seconds.observe(held_for.max(0.0));
-                tracing::debug!(pod = %pod.name, namespace = %pod.namespace, avoid = ?release.avoid_nodes, "released");
+                tracing::info!(pod = %pod.name, namespace = %pod.namespace, keep_off = ?release.avoid_nodes, "released from {AVOID_GATE}");
             }
             Err(e) => {
                 tracing::warn!(pod = %pod.name, error = %e, "release failed; retrying on the next pass")

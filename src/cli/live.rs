@@ -1,0 +1,302 @@
+//! `berth explain pod NAME -n NS`: the offline explanation, run on the pod, its
+//! namespace, the policies and the nodes as the cluster has them now, followed by
+//! where the pod stands: bound, held by berth's gate (and behind which pod), or
+//! waiting for the scheduler (with the scheduler's last word).
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use clap::Args;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+
+use super::offline::{Ending, print};
+use crate::controller::desired::{NamespaceOptIn, OptIn};
+use crate::controller::exclusion::{self, ExclusionPod, Hold};
+use crate::names::AVOID_GATE;
+use crate::placement::explain::explain;
+use crate::placement::{Input, NamespaceInfo, NodeIndex, NodeInfo, build_patch, decide};
+use crate::policy::{PlacementPolicy, PolicySet};
+
+/// A pod in the cluster to explain.
+#[derive(Debug, Args)]
+pub struct PodTarget {
+    /// The pod's name.
+    pub name: String,
+    /// The pod's namespace.
+    #[arg(short = 'n', long = "namespace", default_value = "default")]
+    pub namespace: String,
+    /// Kubeconfig to use; without it, KUBECONFIG, ~/.kube/config or the in-cluster
+    /// service account, as kubectl would.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// `berth explain pod NAME -n NS`. Reads only; a pod that exists was admitted, so
+/// the exit code is 0 whatever the decision says.
+pub fn explain_live(target: &PodTarget) -> Result<Ending, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let text = runtime.block_on(explain_pod(target))?;
+    print(&text);
+    Ok(Ending::Done)
+}
+
+/// What the cluster says, read once.
+struct Cluster {
+    pod: Pod,
+    namespace: Namespace,
+    policies: PolicySet,
+    nodes: NodeIndex,
+    namespaces: NamespaceOptIn,
+    pods: Vec<Pod>,
+}
+
+async fn read(client: &Client, target: &PodTarget) -> Result<Cluster, String> {
+    let where_ = format!("pod {}/{}", target.namespace, target.name);
+    let pod = Api::<Pod>::namespaced(client.clone(), &target.namespace)
+        .get_opt(&target.name)
+        .await
+        .map_err(|e| format!("{where_}: {e}"))?
+        .ok_or_else(|| format!("{where_} not found"))?;
+    let list = ListParams::default();
+    let namespaces = Api::<Namespace>::all(client.clone())
+        .list(&list)
+        .await
+        .map_err(|e| format!("listing namespaces: {e}"))?
+        .items;
+    let namespace = namespaces
+        .iter()
+        .find(|ns| ns.name_any() == target.namespace)
+        .cloned()
+        .ok_or_else(|| format!("namespace {} not found", target.namespace))?;
+    let policies = Api::<PlacementPolicy>::all(client.clone())
+        .list(&list)
+        .await
+        .map_err(|e| format!("listing PlacementPolicies (is berth's CRD installed?): {e}"))?
+        .items;
+    // Deleted policies no longer apply, exactly as in the webhook and controller.
+    let live = policies
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none());
+    let (policies, _unusable) = PolicySet::compile(live);
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&list)
+        .await
+        .map_err(|e| format!("listing nodes: {e}"))?
+        .items
+        .iter()
+        .map(|n| (n.name_any(), NodeInfo::from_node(n)))
+        .collect();
+    let pods = Api::<Pod>::all(client.clone())
+        .list(&list)
+        .await
+        .map_err(|e| format!("listing pods: {e}"))?
+        .items;
+    Ok(Cluster {
+        pod,
+        namespace,
+        policies,
+        nodes,
+        namespaces: NamespaceOptIn::new(&namespaces),
+        pods,
+    })
+}
+
+async fn explain_pod(target: &PodTarget) -> Result<String, String> {
+    let client = super::kube_client(target.kubeconfig.as_deref()).await?;
+    let cluster = read(&client, target).await?;
+    let raw = serde_json::to_value(&cluster.pod).map_err(|e| e.to_string())?;
+    let namespace = NamespaceInfo::from_namespace(&cluster.namespace);
+    let input = Input {
+        pod: &raw,
+        namespace: &namespace,
+        policies: &cluster.policies,
+        nodes: Some(&cluster.nodes),
+    };
+    let decision = decide(&input);
+    let patch = build_patch(&raw, &decision.grants);
+    let mut text = explain(&input, &target.name, &decision, patch.0.len());
+    text.push('\n');
+    text.push_str(&standing(
+        &cluster.pod,
+        &cluster.pods,
+        &cluster.policies,
+        &cluster.namespaces,
+    ));
+    Ok(text)
+}
+
+/// The scheduler's reason for not placing `pod`, from its PodScheduled condition.
+fn unscheduled_reason(pod: &Pod) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .map(|c| {
+            c.message
+                .clone()
+                .unwrap_or_else(|| c.reason.clone().unwrap_or_default())
+        })
+}
+
+/// Where `pod` stands now, in words: the part of the explanation only a live
+/// cluster can give.
+fn standing(pod: &Pod, pods: &[Pod], policies: &PolicySet, opt_in: &dyn OptIn) -> String {
+    let spec = pod.spec.as_ref();
+    if let Some(node) = spec.and_then(|s| s.node_name.as_deref()) {
+        return format!("Now: bound to node {node}.\n");
+    }
+    let gates: Vec<&str> = spec
+        .and_then(|s| s.scheduling_gates.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .map(|g| g.name.as_str())
+        .collect();
+    let others: Vec<&str> = gates.iter().copied().filter(|g| *g != AVOID_GATE).collect();
+    let mut out = String::from("Now: ");
+    if gates.contains(&AVOID_GATE) {
+        out.push_str(&held(pod, pods, policies, opt_in));
+    } else if others.is_empty() {
+        match unscheduled_reason(pod) {
+            Some(why) => out.push_str(&format!("not scheduled yet; the scheduler says: {why}")),
+            None => out.push_str("waiting for the scheduler"),
+        }
+    }
+    if !others.is_empty() {
+        if gates.contains(&AVOID_GATE) {
+            out.push_str(" Also ");
+        }
+        out.push_str(&format!(
+            "held by scheduling gates berth does not own: {}",
+            others.join(", ")
+        ));
+    }
+    // The scheduler's messages end with a full stop of their own.
+    if !out.ends_with('.') {
+        out.push('.');
+    }
+    out.push('\n');
+    out
+}
+
+/// Why a pod with berth's gate is still held: the same plan the controller makes.
+fn held(pod: &Pod, pods: &[Pod], policies: &PolicySet, opt_in: &dyn OptIn) -> String {
+    let all: Vec<ExclusionPod> = pods.iter().filter_map(ExclusionPod::from_pod).collect();
+    let plan = exclusion::plan(&all, policies, opt_in, &BTreeSet::new());
+    let is_this = |p: &ExclusionPod| {
+        Some(p.namespace.as_str()) == pod.metadata.namespace.as_deref()
+            && Some(p.name.as_str()) == pod.metadata.name.as_deref()
+    };
+    let waiting = plan.waiting.iter().find(|w| is_this(w.pod));
+    match waiting.map(|w| &w.reason) {
+        Some(Hold::Behind {
+            pod: behind,
+            policy,
+        }) => {
+            let mut text = format!(
+                "held by the scheduling gate {AVOID_GATE}: it must avoid {}/{} (policy {policy}), \
+                 which is released but not bound yet; berth's controller releases this pod once \
+                 that one is bound",
+                behind.namespace, behind.name
+            );
+            let blocker = pods.iter().find(|p| {
+                p.metadata.namespace.as_deref() == Some(&behind.namespace)
+                    && p.metadata.name.as_deref() == Some(&behind.name)
+            });
+            if let Some(why) = blocker.and_then(unscheduled_reason) {
+                text.push_str(&format!(
+                    ". That pod is not scheduled; the scheduler says: {why}"
+                ));
+            }
+            text
+        }
+        // Not possible with no unseen policies, but said plainly if it were.
+        Some(Hold::PolicyNotSeen(policy)) => {
+            format!("held by the scheduling gate {AVOID_GATE} until policy {policy} is known")
+        }
+        None => format!(
+            "held by the scheduling gate {AVOID_GATE}, with nothing to wait for: berth's \
+             controller releases it on its next pass. If it stays held, check that a berth \
+             controller runs and holds the Lease berth-controller"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::desired::tests::Everyone;
+    use serde_json::json;
+
+    fn masters() -> PolicySet {
+        let policy: PlacementPolicy = serde_json::from_value(json!({
+            "apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+            "metadata": {"name": "masters"},
+            "spec": {"podSelector": {"matchLabels": {"app": "m"}}, "avoid": {"matchLabels": {"app": "m"}}}}))
+        .unwrap();
+        PolicySet::compile([&policy]).0
+    }
+
+    fn pod(name: &str, gated: bool, node: Option<&str>, unschedulable: Option<&str>) -> Pod {
+        let gates = if gated {
+            json!([{"name": AVOID_GATE}])
+        } else {
+            json!([])
+        };
+        let conditions = match unschedulable {
+            Some(message) => json!([{"type": "PodScheduled", "status": "False",
+                "reason": "Unschedulable", "message": message}]),
+            None => json!([]),
+        };
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "db", "labels": {"app": "m"},
+                "annotations": {"berth.io/applied": "masters"},
+                "creationTimestamp": format!("2026-01-01T00:00:0{}Z", &name[1..])},
+            "spec": {"containers": [], "schedulingGates": gates, "nodeName": node},
+            "status": {"conditions": conditions}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_held_pod_names_the_pod_it_waits_for_and_why_that_one_is_not_placed() {
+        let pods = vec![
+            pod("m1", false, None, Some("0/3 nodes are available")),
+            pod("m2", true, None, None),
+        ];
+        let text = standing(&pods[1], &pods, &masters(), &Everyone);
+        assert!(
+            text.contains("it must avoid db/m1 (policy masters), which is released but not bound"),
+            "{text}"
+        );
+        assert!(
+            text.contains("the scheduler says: 0/3 nodes are available"),
+            "{text}"
+        );
+        let text = standing(&pods[0], &pods, &masters(), &Everyone);
+        assert!(
+            text.contains("not scheduled yet; the scheduler says: 0/3 nodes are available"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn bound_and_free_to_go_pods_say_so() {
+        let pods = vec![
+            pod("m1", false, Some("node7"), None),
+            pod("m2", true, None, None),
+        ];
+        let set = masters();
+        assert_eq!(
+            standing(&pods[0], &pods, &set, &Everyone),
+            "Now: bound to node node7.\n"
+        );
+        let text = standing(&pods[1], &pods, &set, &Everyone);
+        assert!(text.contains("with nothing to wait for"), "{text}");
+    }
+}
