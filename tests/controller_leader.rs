@@ -51,7 +51,7 @@ async fn the_lease_passes_on_sigterm_at_once_and_after_a_kill_on_expiry() {
     let out = kubectl_with_input(&berth.cluster.dir, &["apply", "-f", "-"], policy);
     assert!(out.status.success());
 
-    let first = Replica::start(berth, "first");
+    let first = Replica::start(berth, "first", &berth.cluster.kubeconfig());
     // berth-up's replica leads; the other two stand by.
     let leader = eventually("a leader", Duration::from_secs(30), || {
         lease_holder(&client)
@@ -76,7 +76,7 @@ async fn the_lease_passes_on_sigterm_at_once_and_after_a_kill_on_expiry() {
     drift_is_repaired(berth, &client).await;
 
     // A killed leader cannot release: the next replica takes over on expiry.
-    let second = Replica::start(berth, "second");
+    let second = Replica::start(berth, "second", &berth.cluster.kubeconfig());
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         lease_holder(&client).await.as_deref(),

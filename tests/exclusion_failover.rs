@@ -2,6 +2,7 @@
 //! cluster (gates, bindings), so a new leader rebuilds it from there. It must not
 //! release a pod beside one the old leader left in flight, and it must release the
 //! rest once that one is bound. Its own cluster: the test kills berth's leader.
+//! The new leader runs as the ServiceAccount of `manifests/rbac.yaml`.
 
 mod support;
 
@@ -68,7 +69,11 @@ async fn a_new_leader_keeps_the_old_leaders_pod_in_flight_and_releases_the_rest(
     )
     .await;
     let leader = eventually("a leader", WAIT, || lease_holder(&client)).await;
-    let standby = Replica::start(berth, "standby");
+    // The standby has only what the shipped RBAC grants, so the take-over below
+    // also shows that an installation may hold the Lease, release pods and label
+    // nodes.
+    let account = berth.cluster.berth_service_account_kubeconfig();
+    let standby = Replica::start(berth, "standby", &account);
 
     let pods = (0..6)
         .map(|i| test_pod(&format!("cache-{i}"), json!({"app": "failover"}), json!({})))
@@ -105,5 +110,21 @@ async fn a_new_leader_keeps_the_old_leaders_pod_in_flight_and_releases_the_rest(
     let nodes = placed(&client, &ns, "app=failover", 6, WAIT).await;
     let distinct: BTreeSet<&String> = nodes.values().collect();
     assert_eq!(distinct.len(), 6, "two pods share a node: {nodes:?}");
+    // The new leader also keeps the anchor label on every node with a pod.
+    let api: Api<Node> = Api::all(client.clone());
+    for node in distinct {
+        eventually(&format!("the anchor label on {node}"), WAIT, || async {
+            let labels = api.get(node).await.ok()?.metadata.labels?;
+            labels
+                .contains_key("node-restriction.kubernetes.io/berth.runs.failover")
+                .then_some(())
+        })
+        .await;
+    }
+    let log = std::fs::read_to_string(berth.cluster.dir.join("logs/standby.log")).unwrap();
+    assert!(
+        !log.contains("forbidden"),
+        "the shipped RBAC falls short:\n{log}"
+    );
     drop(standby);
 }

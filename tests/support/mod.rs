@@ -122,6 +122,33 @@ impl TestCluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// A kubeconfig that acts as the ServiceAccount `berth-system/berth` with the
+    /// shipped `manifests/rbac.yaml` applied: berth started with it has exactly the
+    /// permissions an installation grants.
+    pub fn berth_service_account_kubeconfig(&self) -> PathBuf {
+        let rbac = repo_root().join("manifests/rbac.yaml");
+        self.kubectl_ok(&["apply", "-f", rbac.to_str().expect("utf-8 path")]);
+        let token = self.kubectl_ok(&[
+            "create",
+            "token",
+            "berth",
+            "-n",
+            "berth-system",
+            "--duration",
+            "2h",
+        ]);
+        // The admin kubeconfig's cluster entry (server and CA), another user.
+        let admin = std::fs::read_to_string(self.kubeconfig()).expect("kubeconfig");
+        let cluster = admin.split("users:").next().expect("a clusters section");
+        let path = self.dir.join("berth-sa.kubeconfig");
+        let text = format!(
+            "{cluster}users:\n- name: berth\n  user:\n    token: {}\ncontexts:\n- name: berth\n  context: {{cluster: berth-test, user: berth}}\ncurrent-context: berth\n",
+            token.trim()
+        );
+        std::fs::write(&path, text).expect("write kubeconfig");
+        path
+    }
+
     /// `kubectl apply -f -` of `yaml`, which must succeed.
     pub fn apply(&self, yaml: &str) {
         let out = kubectl_with_input(&self.dir, &["apply", "-f", "-"], yaml);
@@ -365,7 +392,9 @@ pub async fn placed(
 pub struct Replica(Child);
 
 impl Replica {
-    pub fn start(berth: &Berth, identity: &str) -> Replica {
+    /// A controller-only berth named `identity`, reaching the cluster through
+    /// `kubeconfig`.
+    pub fn start(berth: &Berth, identity: &str, kubeconfig: &Path) -> Replica {
         let log =
             std::fs::File::create(berth.cluster.dir.join(format!("logs/{identity}.log"))).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_berth"))
@@ -378,7 +407,7 @@ impl Replica {
                 identity,
             ])
             .arg("--kubeconfig")
-            .arg(berth.cluster.kubeconfig())
+            .arg(kubeconfig)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
