@@ -237,11 +237,13 @@ pub async fn run(
             metrics: &metrics,
             recorder: &recorder,
         };
+        // Releases first: they do not depend on the node labels (a released pod
+        // carries its own constraints), and every pod of an exclusion group waits
+        // for the one before it, so its pass should not wait for node writes.
+        release_held_pods(&pass, &mut reported, &mut released).await;
         if let Err(e) = reconcile(&pass, &limit, &mut reported).await {
             tracing::warn!(error = %e, "reconcile pass failed; retrying on the next change");
         }
-        // Exclusion runs even when another part of the pass failed.
-        release_held_pods(&pass, &mut reported, &mut released).await;
     }
     // Dropping the receiver makes the lease task release the Lease.
     drop(leadership);
