@@ -12,7 +12,9 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::{Berth, Nodes, fresh_namespace, is_bound, placed, wait_for};
+use support::{
+    Berth, Nodes, fresh_namespace, has_applied, is_bound, placed, wait_admitted, wait_for,
+};
 
 const NODES: Nodes = Nodes {
     count: 4,
@@ -51,6 +53,20 @@ async fn annotate(client: &Client, ns: &str, key: &str, value: &str) {
         .patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .expect("annotate");
+}
+
+/// Opts `ns` into `policy` and waits until berth's webhook applies it to `probe`.
+async fn opt_in(client: &Client, ns: &str, policy: &str, probe: Pod) {
+    annotate(client, ns, "berth.io/policies", policy).await;
+    wait_admitted(
+        client,
+        ns,
+        &probe,
+        &format!("berth applies {policy} in {ns}"),
+        |p| has_applied(p, policy),
+        WAIT,
+    )
+    .await;
 }
 
 /// Waits until the controller has put `key` (with `value`) on `node` *and* the
@@ -109,7 +125,13 @@ fn pod(name: &str, image: &str, extra_spec: Value, labels: Value) -> Pod {
 async fn seed_000_cdn_pods_land_on_node2_and_nothing_else_does() {
     let client = berth().cluster.client().await;
     policy("cdn.yaml");
-    annotate(&client, "default", "berth.io/policies", "cdn").await;
+    opt_in(
+        &client,
+        "default",
+        "cdn",
+        pod("probe", "example/cdn-uploader:1.0", json!({}), json!({})),
+    )
+    .await;
     node_label(
         &client,
         "node2",
@@ -158,7 +180,13 @@ async fn seed_000_cdn_pods_land_on_node2_and_nothing_else_does() {
 async fn seed_000_a_wildcard_toleration_stays_off_node2_and_node_name_node2_is_denied() {
     let client = berth().cluster.client().await;
     policy("cdn.yaml");
-    annotate(&client, "default", "berth.io/policies", "cdn").await;
+    opt_in(
+        &client,
+        "default",
+        "cdn",
+        pod("probe", "example/cdn-uploader:1.0", json!({}), json!({})),
+    )
+    .await;
     node_label(
         &client,
         "node2",
@@ -231,7 +259,13 @@ async fn seed_000_preferred_placement_uses_the_pool_while_it_has_room() {
         "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: spill}\nspec:\n  images: ['*spill*']\n  pool: {nodeNames: [node4], dedicated: false, placement: Preferred, weight: 100}\n",
     );
     let ns = fresh_namespace(&client, "spill").await;
-    annotate(&client, &ns, "berth.io/policies", "spill").await;
+    opt_in(
+        &client,
+        &ns,
+        "spill",
+        pod("probe", "example/spill-job:1", json!({}), json!({})),
+    )
+    .await;
     node_label(
         &client,
         "node4",
@@ -271,7 +305,13 @@ async fn sidecar_b_pods_wait_for_a_and_follow_it_when_it_scales_out() {
     let client = berth().cluster.client().await;
     policy("sidecar.yaml");
     let ns = fresh_namespace(&client, "sidecar").await;
-    annotate(&client, &ns, "berth.io/policies", "b-beside-a").await;
+    opt_in(
+        &client,
+        &ns,
+        "b-beside-a",
+        pod("probe", "busybox", json!({}), json!({"app": "b"})),
+    )
+    .await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
 
     pods.create(
@@ -311,22 +351,37 @@ async fn sidecar_b_pods_wait_for_a_and_follow_it_when_it_scales_out() {
     )
     .await;
 
-    for i in 1..9 {
-        pods.create(
-            &PostParams::default(),
-            &pod(&format!("b-{i}"), "busybox", json!({}), json!({"app": "b"})),
-        )
+    // Which of node1 and node3 the scheduler picks is its own scoring; what berth
+    // decides is where B may go. Pinned to node3, where A now runs, B is placed;
+    // pinned to node4, where no A runs, it waits.
+    let b = |name: &str, extra: Value| pod(name, "busybox", extra, json!({"app": "b"}));
+    pods.create(&PostParams::default(), &b("b-node3", on("node3")))
         .await
         .unwrap();
+    let followed = wait_for(&pods, "b-node3", is_bound, WAIT).await.unwrap();
+    assert_eq!(
+        followed.spec.unwrap().node_name.as_deref(),
+        Some("node3"),
+        "B follows A to node3"
+    );
+    pods.create(&PostParams::default(), &b("b-node4", on("node4")))
+        .await
+        .unwrap();
+    for i in 1..7 {
+        pods.create(&PostParams::default(), &b(&format!("b-{i}"), json!({})))
+            .await
+            .unwrap();
     }
-    let b_nodes = placed(&client, &ns, "app=b", 9, WAIT).await;
+    // b-0, b-node3 and six more: every one beside an A.
+    let b_nodes = placed(&client, &ns, "app=b", 8, WAIT).await;
     assert!(
         b_nodes.values().all(|n| n == "node1" || n == "node3"),
         "{b_nodes:?}"
     );
+    let lonely = pods.get("b-node4").await.unwrap();
     assert!(
-        b_nodes.values().any(|n| n == "node3"),
-        "B followed A to node3: {b_nodes:?}"
+        lonely.spec.unwrap().node_name.is_none(),
+        "B was placed on node4, where no A runs"
     );
 }
 
@@ -355,7 +410,18 @@ async fn gpu_and_nvme_labels_drive_placement() {
         .await
         .unwrap();
     let ns = fresh_namespace(&client, "gpu").await;
-    annotate(&client, &ns, "berth.io/policies", "gpu").await;
+    opt_in(
+        &client,
+        &ns,
+        "gpu",
+        pod(
+            "probe",
+            "nvcr.io/nvidia/cuda:12.4.0-base",
+            json!({}),
+            json!({"app": "train"}),
+        ),
+    )
+    .await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     for i in 0..3 {
         pods.create(
@@ -393,6 +459,15 @@ async fn a_namespace_scheduler_annotation_routes_its_pods() {
     let client = berth().cluster.client().await;
     let ns = fresh_namespace(&client, "batch").await;
     annotate(&client, &ns, "berth.io/scheduler-name", "batch-scheduler").await;
+    wait_admitted(
+        &client,
+        &ns,
+        &pod("probe", "spark:3", json!({}), json!({})),
+        "berth routes pods in the namespace",
+        |p| p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()) == Some("batch-scheduler"),
+        WAIT,
+    )
+    .await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let created = pods
         .create(

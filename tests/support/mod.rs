@@ -449,33 +449,56 @@ pub async fn opted_in(
         .patch(&ns, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let dry_run = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
     let wanted = policies
         .split(',')
         .next()
         .unwrap_or_default()
         .trim()
         .to_owned();
-    eventually(
-        "berth's caches know the namespace and policy",
+    let probe = test_pod("probe", probe_labels, json!({}));
+    wait_admitted(
+        client,
+        &ns,
+        &probe,
+        &format!("berth applies {wanted} in {ns}"),
+        |p| has_applied(p, &wanted),
         limit,
-        || async {
-            let probe = test_pod("probe", probe_labels.clone(), json!({}));
-            let created = api.create(&dry_run, &probe).await.ok()?;
-            let applied = created
-                .metadata
-                .annotations?
-                .get("berth.io/applied")?
-                .clone();
-            applied.split(',').any(|p| p == wanted).then_some(())
-        },
     )
     .await;
     ns
+}
+
+/// Waits until berth's webhook admits `probe` in `ns` (a dry run) so that
+/// `admitted` holds. berth's caches of policies and namespaces are eventually
+/// consistent: a pod created the instant a policy or an annotation appears may be
+/// admitted by a cache that has not seen it yet.
+pub async fn wait_admitted(
+    client: &Client,
+    ns: &str,
+    probe: &Pod,
+    what: &str,
+    admitted: impl Fn(&Pod) -> bool,
+    limit: Duration,
+) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    eventually(what, limit, || async {
+        let created = api.create(&dry_run, probe).await.ok()?;
+        admitted(&created).then_some(())
+    })
+    .await;
+}
+
+/// Whether berth's `berth.io/applied` on `pod` names `policy`.
+pub fn has_applied(pod: &Pod, policy: &str) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("berth.io/applied"))
+        .is_some_and(|applied| applied.split(',').any(|p| p == policy))
 }
 
 /// A pod with one small container and `labels`; `extra_spec` is merged into its spec.
