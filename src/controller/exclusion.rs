@@ -425,4 +425,30 @@ mod tests {
         released.overlay(&mut pods);
         assert!(released.0.is_empty());
     }
+
+    /// No namespace opts into anything (by annotation or labels).
+    struct Nobody;
+    impl OptIn for Nobody {
+        fn opts_in(&self, _: &CompiledPolicy, _: &str) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn anchor_namespaces_all_also_keeps_off_pods_berth_did_not_admit() {
+        let spec = |scope: &str| {
+            json!({"podSelector": {"matchLabels": {"role": "master"}},
+                "avoid": {"matchLabels": {"role": "master"}}, "anchorNamespaces": scope})
+        };
+        // A master berth never saw (another namespace, no opt-in, no annotation).
+        let mut foreign = pod("legacy", "master", &[], false, Some("n5"));
+        foreign.namespace = "legacy".into();
+        let pods = vec![foreign, pod("m1", "master", &["masters"], true, None)];
+        let all = policies(&[("masters", spec("All"))]);
+        let plan_all = plan(&pods, &all, &Nobody, &none());
+        assert_eq!(plan_all.release[0].avoid_nodes, ["n5"]);
+        let same = policies(&[("masters", spec("Same"))]);
+        let plan_same = plan(&pods, &same, &Nobody, &none());
+        assert!(plan_same.release[0].avoid_nodes.is_empty());
+    }
 }

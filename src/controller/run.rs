@@ -1,7 +1,8 @@
-//! The controller loop. Watches on PlacementPolicies, Nodes, Namespaces and bound
-//! Pods feed in-memory stores; any change (and a periodic resync) wakes one pass
-//! that computes every node's desired state and writes the differences. Only the
-//! replica holding the Lease writes.
+//! The controller loop. Watches on PlacementPolicies, Nodes, Namespaces and Pods
+//! feed in-memory stores; any change (and a periodic resync) wakes one pass that
+//! releases the held pods that may go (see [`super::exclusion`]), then computes
+//! every node's desired state and writes the differences. Only the replica holding
+//! the Lease writes, and only once every store holds a full list.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
