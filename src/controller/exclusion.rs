@@ -14,7 +14,8 @@
 //! Everything is derived from the cluster as it is, so a restarted controller or a
 //! new leader picks up where the last one stopped, and no pod is released twice.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -151,11 +152,15 @@ fn conflict(
     one_way(a, b).or_else(|| one_way(b, a))
 }
 
-/// Pods this controller has released, until its cache shows them so. The watch
-/// event trails the write: a pod that still looks held must count as in flight,
-/// or a pod that must avoid it could be released beside it.
+/// What this controller has released. Pods stay in `uncached` until the cache
+/// shows them released: the watch event trails the write, and a pod that still
+/// looks held must count as in flight, or a pod that must avoid it could be
+/// released beside it. `recent` remembers when, for [`Released::hurry`].
 #[derive(Debug, Default)]
-pub struct Released(BTreeSet<String>);
+pub struct Released {
+    uncached: BTreeSet<String>,
+    recent: BTreeMap<String, Instant>,
+}
 
 impl Released {
     fn key(pod: &ExclusionPod) -> String {
@@ -164,9 +169,23 @@ impl Released {
             .unwrap_or_else(|| format!("{}/{}", pod.namespace, pod.name))
     }
 
-    /// Notes that `pod`'s gate was removed.
-    pub fn record(&mut self, pod: &ExclusionPod) {
-        self.0.insert(Self::key(pod));
+    /// Notes that `pod`'s gate was removed at `now`.
+    pub fn record(&mut self, pod: &ExclusionPod, now: Instant) {
+        self.uncached.insert(Self::key(pod));
+        self.recent.insert(Self::key(pod), now);
+    }
+
+    /// Whether a held pod waits behind a pod released less than `window` ago. That
+    /// pod's binding is a moment away, and the next one should follow it without
+    /// the controller's usual batching delay; a blocker released long ago (one that
+    /// cannot be scheduled) does not make the controller hurry.
+    pub fn hurry(&mut self, plan: &Plan, now: Instant, window: Duration) -> bool {
+        self.recent
+            .retain(|_, at| now.saturating_duration_since(*at) < window);
+        plan.waiting.iter().any(|w| match &w.reason {
+            Hold::Behind { pod, .. } => self.recent.contains_key(&Self::key(pod)),
+            Hold::PolicyNotSeen(_) => false,
+        })
     }
 
     /// Shows the pods released but still gated in the cache as released, and
@@ -177,9 +196,9 @@ impl Released {
             .filter(|p| p.gate.is_some())
             .map(Self::key)
             .collect();
-        self.0.retain(|key| still_gated.contains(key));
+        self.uncached.retain(|key| still_gated.contains(key));
         for pod in pods.iter_mut() {
-            if self.0.contains(&Self::key(pod)) {
+            if self.uncached.contains(&Self::key(pod)) {
                 pod.gate = None;
             }
         }
@@ -416,14 +435,14 @@ mod tests {
             pod("m2", "master", &["masters"], true, None),
         ];
         let mut released = Released::default();
-        released.record(&pods[0]);
+        released.record(&pods[0], Instant::now());
         released.overlay(&mut pods);
         let plan = plan(&pods, &masters(), &Everyone, &none());
         assert!(plan.release.is_empty(), "m1 is in flight, m2 must wait");
         // The cache catches up: m1's gate is gone there too, and it is forgotten.
         pods[0].gate = None;
         released.overlay(&mut pods);
-        assert!(released.0.is_empty());
+        assert!(released.uncached.is_empty());
     }
 
     /// No namespace opts into anything (by annotation or labels).
@@ -450,5 +469,28 @@ mod tests {
         let same = policies(&[("masters", spec("Same"))]);
         let plan_same = plan(&pods, &same, &Nobody, &none());
         assert!(plan_same.release[0].avoid_nodes.is_empty());
+    }
+
+    #[test]
+    fn the_controller_hurries_only_behind_a_pod_it_released_a_moment_ago() {
+        let pods = vec![
+            pod("m1", "master", &["masters"], false, None),
+            pod("m2", "master", &["masters"], true, None),
+        ];
+        let set = masters();
+        let plan = plan(&pods, &set, &Everyone, &none());
+        let window = Duration::from_secs(5);
+        let start = Instant::now();
+        let mut released = Released::default();
+        assert!(
+            !released.hurry(&plan, start, window),
+            "m1 was not released by this controller"
+        );
+        released.record(&pods[0], start);
+        assert!(released.hurry(&plan, start + Duration::from_secs(1), window));
+        assert!(
+            !released.hurry(&plan, start + Duration::from_secs(6), window),
+            "m1 has been unschedulable for a while: no hurry"
+        );
     }
 }

@@ -36,6 +36,12 @@ pub const FINALIZER: &str = "berth.io/cleanup";
 const WRITE_CONCURRENCY: usize = 4;
 /// Changes within this window are handled in one pass.
 const DEBOUNCE: Duration = Duration::from_millis(100);
+/// The window instead, while held pods wait behind a pod released a moment ago:
+/// pods that must avoid each other are placed one after the other, and each
+/// would otherwise wait a full window for the binding of the one before it.
+const HURRIED_DEBOUNCE: Duration = Duration::from_millis(10);
+/// How long after its release a pod's binding counts as a moment away.
+const HURRY_WINDOW: Duration = Duration::from_secs(5);
 
 /// How the controller runs.
 #[derive(Debug, Clone)]
@@ -214,6 +220,7 @@ pub async fn run(
     let limit = Arc::new(RateLimit::new(options.writes_per_second));
     let mut reported: BTreeSet<String> = BTreeSet::new();
     let mut released = exclusion::Released::default();
+    let mut debounce = DEBOUNCE;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -226,7 +233,7 @@ pub async fn run(
                 metrics.leader.set(i64::from(leading));
                 tracing::info!(leading, identity = %options.identity, "controller leadership changed");
             }
-            () = wake.notified() => tokio::time::sleep(DEBOUNCE).await,
+            () = wake.notified() => tokio::time::sleep(debounce).await,
             _ = resync.tick() => {}
         }
         if !*leadership.borrow() {
@@ -241,7 +248,8 @@ pub async fn run(
         // Releases first: they do not depend on the node labels (a released pod
         // carries its own constraints), and every pod of an exclusion group waits
         // for the one before it, so its pass should not wait for node writes.
-        release_held_pods(&pass, &mut reported, &mut released).await;
+        let hurry = release_held_pods(&pass, &mut reported, &mut released).await;
+        debounce = if hurry { HURRIED_DEBOUNCE } else { DEBOUNCE };
         if let Err(e) = reconcile(&pass, &limit, &mut reported).await {
             tracing::warn!(error = %e, "reconcile pass failed; retrying on the next change");
         }
@@ -484,12 +492,13 @@ async fn unseen_policies(
 }
 
 /// Releases the held pods that may go now (see [`super::exclusion`]) and tells the
-/// others, with an Event, which pod they wait for.
+/// others, with an Event, which pod they wait for. True when the next pass should
+/// come quickly: a held pod waits behind a pod released a moment ago.
 async fn release_held_pods(
     pass: &Pass<'_>,
     reported: &mut BTreeSet<String>,
     released: &mut exclusion::Released,
-) {
+) -> bool {
     let Pass {
         client,
         stores,
@@ -534,7 +543,7 @@ async fn release_held_pods(
             .await
         {
             Ok(_) => {
-                released.record(pod);
+                released.record(pod, std::time::Instant::now());
                 let held_for = pod
                     .created
                     .as_ref()
@@ -582,7 +591,7 @@ async fn release_held_pods(
             reason: "HeldForExclusion".into(),
             note: Some(format!(
                 "held by {AVOID_GATE}: a pod it must avoid (policy {policy}, first {}/{}) is still being placed; \
-                 it is released once that pod's node is labelled",
+                 it is released once that pod is bound",
                 behind.namespace, behind.name
             )),
             action: "Hold".into(),
@@ -592,6 +601,7 @@ async fn release_held_pods(
             tracing::warn!(error = %e, "cannot publish event");
         }
     }
+    released.hurry(&plan, std::time::Instant::now(), HURRY_WINDOW)
 }
 
 fn bound_pod(pod: &Pod) -> Option<BoundPod> {
