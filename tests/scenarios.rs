@@ -8,12 +8,12 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::{
-    Berth, Nodes, fresh_namespace, has_applied, is_bound, placed, wait_admitted, wait_for,
+    Berth, Nodes, annotate, fresh_namespace, is_bound, opt_in, placed, wait_admitted, wait_for,
 };
 
 const NODES: Nodes = Nodes {
@@ -44,29 +44,6 @@ fn policy(file: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
     applied.push(file.to_owned());
-}
-
-async fn annotate(client: &Client, ns: &str, key: &str, value: &str) {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let patch = json!({"metadata": {"annotations": {key: value}}});
-    namespaces
-        .patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("annotate");
-}
-
-/// Opts `ns` into `policy` and waits until berth's webhook applies it to `probe`.
-async fn opt_in(client: &Client, ns: &str, policy: &str, probe: Pod) {
-    annotate(client, ns, "berth.io/policies", policy).await;
-    wait_admitted(
-        client,
-        ns,
-        &probe,
-        &format!("berth applies {policy} in {ns}"),
-        |p| has_applied(p, policy),
-        WAIT,
-    )
-    .await;
 }
 
 /// Waits until the controller has put `key` (with `value`) on `node` *and* the
@@ -109,6 +86,17 @@ async fn node_label(client: &Client, node: &str, key: &str, value: &str) {
     wait_for(&probes, &name, is_bound, WAIT).await;
 }
 
+/// Waits until node2 is in the cdn pool as far as the scheduler knows.
+async fn cdn_pool_on_node2(client: &Client) {
+    node_label(
+        client,
+        "node2",
+        "node-restriction.kubernetes.io/berth.pool",
+        "cdn",
+    )
+    .await;
+}
+
 static NEXT_PROBE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 fn pod(name: &str, image: &str, extra_spec: Value, labels: Value) -> Pod {
@@ -129,16 +117,11 @@ async fn seed_000_cdn_pods_land_on_node2_and_nothing_else_does() {
         &client,
         "default",
         "cdn",
-        pod("probe", "example/cdn-uploader:1.0", json!({}), json!({})),
+        &pod("probe", "example/cdn-uploader:1.0", json!({}), json!({})),
+        WAIT,
     )
     .await;
-    node_label(
-        &client,
-        "node2",
-        "node-restriction.kubernetes.io/berth.pool",
-        "cdn",
-    )
-    .await;
+    cdn_pool_on_node2(&client).await;
     let other = fresh_namespace(&client, "other").await;
 
     // 50 pods on 4 nodes: cdn pods in default, nginx pods in default, and cdn
@@ -184,16 +167,11 @@ async fn seed_000_a_wildcard_toleration_stays_off_node2_and_node_name_node2_is_d
         &client,
         "default",
         "cdn",
-        pod("probe", "example/cdn-uploader:1.0", json!({}), json!({})),
+        &pod("probe", "example/cdn-uploader:1.0", json!({}), json!({})),
+        WAIT,
     )
     .await;
-    node_label(
-        &client,
-        "node2",
-        "node-restriction.kubernetes.io/berth.pool",
-        "cdn",
-    )
-    .await;
+    cdn_pool_on_node2(&client).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     for i in 0..8 {
         let tolerant = pod(
@@ -226,13 +204,7 @@ async fn seed_000_a_wildcard_toleration_stays_off_node2_and_node_name_node2_is_d
 async fn seed_000_a_daemonset_runs_on_all_four_nodes_including_node2() {
     let client = berth().cluster.client().await;
     policy("cdn.yaml");
-    node_label(
-        &client,
-        "node2",
-        "node-restriction.kubernetes.io/berth.pool",
-        "cdn",
-    )
-    .await;
+    cdn_pool_on_node2(&client).await;
     let ns = fresh_namespace(&client, "agents").await;
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &ns);
     let ds: DaemonSet = serde_json::from_value(json!({
@@ -263,7 +235,8 @@ async fn seed_000_preferred_placement_uses_the_pool_while_it_has_room() {
         &client,
         &ns,
         "spill",
-        pod("probe", "example/spill-job:1", json!({}), json!({})),
+        &pod("probe", "example/spill-job:1", json!({}), json!({})),
+        WAIT,
     )
     .await;
     node_label(
@@ -309,7 +282,8 @@ async fn sidecar_b_pods_wait_for_a_and_follow_it_when_it_scales_out() {
         &client,
         &ns,
         "b-beside-a",
-        pod("probe", "busybox", json!({}), json!({"app": "b"})),
+        &pod("probe", "busybox", json!({}), json!({"app": "b"})),
+        WAIT,
     )
     .await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -414,12 +388,13 @@ async fn gpu_and_nvme_labels_drive_placement() {
         &client,
         &ns,
         "gpu",
-        pod(
+        &pod(
             "probe",
             "nvcr.io/nvidia/cuda:12.4.0-base",
             json!({}),
             json!({"app": "train"}),
         ),
+        WAIT,
     )
     .await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);

@@ -66,14 +66,22 @@ struct Stores {
     pods: Store<Pod>,
 }
 
-/// Starts a watch feeding a store; every event wakes the loop.
-fn watch<K>(api: Api<K>, config: watcher::Config, wake: Arc<Notify>, strip: fn(&mut K)) -> Store<K>
+/// Starts a watch on every `K` in the cluster, feeding a store of them as `strip`
+/// leaves them; every event wakes the loop.
+fn watch<K>(client: &Client, wake: &Arc<Notify>, strip: fn(&mut K)) -> Store<K>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (store, writer) = reflector::store();
-    let stream = reflector(writer, watcher(api, config).default_backoff().modify(strip));
+    let api = Api::all(client.clone());
+    let stream = reflector(
+        writer,
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(strip),
+    );
+    let wake = wake.clone();
     tokio::spawn(async move {
         let mut events = stream.boxed();
         while let Some(event) = events.next().await {
@@ -147,30 +155,10 @@ pub async fn run(
 ) {
     let wake = Arc::new(Notify::new());
     let stores = Stores {
-        policies: watch(
-            Api::all(client.clone()),
-            watcher::Config::default(),
-            wake.clone(),
-            strip_managed_fields,
-        ),
-        nodes: watch(
-            Api::all(client.clone()),
-            watcher::Config::default(),
-            wake.clone(),
-            strip_managed_fields,
-        ),
-        namespaces: watch(
-            Api::all(client.clone()),
-            watcher::Config::default(),
-            wake.clone(),
-            strip_managed_fields,
-        ),
-        pods: watch(
-            Api::all(client.clone()),
-            watcher::Config::default(),
-            wake.clone(),
-            strip_pod,
-        ),
+        policies: watch(&client, &wake, strip_managed_fields),
+        nodes: watch(&client, &wake, strip_managed_fields),
+        namespaces: watch(&client, &wake, strip_managed_fields),
+        pods: watch(&client, &wake, strip_pod),
     };
     let recorder = Recorder::new(
         client.clone(),

@@ -431,10 +431,36 @@ impl Drop for Replica {
     }
 }
 
-/// A fresh namespace that opts into `policies`, once berth's caches show it does:
-/// a dry-run probe with `probe_labels` must come back with `policies` applied.
-/// (berth's caches are eventually consistent: a pod created the same instant as
-/// the annotation may be admitted by a cache that has not seen it yet.)
+/// Sets the annotation `key` to `value` on namespace `ns`.
+pub async fn annotate(client: &Client, ns: &str, key: &str, value: &str) {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let patch = json!({"metadata": {"annotations": {key: value}}});
+    namespaces
+        .patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotate");
+}
+
+/// Opts `ns` into `policies` (the `berth.io/policies` annotation) and waits until
+/// berth's webhook applies the first of them to `probe`, a dry run: berth's caches
+/// are eventually consistent, and a pod created the same instant as the annotation
+/// may be admitted by a cache that has not seen it yet.
+pub async fn opt_in(client: &Client, ns: &str, policies: &str, probe: &Pod, limit: Duration) {
+    annotate(client, ns, "berth.io/policies", policies).await;
+    let wanted = policies.split(',').next().unwrap_or_default().trim();
+    wait_admitted(
+        client,
+        ns,
+        probe,
+        &format!("berth applies {wanted} in {ns}"),
+        |p| has_applied(p, wanted),
+        limit,
+    )
+    .await;
+}
+
+/// A fresh namespace that [`opt_in`]s to `policies`, probed with a
+/// [`test_pod`] labelled `probe_labels`.
 pub async fn opted_in(
     client: &Client,
     purpose: &str,
@@ -443,28 +469,8 @@ pub async fn opted_in(
     limit: Duration,
 ) -> String {
     let ns = fresh_namespace(client, purpose).await;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let patch = json!({"metadata": {"annotations": {"berth.io/policies": policies}}});
-    namespaces
-        .patch(&ns, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap();
-    let wanted = policies
-        .split(',')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_owned();
     let probe = test_pod("probe", probe_labels, json!({}));
-    wait_admitted(
-        client,
-        &ns,
-        &probe,
-        &format!("berth applies {wanted} in {ns}"),
-        |p| has_applied(p, &wanted),
-        limit,
-    )
-    .await;
+    opt_in(client, &ns, policies, &probe, limit).await;
     ns
 }
 
