@@ -3,7 +3,7 @@
 
 use std::hint::black_box;
 
-use berth::placement::{Input, NamespaceInfo, build_patch, decide};
+use berth::placement::{Input, NamespaceInfo, Requester, build_patch, decide};
 use berth::policy::{PlacementPolicy, PolicySet};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use serde_json::{Value, json};
@@ -104,6 +104,7 @@ fn bench(c: &mut Criterion) {
             namespace: &namespace,
             policies: set,
             nodes: None,
+            requester: Requester::Other,
         };
         let decision = decide(black_box(&input));
         black_box(build_patch(&pod, &decision.grants))

@@ -9,6 +9,7 @@ pub mod certs;
 pub mod cli;
 pub mod controller;
 pub mod names;
+pub mod objects;
 pub mod placement;
 pub mod policy;
 pub mod telemetry;

@@ -10,8 +10,13 @@ pub const GROUP: &str = "berth.io";
 /// NodeRestriction admission plugin a kubelet cannot set it on its own Node, so a
 /// compromised node cannot make itself a member of a pool.
 pub const POOL_LABEL: &str = "node-restriction.kubernetes.io/berth.pool";
-/// Prefix of anchor labels: `node-restriction.kubernetes.io/berth.runs.<policy>: "true"`.
+/// Prefix of anchor labels: `node-restriction.kubernetes.io/berth.runs.<policy>: "true"`,
+/// on nodes where a pod that the policy's `colocateWith` or `avoid` names runs.
 pub const ANCHOR_LABEL_PREFIX: &str = "node-restriction.kubernetes.io/berth.runs.";
+/// Prefix of placed labels: `node-restriction.kubernetes.io/berth.placed.<policy>: "true"`,
+/// on nodes where a pod of an `avoid` policy runs. Pods that policy avoids keep off
+/// them, so that `avoid` is symmetric as required anti-affinity is.
+pub const PLACED_LABEL_PREFIX: &str = "node-restriction.kubernetes.io/berth.placed.";
 /// Taint key on dedicated pool nodes: `berth.io/pool=<policy>:NoSchedule`.
 pub const POOL_TAINT: &str = "berth.io/pool";
 /// Namespace annotation that opts a namespace into policies: `"cdn, gpu"`.
@@ -25,9 +30,27 @@ pub const APPLIED_ANNOTATION: &str = "berth.io/applied";
 /// Scheduling gate on pods of `avoid` policies, removed by the controller when the
 /// pod may be placed without racing another pod it must avoid.
 pub const AVOID_GATE: &str = "berth.io/avoid";
+/// Scheduling gates whose name starts with this are berth's: only berth's own
+/// ServiceAccount may remove them.
+pub const GATE_PREFIX: &str = "berth.io/";
+/// Who the DaemonSet controller is in `request.userInfo.username`: its own
+/// ServiceAccount when kube-controller-manager runs with
+/// `--use-service-account-credentials` (the usual set-up), else the
+/// controller-manager's identity. A pod is a DaemonSet pod only when one of them
+/// created it; an ownerReference alone is something any user can write.
+pub const DAEMONSET_CONTROLLER_USERS: [&str; 2] = [
+    "system:serviceaccount:kube-system:daemon-set-controller",
+    "system:kube-controller-manager",
+];
+/// berth's own identity as `manifests/` installs it: the ServiceAccount
+/// `berth-system/berth`.
+pub const BERTH_SERVICE_ACCOUNT: &str = "system:serviceaccount:berth-system:berth";
+/// Namespaces the shipped admission configurations never look at.
+pub const EXEMPT_NAMESPACES: [&str; 3] = ["kube-system", "kube-node-lease", "berth-system"];
 /// Field manager for every write berth makes.
 pub const FIELD_MANAGER: &str = "berth";
-/// Policy names feed label keys, whose name part is at most 63 characters.
+/// Policy names feed label keys, whose name part is at most 63 characters
+/// (`berth.placed.` and 50 characters make 63).
 pub const MAX_POLICY_NAME: usize = 50;
 
 /// The anchor label key of `policy`.
@@ -35,9 +58,34 @@ pub fn anchor_label(policy: &str) -> String {
     format!("{ANCHOR_LABEL_PREFIX}{policy}")
 }
 
-/// Whether a node-affinity expression key is one berth derives itself.
+/// The placed label key of `policy`.
+pub fn placed_label(policy: &str) -> String {
+    format!("{PLACED_LABEL_PREFIX}{policy}")
+}
+
+/// Whether a node label or node-affinity expression key is one berth derives itself.
 pub fn is_owned_node_key(key: &str) -> bool {
-    key == POOL_LABEL || key.starts_with(ANCHOR_LABEL_PREFIX)
+    key == POOL_LABEL || key.starts_with(ANCHOR_LABEL_PREFIX) || key.starts_with(PLACED_LABEL_PREFIX)
+}
+
+/// The policy a berth node label belongs to: the pool label's value, or the
+/// policy part of an anchor or placed label.
+pub fn policy_of_node_label<'a>(key: &'a str, value: &'a str) -> Option<&'a str> {
+    if key == POOL_LABEL {
+        return Some(value);
+    }
+    key.strip_prefix(ANCHOR_LABEL_PREFIX)
+        .or_else(|| key.strip_prefix(PLACED_LABEL_PREFIX))
+}
+
+/// Whether a scheduling gate is one of berth's.
+pub fn is_berth_gate(name: &str) -> bool {
+    name.starts_with(GATE_PREFIX)
+}
+
+/// Whether `username` is the DaemonSet controller.
+pub fn is_daemonset_controller(username: &str) -> bool {
+    DAEMONSET_CONTROLLER_USERS.contains(&username)
 }
 
 /// Whether `name` can be a policy name: a DNS-1123 subdomain (what Kubernetes
@@ -78,6 +126,9 @@ mod tests {
     fn owned_node_keys_are_the_pool_and_anchor_labels() {
         assert!(is_owned_node_key(POOL_LABEL));
         assert!(is_owned_node_key(&anchor_label("redis")));
+        assert!(is_owned_node_key(&placed_label("redis")));
+        assert_eq!(policy_of_node_label(&placed_label("redis"), "true"), Some("redis"));
+        assert_eq!(policy_of_node_label(POOL_LABEL, "cdn"), Some("cdn"));
         assert!(!is_owned_node_key("kubernetes.io/hostname"));
         assert!(!is_owned_node_key("node-restriction.kubernetes.io/other"));
     }

@@ -46,8 +46,8 @@ pub struct Metrics {
     pub warnings: Counter,
     /// Admissions refused, by path.
     pub denials: Family<KindLabels, Counter>,
-    /// Errors by kind: bad_request, namespace_lookup, broken_annotation,
-    /// certificate_reload, invalid_policy.
+    /// Errors by kind: bad_request, too_large, busy, incomplete, namespace_lookup,
+    /// broken_annotation, certificate_reload, invalid_policy.
     pub errors: Family<KindLabels, Counter>,
     /// Seconds until the serving certificate expires.
     pub certificate_expiry_seconds: Gauge<f64, AtomicU64>,
@@ -65,6 +65,8 @@ pub struct Metrics {
     pub gated_pods: Gauge,
     /// Seconds from creation to release of gated pods.
     pub gated_seconds: Histogram,
+    /// DaemonSet templates the controller brought in line with the pools.
+    pub daemonset_updates: Counter,
 }
 
 impl Default for Metrics {
@@ -116,6 +118,12 @@ impl Default for Metrics {
             "Seconds from creation to release of gated pods",
             gated_seconds.clone(),
         );
+        let daemonset_updates = Counter::default();
+        registry.register(
+            "daemonset_updates",
+            "DaemonSet templates brought in line with the pools (each rolls the DaemonSet)",
+            daemonset_updates.clone(),
+        );
         registry.register(
             "admission_duration_seconds",
             "Time to answer an admission request, by path and outcome",
@@ -149,6 +157,7 @@ impl Default for Metrics {
             leader,
             gated_pods,
             gated_seconds,
+            daemonset_updates,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The webhook's router driven with AdmissionReview fixtures, no cluster: uid
 //! echo, patchType, 400s, kinds and subresources it leaves alone, pod UPDATE,
-//! Namespace and PlacementPolicy validation, the body cap and readiness.
+//! Namespace and PlacementPolicy validation, what berth cannot read (too large, too
+//! deep, out of range), the DaemonSet identity, and readiness.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use base64::Engine;
+use berth::admission::body::BodyLimits;
 use berth::admission::handlers::{AppState, router};
 use berth::admission::state::{ClusterView, FixedView};
 use berth::placement::NamespaceInfo;
@@ -18,6 +20,7 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 const MAX_BODY: usize = 64 * 1024;
+const BERTH: &str = "system:serviceaccount:berth-system:berth";
 
 fn fixture(name: &str) -> Value {
     let path = format!("{}/tests/data/admission/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -54,6 +57,8 @@ fn state(view: impl ClusterView + 'static, tls_ready: bool) -> Arc<AppState> {
         view: Arc::new(view),
         metrics: Arc::new(Metrics::default()),
         tls_ready: AtomicBool::new(tls_ready),
+        limits: BodyLimits::new(MAX_BODY, 1 << 20, std::time::Duration::from_secs(5)),
+        berth_user: BERTH.into(),
     })
 }
 
@@ -62,7 +67,7 @@ async fn post(state: Arc<AppState>, path: &str, body: impl Into<Body>) -> (Statu
         .header("content-type", "application/json")
         .body(body.into())
         .unwrap();
-    let response = router(state, MAX_BODY).oneshot(request).await.unwrap();
+    let response = router(state, 16).oneshot(request).await.unwrap();
     let status = response.status();
     let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
         .await
@@ -82,6 +87,18 @@ async fn review(path: &str, review: &Value) -> Value {
         "uid echoed"
     );
     answer["response"].clone()
+}
+
+/// A review as the apiserver writes it: `request.uid` first (serde_json would
+/// sort the keys, putting it after the object).
+fn as_the_apiserver_writes(review: &Value) -> String {
+    let mut request = review["request"].clone();
+    let uid = request.as_object_mut().unwrap().remove("uid").unwrap();
+    let rest = request.to_string();
+    format!(
+        r#"{{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{{"uid":{uid},{}"#,
+        &rest[1..]
+    )
 }
 
 fn decoded_patch(response: &Value) -> Value {
@@ -287,9 +304,122 @@ async fn placement_policies_are_validated_beyond_the_schema() {
 }
 
 #[tokio::test]
-async fn a_body_over_the_cap_gets_413() {
+async fn a_review_over_the_cap_is_denied_by_its_uid_and_anything_else_gets_413() {
+    let mut request = fixture("pod-create.json");
+    request["request"]["object"]["spec"]["containers"][0]["env"] =
+        json!([{"name": "X", "value": "<".repeat(MAX_BODY)}]);
+    let (status, body) = post(state(view(), true), "/mutate", as_the_apiserver_writes(&request)).await;
+    assert_eq!(status, StatusCode::OK, "a 4xx would let the pod through");
+    let answer: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["response"]["uid"], request["request"]["uid"]);
+    assert_eq!(answer["response"]["allowed"], false);
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(message.contains("cannot check what it does not read"), "{message}");
+
     let (status, _) = post(state(view(), true), "/mutate", vec![b' '; MAX_BODY + 1]).await;
-    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "no uid to answer");
+}
+
+#[tokio::test]
+async fn managed_fields_berth_cannot_parse_do_not_hide_the_pod() {
+    let mut deep = json!({});
+    for _ in 0..140 {
+        deep = json!({ "f:x": deep });
+    }
+    let mut request = fixture("pod-create.json");
+    let pod = &mut request["request"]["object"];
+    pod["spec"]["containers"][0]["image"] = json!("nginx");
+    pod["spec"]["nodeName"] = json!("node2");
+    pod["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+    pod["metadata"]["managedFields"] = json!([
+        {"manager": "x", "operation": "Apply", "time": "9999-12-31T23:59:59Z", "fieldsType": "FieldsV1", "fieldsV1": deep}]);
+    // serde_json's own recursion limit is 128: build the body by hand.
+    let body = serde_json::to_string(&request).unwrap();
+    for path in ["/mutate", "/validate"] {
+        let (status, answer) = post(state(view(), true), path, body.clone()).await;
+        assert_eq!(status, StatusCode::OK);
+        let answer: Value = serde_json::from_slice(&answer).unwrap();
+        assert_eq!(answer["response"]["allowed"], false, "{answer}");
+        let message = answer["response"]["status"]["message"].as_str().unwrap();
+        assert!(message.contains("dedicated pool cdn"), "{message}");
+    }
+}
+
+#[tokio::test]
+async fn a_pod_too_deep_to_read_is_denied_with_the_reason() {
+    let mut request = fixture("pod-create.json");
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    let body = request.to_string().replacen(
+        r#""fieldFromTheFuture":true"#,
+        &format!(r#""fieldFromTheFuture":{deep}"#),
+        1,
+    );
+    request["request"]["uid"] = json!("705ab4f5-6393-11e8-b7cc-42010a800002");
+    let (status, answer) = post(state(view(), true), "/mutate", body).await;
+    assert_eq!(status, StatusCode::OK);
+    let answer: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(answer["response"]["uid"], request["request"]["uid"]);
+    assert_eq!(answer["response"]["allowed"], false);
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(message.starts_with("berth cannot read this Pod: the object: recursion limit"), "{message}");
+}
+
+fn pod_update(user: &str, change: impl Fn(&mut Value)) -> Value {
+    let mut update = fixture("pod-create.json");
+    update["request"]["operation"] = json!("UPDATE");
+    update["request"]["userInfo"]["username"] = json!(user);
+    let pod = &mut update["request"]["object"];
+    pod["spec"]["containers"][0]["image"] = json!("nginx");
+    pod["metadata"]["annotations"] = json!({"berth.io/applied": "redis"});
+    pod["spec"]["schedulingGates"] = json!([{"name": "berth.io/avoid"}]);
+    update["request"]["oldObject"] = update["request"]["object"].clone();
+    change(&mut update["request"]["object"]);
+    update
+}
+
+#[tokio::test]
+async fn only_berth_changes_its_record_and_gates_and_only_kubernetes_controllers_a_pods_controller() {
+    let forgeries: [(&str, fn(&mut Value)); 3] = [
+        ("berth.io/applied", |pod| pod["metadata"]["annotations"]["berth.io/applied"] = json!("cdn")),
+        ("berth.io/avoid", |pod| pod["spec"]["schedulingGates"] = json!([])),
+        ("ownerReference", |pod| {
+            pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                "name": "x", "uid": "u", "controller": true}])
+        }),
+    ];
+    for (what, forge) in forgeries {
+        let response = review("/validate", &pod_update("tenant", forge)).await;
+        assert_eq!(response["allowed"], false, "{what}");
+        let message = response["status"]["message"].as_str().unwrap();
+        assert!(message.contains(what), "{message}");
+    }
+    let release = pod_update(BERTH, |pod| pod["spec"]["schedulingGates"] = json!([]));
+    assert_eq!(review("/validate", &release).await["allowed"], true);
+    let adopt = pod_update("system:serviceaccount:kube-system:replicaset-controller", |pod| {
+        pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "name": "x", "uid": "u", "controller": true}])
+    });
+    assert_eq!(review("/validate", &adopt).await["allowed"], true);
+}
+
+#[tokio::test]
+async fn a_forged_daemonset_owner_reference_earns_no_pool_toleration() {
+    let mut request = fixture("pod-create.json");
+    let pod = &mut request["request"]["object"];
+    pod["spec"]["containers"][0]["image"] = json!("nginx");
+    pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "redteam.example.com/v1",
+        "kind": "DaemonSet", "name": "x", "uid": "u", "controller": true}]);
+    pod["spec"]["nodeName"] = json!("node2");
+    let response = review("/mutate", &request).await;
+    assert_eq!(response["allowed"], false);
+    // Even an apps/v1 DaemonSet owner counts only from the DaemonSet controller.
+    request["request"]["object"]["metadata"]["ownerReferences"][0]["apiVersion"] = json!("apps/v1");
+    let response = review("/mutate", &request).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    request["request"]["userInfo"]["username"] =
+        json!("system:serviceaccount:kube-system:daemon-set-controller");
+    let response = review("/mutate", &request).await;
+    assert_eq!(response["allowed"], true, "{response}");
 }
 
 #[tokio::test]
@@ -297,7 +427,7 @@ async fn readyz_waits_for_tls_and_synced_caches() {
     let app_state = state(view(), false);
     let get = |state: Arc<AppState>| async move {
         let request = Request::get("/readyz").body(Body::empty()).unwrap();
-        router(state, MAX_BODY)
+        router(state, 16)
             .oneshot(request)
             .await
             .unwrap()
@@ -338,5 +468,35 @@ async fn daemonset_templates_get_the_tolerations_of_pools_that_let_daemonsets_ru
         decoded_patch(&response),
         json!([{"op": "add", "path": "/spec/template/spec/tolerations",
         "value": [{"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]}])
+    );
+}
+
+#[tokio::test]
+async fn a_daemonset_that_tolerates_everything_is_kept_off_pools_that_do_not_take_it() {
+    let (policies, _) = PolicySet::compile(&[policy(
+        "edge",
+        json!({"pool": {"nodeNames": ["node3"], "daemonSets": "Exclude"}}),
+    )]);
+    let view = FixedView {
+        policies: Arc::new(policies),
+        nodes: Arc::default(),
+        namespaces: BTreeMap::from([("default".to_string(), NamespaceInfo::new("default"))]),
+    };
+    let mut request = fixture("pod-create.json");
+    request["request"]["kind"] = json!({"group": "apps", "version": "v1", "kind": "DaemonSet"});
+    request["request"]["object"] = json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "agent", "namespace": "default"},
+        "spec": {"template": {"spec": {"tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "a", "image": "fluent-bit"}]}}}});
+    let (status, body) = post(state(view, true), "/mutate", request.to_string()).await;
+    assert_eq!(status, StatusCode::OK);
+    let response: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        decoded_patch(&response["response"]),
+        json!([{"op": "add", "path": "/spec/template/spec/affinity", "value": {}},
+            {"op": "add", "path": "/spec/template/spec/affinity/nodeAffinity", "value": {}},
+            {"op": "add", "path": "/spec/template/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution", "value": {}},
+            {"op": "add", "path": "/spec/template/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms",
+             "value": [{"matchExpressions": [{"key": "node-restriction.kubernetes.io/berth.pool", "operator": "NotIn", "values": ["edge"]}]}]}])
     );
 }

@@ -1,7 +1,7 @@
 //! Property tests of the placement engine over generated pods, namespaces and
 //! policies: idempotency, unknown fields survive, entitlement always holds.
 
-use berth::placement::{Input, NamespaceInfo, build_patch, decide};
+use berth::placement::{Input, NamespaceInfo, Requester, build_patch, decide};
 use berth::policy::{PlacementPolicy, PolicySet};
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -153,6 +153,7 @@ fn admit(pod: &Value, ns: &NamespaceInfo, set: &PolicySet) -> (Value, Vec<String
         namespace: ns,
         policies: set,
         nodes: None,
+        requester: Requester::Other,
     });
     let patch = build_patch(pod, &decision.grants);
     let mut out = pod.clone();

@@ -6,7 +6,8 @@
 //!   UTF-8) string and wrapped into a pod-like JSON document at one of several
 //!   places chosen by its first byte, so that most runs still reach `decide`.
 //! - `CONFIG` (optional) is one flags byte followed by strings separated by 0x01:
-//!   `policies`, `images-policy`, `images-value`, `scheduler-name`, `namespace`.
+//!   `policies`, `images-policy`, `images-value`, `scheduler-name`, `namespace`,
+//!   `requester` (a non-empty string: the DaemonSet controller sends the pod).
 //!   Without a CONFIG part (e.g. a plain pod JSON from the seed corpus) the
 //!   namespace opts into every policy and nodes are given when the input length is
 //!   odd.
@@ -24,7 +25,9 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use berth::placement::explain::explain;
-use berth::placement::{Input, NamespaceInfo, NodeIndex, NodeInfo, build_patch, decide};
+use berth::placement::{
+    Input, NamespaceInfo, NodeIndex, NodeInfo, Requester, build_patch, decide,
+};
 use berth::policy::{PlacementPolicy, PolicySet};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
@@ -314,6 +317,11 @@ fuzz_target!(|data: &[u8]| {
         namespace: &namespace,
         policies,
         nodes: (flags & NODES != 0).then_some(&index),
+        requester: if string(5).is_empty() {
+            Requester::Other
+        } else {
+            Requester::DaemonSetController
+        },
     };
 
     let decision = decide(&input);

@@ -6,12 +6,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use tower::limit::GlobalConcurrencyLimitLayer;
 
+use super::body::{BodyLimits, ReadBody};
 use super::review::{self, AdmissionRequest, AdmissionResponse};
 use super::service::{self, Snapshot, Verdict};
 use super::state::ClusterView;
@@ -25,16 +27,24 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Set once the serving certificate is loaded.
     pub tls_ready: AtomicBool,
+    /// The bounds request bodies are read within.
+    pub limits: BodyLimits,
+    /// berth's own identity (`request.userInfo.username` of its controller).
+    pub berth_user: String,
 }
 
-/// The webhook's routes; bodies above `max_body_bytes` get a 413.
-pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+/// The webhook's routes, with at most `max_in_flight` requests handled at once
+/// (more wait their turn).
+pub fn router(state: Arc<AppState>, max_in_flight: usize) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .route("/validate", post(validate))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .layer(DefaultBodyLimit::max(max_body_bytes))
+        // Bodies are bounded by `BodyLimits`, which answers a body it cannot read
+        // with a denial rather than axum's 413.
+        .layer(DefaultBodyLimit::disable())
+        .layer(GlobalConcurrencyLimitLayer::new(max_in_flight.max(1)))
         .with_state(state)
 }
 
@@ -53,17 +63,63 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 
 type Decide = fn(&AdmissionRequest, &Snapshot) -> (AdmissionResponse, Verdict);
 
-async fn mutate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    admit(&state, "/mutate", service::mutate, &body).await
+async fn mutate(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    admit(&state, "/mutate", service::mutate, body).await
 }
 
-async fn validate(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    admit(&state, "/validate", service::validate, &body).await
+async fn validate(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    admit(&state, "/validate", service::validate, body).await
 }
 
-async fn admit(state: &AppState, path: &str, decide: Decide, body: &[u8]) -> Response {
+/// The answer to a body that was not read whole: a denial, when its first bytes
+/// hold the uid, else `status` with the reason.
+fn unread(
+    state: &AppState,
+    path: &str,
+    started: Instant,
+    prefix: &[u8],
+    (kind, status, reason): (&str, StatusCode, String),
+) -> Response {
+    state.metrics.error(kind);
+    let Some(uid) = review::uid_from_prefix(prefix) else {
+        observe(state, path, kind, started);
+        return (status, reason).into_response();
+    };
+    let response = AdmissionResponse::deny_uid(&uid, &bounded(reason));
+    state
+        .metrics
+        .denials
+        .get_or_create(&KindLabels { kind: path.into() })
+        .inc();
+    observe(state, path, kind, started);
+    axum::Json(response.into_review()).into_response()
+}
+
+async fn admit(state: &AppState, path: &str, decide: Decide, body: Body) -> Response {
     let started = Instant::now();
-    let request = match review::parse(body) {
+    let limits = &state.limits;
+    // `_held` keeps this request's share of the memory budget until it is answered.
+    let (body, _held) = match limits.read(body).await {
+        ReadBody::Whole(bytes, held) => (bytes, held),
+        ReadBody::TooLarge(prefix) => {
+            let reason = format!(
+                "berth refuses a request over {} MiB: it cannot check what it does not read",
+                limits.max_bytes >> 20
+            );
+            let why = ("too_large", StatusCode::PAYLOAD_TOO_LARGE, reason);
+            return unread(state, path, started, &prefix, why);
+        }
+        ReadBody::Busy(prefix) => {
+            let reason = "berth is at its memory bound for requests in flight; retry".to_string();
+            let why = ("busy", StatusCode::SERVICE_UNAVAILABLE, reason);
+            return unread(state, path, started, &prefix, why);
+        }
+        ReadBody::Incomplete(prefix, reason) => {
+            let why = ("incomplete", StatusCode::BAD_REQUEST, reason);
+            return unread(state, path, started, &prefix, why);
+        }
+    };
+    let request = match review::parse(&body) {
         Ok(request) => request,
         Err(reason) => {
             state.metrics.error("bad_request");
@@ -72,8 +128,9 @@ async fn admit(state: &AppState, path: &str, decide: Decide, body: &[u8]) -> Res
         }
     };
     let mut warnings = Vec::new();
-    // Only pods are decided in the context of their namespace.
-    let namespace = match request.namespace.as_deref().filter(|_| request.is_pod()) {
+    // Pods and DaemonSets are decided in the context of their namespace.
+    let in_namespace = request.is_pod() || request.is_kind("apps", "DaemonSet");
+    let namespace = match request.namespace.as_deref().filter(|_| in_namespace) {
         Some(name) => match state.view.namespace(name).await {
             Some(namespace) => namespace,
             None => {
@@ -92,6 +149,7 @@ async fn admit(state: &AppState, path: &str, decide: Decide, body: &[u8]) -> Res
         policies: &policies,
         namespace: &namespace,
         nodes: Some(&nodes),
+        berth_user: &state.berth_user,
     };
     let (mut response, verdict) = decide(&request, &snapshot);
     response.warnings.splice(0..0, warnings);

@@ -1,6 +1,7 @@
 //! The admission webhook: `POST /mutate`, `POST /validate`, health, readiness and
 //! metrics, served over rustls. Handlers decode and answer; [`service`] decides.
 
+pub mod body;
 pub mod handlers;
 pub mod review;
 pub mod server;

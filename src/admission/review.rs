@@ -2,34 +2,39 @@
 //!
 //! The object stays raw JSON (`serde_json::Value`): patches are computed against
 //! exactly what the apiserver sent, so fields unknown to the compiled Kubernetes
-//! types survive. Every answer is a 200 AdmissionReview echoing the request's uid;
-//! `patchType` is set exactly when a patch is.
+//! types survive. It is read leniently: `metadata.managedFields` (free-form, any
+//! depth, timestamps a user may set out of any range) and `status` are skipped
+//! without being parsed, and the object is read apart from the envelope, so an
+//! object berth cannot read still leaves the uid to answer with a denial. Every
+//! answer is a 200 AdmissionReview echoing the request's uid; `patchType` is set
+//! exactly when a patch is.
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
+
+use crate::objects::Skip;
 
 const API_VERSION: &str = "admission.k8s.io/v1";
 
 /// What the apiserver asks about one object.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone)]
 pub struct AdmissionRequest {
     pub uid: String,
     pub kind: GroupVersionKind,
-    #[serde(default)]
     pub sub_resource: Option<String>,
     pub operation: String,
-    #[serde(default)]
     pub namespace: Option<String>,
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
+    /// Who sends the object.
+    pub user_info: UserInfo,
+    /// The object, read leniently (see the module comment).
     pub object: Option<Value>,
-    #[serde(default)]
     pub old_object: Option<Value>,
-    #[serde(default)]
     pub dry_run: Option<bool>,
+    /// Why the object (or the old object) could not be read; berth then refuses.
+    pub unreadable: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -38,6 +43,15 @@ pub struct GroupVersionKind {
     pub group: String,
     pub version: String,
     pub kind: String,
+}
+
+/// `request.userInfo`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+pub struct UserInfo {
+    #[serde(default)]
+    pub username: String,
+    #[serde(default)]
+    pub groups: Vec<String>,
 }
 
 impl AdmissionRequest {
@@ -53,10 +67,34 @@ impl AdmissionRequest {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Envelope {
+struct Envelope<'a> {
     api_version: Option<String>,
     kind: Option<String>,
-    request: Option<AdmissionRequest>,
+    #[serde(borrow)]
+    request: Option<RawRequest<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawRequest<'a> {
+    uid: String,
+    kind: GroupVersionKind,
+    #[serde(default)]
+    sub_resource: Option<String>,
+    operation: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    user_info: UserInfo,
+    // Raw: read on its own, so that its depth or content cannot hide the uid.
+    #[serde(default, borrow)]
+    object: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    old_object: Option<&'a RawValue>,
+    #[serde(default)]
+    dry_run: Option<bool>,
 }
 
 /// Reads a request body; the error is the reason for a 400.
@@ -72,9 +110,141 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest, String> {
             envelope.api_version.unwrap_or_default()
         ));
     }
-    envelope
+    let raw = envelope
         .request
-        .ok_or_else(|| "the AdmissionReview has no request".into())
+        .ok_or_else(|| "the AdmissionReview has no request".to_string())?;
+    let mut unreadable = None;
+    let mut read = |raw: Option<&RawValue>, what: &str| match raw.map(read_object).transpose() {
+        Ok(object) => object.flatten(),
+        Err(e) => {
+            unreadable.get_or_insert(format!("{what}: {e}"));
+            None
+        }
+    };
+    let object = read(raw.object, "the object");
+    let old_object = read(raw.old_object, "the old object");
+    Ok(AdmissionRequest {
+        uid: raw.uid,
+        kind: raw.kind,
+        sub_resource: raw.sub_resource,
+        operation: raw.operation,
+        namespace: raw.namespace,
+        name: raw.name,
+        user_info: raw.user_info,
+        object,
+        old_object,
+        dry_run: raw.dry_run,
+        unreadable,
+    })
+}
+
+/// An object as berth reads it: `null` is no object; `status` and
+/// `metadata.managedFields` are skipped unparsed.
+fn read_object(raw: &RawValue) -> Result<Option<Value>, serde_json::Error> {
+    crate::objects::read_json(raw.get(), Skip::Status)
+}
+
+/// The request uid from the first bytes of a body too large to read whole, when
+/// they hold it: the apiserver writes `request.uid` near the start. Scans the
+/// top-level object for `request`, and in it for `uid`, skipping other values.
+pub fn uid_from_prefix(prefix: &[u8]) -> Option<String> {
+    let mut scan = Scanner { text: prefix, at: 0 };
+    scan.expect(b'{')?;
+    loop {
+        let key = scan.string()?;
+        scan.expect(b':')?;
+        if key == "request" {
+            scan.expect(b'{')?;
+            loop {
+                let key = scan.string()?;
+                scan.expect(b':')?;
+                if key == "uid" {
+                    return scan.string().filter(|uid| !uid.is_empty());
+                }
+                scan.skip_value()?;
+                scan.expect(b',')?;
+            }
+        }
+        scan.skip_value()?;
+        scan.expect(b',')?;
+    }
+}
+
+/// Just enough JSON to walk keys and skip values in a possibly cut-off prefix.
+struct Scanner<'a> {
+    text: &'a [u8],
+    at: usize,
+}
+
+impl Scanner<'_> {
+    fn peek(&mut self) -> Option<u8> {
+        while self.text.get(self.at)?.is_ascii_whitespace() {
+            self.at += 1;
+        }
+        self.text.get(self.at).copied()
+    }
+
+    fn expect(&mut self, byte: u8) -> Option<()> {
+        (self.peek()? == byte).then(|| self.at += 1)
+    }
+
+    /// A string, unescaped only as far as a uid or a key needs (no escapes).
+    fn string(&mut self) -> Option<String> {
+        self.expect(b'"')?;
+        let start = self.at;
+        loop {
+            match *self.text.get(self.at)? {
+                b'"' => break,
+                b'\\' => return None,
+                _ => self.at += 1,
+            }
+        }
+        let text = std::str::from_utf8(&self.text[start..self.at]).ok()?;
+        self.at += 1;
+        Some(text.to_owned())
+    }
+
+    /// Skips a string whose opening quote is next; escapes are stepped over.
+    fn skip_string(&mut self) -> Option<()> {
+        self.expect(b'"')?;
+        loop {
+            match *self.text.get(self.at)? {
+                b'\\' => self.at += 2,
+                b'"' => {
+                    self.at += 1;
+                    return Some(());
+                }
+                _ => self.at += 1,
+            }
+        }
+    }
+
+    /// Skips one value: a string, a number or literal, or a whole object or array.
+    fn skip_value(&mut self) -> Option<()> {
+        let mut depth = 0usize;
+        loop {
+            match self.peek()? {
+                b'{' | b'[' => {
+                    depth += 1;
+                    self.at += 1;
+                }
+                b'}' | b']' => {
+                    depth = depth.checked_sub(1)?;
+                    self.at += 1;
+                }
+                b'"' => self.skip_string()?,
+                _ if depth > 0 => self.at += 1,
+                _ => {
+                    while !matches!(self.text.get(self.at)?, b',' | b'}' | b']') {
+                        self.at += 1;
+                    }
+                }
+            }
+            if depth == 0 {
+                return Some(());
+            }
+        }
+    }
 }
 
 /// The answer to one request.
@@ -96,8 +266,12 @@ pub struct AdmissionResponse {
 impl AdmissionResponse {
     /// Allowed, unchanged.
     pub fn allow(request: &AdmissionRequest) -> Self {
+        Self::allow_uid(&request.uid)
+    }
+
+    fn allow_uid(uid: &str) -> Self {
         AdmissionResponse {
-            uid: request.uid.clone(),
+            uid: uid.to_owned(),
             allowed: true,
             status: None,
             patch: None,
@@ -108,10 +282,15 @@ impl AdmissionResponse {
 
     /// Refused with `reason`, which kubectl shows the user.
     pub fn deny(request: &AdmissionRequest, reason: &str) -> Self {
+        Self::deny_uid(&request.uid, reason)
+    }
+
+    /// Refused with `reason`, for a request known only by its uid.
+    pub fn deny_uid(uid: &str, reason: &str) -> Self {
         AdmissionResponse {
             allowed: false,
             status: Some(json!({"code": 403, "reason": "Forbidden", "message": reason})),
-            ..Self::allow(request)
+            ..Self::allow_uid(uid)
         }
     }
 
@@ -133,5 +312,56 @@ impl AdmissionResponse {
     /// The AdmissionReview that carries this response.
     pub fn into_review(self) -> Value {
         json!({"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": self})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn review(object: &str) -> String {
+        format!(
+            r#"{{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{{"uid":"u-1",
+            "kind":{{"group":"","version":"v1","kind":"Pod"}},"operation":"CREATE",
+            "userInfo":{{"username":"tenant","groups":["system:authenticated"]}},"object":{object}}}}}"#
+        )
+    }
+
+    #[test]
+    fn managed_fields_of_any_depth_and_status_are_skipped_unread() {
+        let deep = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
+        let object = format!(
+            r#"{{"kind":"Pod","metadata":{{"name":"p","managedFields":[{{"time":"9999-12-31T23:59:59Z","fieldsV1":{deep}}}]}},
+            "spec":{{"nodeName":"node2"}},"status":{deep}}}"#
+        );
+        let request = parse(review(&object).as_bytes()).expect("readable");
+        assert_eq!(request.uid, "u-1");
+        assert_eq!(request.user_info.username, "tenant");
+        assert!(request.unreadable.is_none());
+        let object = request.object.unwrap();
+        assert_eq!(object["spec"]["nodeName"], "node2");
+        assert_eq!(object["metadata"], json!({"name": "p"}));
+        assert!(object.get("status").is_none());
+    }
+
+    #[test]
+    fn an_object_too_deep_to_read_still_leaves_the_uid() {
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let object = format!(r#"{{"kind":"Pod","spec":{{"x":{deep}}}}}"#);
+        let request = parse(review(&object).as_bytes()).expect("the envelope is readable");
+        assert_eq!(request.uid, "u-1");
+        assert!(request.object.is_none());
+        let why = request.unreadable.unwrap();
+        assert!(why.starts_with("the object: recursion limit exceeded"), "{why}");
+    }
+
+    #[test]
+    fn the_uid_is_found_in_a_cut_off_prefix() {
+        let body = review(r#"{"kind":"Pod","spec":{"containers":[{"env":"<<<<"#);
+        assert_eq!(uid_from_prefix(body.as_bytes()).as_deref(), Some("u-1"));
+        let later = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","x":{"a":[1,"}",{"b":null}]},"request":{"kind":{"kind":"Pod"},"uid":"u-2","object":{"#;
+        assert_eq!(uid_from_prefix(later.as_bytes()).as_deref(), Some("u-2"));
+        assert_eq!(uid_from_prefix(br#"{"kind":"AdmissionReview","requ"#), None);
+        assert_eq!(uid_from_prefix(b"not json"), None);
     }
 }

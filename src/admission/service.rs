@@ -9,8 +9,10 @@ use serde_json::Value;
 
 use super::review::{AdmissionRequest, AdmissionResponse};
 use crate::names::{POOL_LABEL, POOL_TAINT, is_owned_node_key};
+use crate::placement::pod::{PodView, is_empty_term};
+use crate::placement::records::forbidden_changes;
 use crate::placement::warning::bounded;
-use crate::placement::{Decision, Input, NamespaceInfo, NodeIndex, build_patch, decide};
+use crate::placement::{Decision, Input, NamespaceInfo, NodeIndex, Requester, build_patch, decide};
 use crate::policy::{CompiledPolicy, NamespaceConfig, PlacementPolicy, PolicySet};
 
 /// What one admission sees of the cluster.
@@ -19,6 +21,8 @@ pub struct Snapshot<'a> {
     pub policies: &'a PolicySet,
     pub namespace: &'a NamespaceInfo,
     pub nodes: Option<&'a NodeIndex>,
+    /// berth's own identity: only it may release its gates.
+    pub berth_user: &'a str,
 }
 
 /// How an admission ended, for metrics and logs.
@@ -42,22 +46,49 @@ impl Verdict {
     }
 }
 
-fn run(object: &Value, snapshot: &Snapshot) -> Decision {
+fn run(object: &Value, request: &AdmissionRequest, snapshot: &Snapshot) -> Decision {
     decide(&Input {
         pod: object,
         namespace: snapshot.namespace,
         policies: snapshot.policies,
         nodes: snapshot.nodes,
+        requester: Requester::from_username(&request.user_info.username),
     })
 }
 
+/// The kinds berth decides on; an object of them it cannot read is refused.
+fn is_decided(request: &AdmissionRequest) -> bool {
+    request.is_pod()
+        || request.is_kind("apps", "DaemonSet")
+        || request.is_kind("", "Namespace")
+        || request.is_kind(crate::names::GROUP, "PlacementPolicy")
+}
+
+/// The denial for an object berth cannot read: what it cannot read, it cannot check.
+fn refuse_unreadable(request: &AdmissionRequest) -> Option<(AdmissionResponse, Verdict)> {
+    let why = request.unreadable.as_deref().filter(|_| is_decided(request))?;
+    let reason = format!("berth cannot read this {}: {why}", request.kind.kind);
+    Some((
+        AdmissionResponse::deny(request, &bounded(reason)),
+        Verdict::new("unreadable"),
+    ))
+}
+
 /// `POST /mutate`: Pods at CREATE get berth's patch, DaemonSets the pool
-/// tolerations in their pod template; anything else is allowed unchanged.
+/// tolerations (and exclusions) in their pod template; anything else is allowed
+/// unchanged.
 pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResponse, Verdict) {
+    if let Some(refusal) = refuse_unreadable(request) {
+        return refusal;
+    }
     if request.is_kind("apps", "DaemonSet")
         && let Some(object) = request.object.as_ref()
     {
-        let patch = crate::placement::daemonset::template_patch(object, snapshot.policies);
+        let patch = crate::placement::daemonset::template_patch(
+            object,
+            snapshot.policies,
+            snapshot.namespace,
+        );
         let outcome = if patch.0.is_empty() {
             "unchanged"
         } else {
@@ -75,22 +106,26 @@ pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResp
     ) else {
         return (AdmissionResponse::allow(request), Verdict::new("unchanged"));
     };
-    let decision = run(object, snapshot);
+    let decision = run(object, request, snapshot);
     let verdict = |outcome| Verdict {
         outcome,
         applied: decision.grants.applied.clone(),
         broken_annotation: decision.namespace_error.is_some(),
     };
     if let Some(reason) = &decision.denial {
-        let verdict = verdict("denied");
+        let verdict = verdict(if decision.unreadable.is_some() {
+            "unreadable"
+        } else {
+            "denied"
+        });
         let response = AdmissionResponse::deny(request, reason).with_warnings(decision.warnings);
         return (response, verdict);
     }
     let patch = build_patch(object, &decision.grants);
-    let outcome = match (&decision.unreadable, patch.0.is_empty()) {
-        (Some(_), _) => "unreadable",
-        (None, true) => "unchanged",
-        (None, false) => "patched",
+    let outcome = if patch.0.is_empty() {
+        "unchanged"
+    } else {
+        "patched"
     };
     let verdict = verdict(outcome);
     let response = AdmissionResponse::allow(request)
@@ -102,6 +137,9 @@ pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResp
 /// `POST /validate`: Pods (CREATE, UPDATE), Namespaces (berth annotations) and
 /// PlacementPolicies (what the schema cannot check).
 pub fn validate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResponse, Verdict) {
+    if let Some(refusal) = refuse_unreadable(request) {
+        return refusal;
+    }
     let Some(object) = request.object.as_ref() else {
         return (AdmissionResponse::allow(request), Verdict::new("unchanged"));
     };
@@ -155,12 +193,14 @@ fn entitlement_violations(object: &Value, decision: &Decision) -> Vec<String> {
         let terms = object
             .pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
             .and_then(Value::as_array);
+        // An empty term matches no node, so it needs no exclusion.
         let every_term_excludes = terms.is_some_and(|terms| {
             !terms.is_empty()
                 && terms.iter().all(|t| {
-                    t.get("matchExpressions")
-                        .and_then(Value::as_array)
-                        .is_some_and(|e| e.contains(&wanted))
+                    is_empty_term(t)
+                        || t.get("matchExpressions")
+                            .and_then(Value::as_array)
+                            .is_some_and(|e| e.contains(&wanted))
                 })
         });
         if !every_term_excludes {
@@ -186,22 +226,28 @@ fn owned_expressions(object: &Value) -> BTreeSet<String> {
         .collect()
 }
 
-/// Pods: at CREATE, nothing may break entitlement; at UPDATE (tolerations can be
+/// Pods: at CREATE, nothing may break entitlement. At UPDATE (tolerations can be
 /// added to a running pod, a gated pod's affinity can change) nothing may break it
-/// that did not already, and berth's own node expressions may not be dropped.
+/// that did not already, berth's own node expressions may not be dropped, and only
+/// berth changes its record, its gates and who controls the pod.
 fn pod_problems(request: &AdmissionRequest, object: &Value, snapshot: &Snapshot) -> Problems {
-    let decision = run(object, snapshot);
-    if decision.unreadable.is_some() {
-        return Problems::default();
-    }
+    let decision = run(object, request, snapshot);
     let mut violations = entitlement_violations(object, &decision);
     if request.operation == "UPDATE"
         && let Some(old) = request.old_object.as_ref()
     {
-        let before = entitlement_violations(old, &run(old, snapshot));
+        let before = entitlement_violations(old, &run(old, request, snapshot));
         violations.retain(|v| !before.contains(v));
         if !owned_expressions(old).is_subset(&owned_expressions(object)) {
             violations.push("berth's node affinity on a pod may not be removed".into());
+        }
+        if let (Ok(old), Ok(new)) = (PodView::read(old), PodView::read(object)) {
+            violations.extend(forbidden_changes(
+                &old,
+                &new,
+                &request.user_info.username,
+                snapshot.berth_user,
+            ));
         }
     }
     Problems {

@@ -11,16 +11,16 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::api::Api;
-use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, ResourceExt};
 
+use crate::objects::{NamespaceMeta, NodeMeta, PolicyObject};
 use crate::placement::{NamespaceInfo, NodeIndex, NodeInfo};
-use crate::policy::{PlacementPolicy, PolicySet};
+use crate::policy::PolicySet;
+use crate::policy::compile::PolicyCompiler;
 use crate::telemetry::Metrics;
 
 /// A boxed future, for the one async method of [`ClusterView`].
@@ -62,10 +62,11 @@ impl ClusterView for FixedView {
     }
 }
 
-/// The cluster as three watch caches.
+/// The cluster as three watch caches, each read leniently (see [`crate::objects`]):
+/// one object berth cannot read never blinds a cache.
 pub struct WatchedCluster {
     client: Client,
-    namespaces: Store<Namespace>,
+    namespaces: Store<NamespaceMeta>,
     policies: RwLock<Arc<PolicySet>>,
     nodes: RwLock<Arc<NodeIndex>>,
     namespaces_synced: AtomicBool,
@@ -104,7 +105,7 @@ impl WatchedCluster {
         let stream = reflector(
             namespace_writer,
             watcher(
-                Api::<Namespace>::all(client.clone()),
+                Api::<NamespaceMeta>::all(client.clone()),
                 watcher::Config::default(),
             ),
         );
@@ -128,10 +129,12 @@ impl WatchedCluster {
     }
 
     /// Keeps the compiled policy set current; an unusable policy is logged and
-    /// counted, and the others keep working.
+    /// counted, and the others keep working. A policy that stops compiling keeps its
+    /// last good version; one being deleted stops granting at once.
     async fn watch_policies(self: Arc<Self>, metrics: Arc<Metrics>) {
-        let (store, writer) = reflector::store::<PlacementPolicy>();
-        let api = Api::<PlacementPolicy>::all(self.client.clone());
+        let (store, writer) = reflector::store::<PolicyObject>();
+        let api = Api::<PolicyObject>::all(self.client.clone());
+        let mut compiler = PolicyCompiler::default();
         let mut events = reflector(writer, watcher(api, watcher::Config::default()))
             .default_backoff()
             .boxed();
@@ -145,12 +148,13 @@ impl WatchedCluster {
                 }
             }
             let state = store.state();
-            let (set, errors) = PolicySet::compile(state.iter().map(|p| p.as_ref()));
-            for error in &errors {
+            let compiled = compiler.compile(state.iter().map(|p| p.source()));
+            for invalid in compiled.errors.values() {
                 metrics.error("invalid_policy");
-                tracing::warn!(%error, "policy ignored");
+                let error = &invalid.error;
+                tracing::warn!(%error, last_good_kept = invalid.kept, "policy does not compile");
             }
-            write(&self.policies, Arc::new(set));
+            write(&self.policies, Arc::new(compiled.set));
             self.policies_synced.store(true, Ordering::Release);
         }
     }
@@ -159,7 +163,7 @@ impl WatchedCluster {
     /// (heartbeats) do not reach us, and the index is rebuilt only when labels
     /// change.
     async fn watch_nodes(self: Arc<Self>) {
-        let api = Api::<PartialObjectMeta<Node>>::all(self.client.clone());
+        let api = Api::<NodeMeta>::all(self.client.clone());
         let mut events = watcher(api, watcher::Config::default())
             .default_backoff()
             .boxed();
@@ -172,7 +176,7 @@ impl WatchedCluster {
                     continue;
                 }
             };
-            let labels = |m: &PartialObjectMeta<Node>| NodeInfo {
+            let labels = |m: &NodeMeta| NodeInfo {
                 labels: m.labels().clone(),
                 taints: Vec::new(),
             };
@@ -218,12 +222,12 @@ impl ClusterView for WatchedCluster {
     fn namespace<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Option<NamespaceInfo>> {
         Box::pin(async move {
             if let Some(ns) = self.namespaces.get(&ObjectRef::new(name)) {
-                return Some(NamespaceInfo::from_namespace(&ns));
+                return Some(NamespaceInfo::from_meta(&ns.metadata));
             }
             // A namespace created a moment ago may not be in the cache yet.
-            let api = Api::<Namespace>::all(self.client.clone());
+            let api = Api::<NamespaceMeta>::all(self.client.clone());
             match tokio::time::timeout(Duration::from_secs(1), api.get_opt(name)).await {
-                Ok(Ok(Some(ns))) => Some(NamespaceInfo::from_namespace(&ns)),
+                Ok(Ok(Some(ns))) => Some(NamespaceInfo::from_meta(&ns.metadata)),
                 Ok(Ok(None)) => None,
                 Ok(Err(e)) => {
                     tracing::warn!(namespace = name, error = %e, "namespace lookup failed");

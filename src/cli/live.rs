@@ -7,17 +7,20 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use clap::Args;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Pod, Taint};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
+use serde_json::Value;
 
 use super::offline::{Ending, print};
-use crate::controller::desired::{NamespaceOptIn, OptIn};
 use crate::controller::exclusion::{self, ExclusionPod, Hold};
 use crate::names::AVOID_GATE;
+use crate::objects::{MetaOnly, NamespaceMeta, NodeObject, PodObject, PolicyObject, Skip, read_json};
 use crate::placement::explain::explain;
-use crate::placement::{Input, NamespaceInfo, NodeIndex, NodeInfo, build_patch, decide};
-use crate::policy::{PlacementPolicy, PolicySet};
+use crate::placement::{Input, NamespaceInfo, NodeIndex, NodeInfo, Requester, build_patch, decide};
+use crate::policy::compile::PolicyCompiler;
+use crate::policy::{NamespaceOptIn, OptIn, PolicySet};
 
 /// A pod in the cluster to explain.
 #[derive(Debug, Args)]
@@ -45,63 +48,112 @@ pub fn explain_live(target: &PodTarget) -> Result<Ending, String> {
     Ok(Ending::Done)
 }
 
-/// What the cluster says, read once.
+/// What the cluster says, read once, leniently: a pod, policy or node berth cannot
+/// fully read never stops the explanation.
 struct Cluster {
-    pod: Pod,
-    namespace: Namespace,
+    /// The pod as JSON, as the webhook would read it.
+    raw: Value,
+    pod: PodObject,
+    namespace: NamespaceInfo,
     policies: PolicySet,
     nodes: NodeIndex,
     namespaces: NamespaceOptIn,
-    pods: Vec<Pod>,
+    pods: Vec<PodObject>,
+    requester: Requester,
+}
+
+/// A taint from its raw JSON; `timeAdded` is not read.
+fn taint(raw: &Value) -> Option<Taint> {
+    let field = |k: &str| raw.get(k).and_then(Value::as_str).map(str::to_owned);
+    Some(Taint {
+        key: field("key")?,
+        value: field("value"),
+        effect: field("effect")?,
+        time_added: None,
+    })
+}
+
+/// Whether the pod's controller is a DaemonSet that exists in its namespace: then
+/// the DaemonSet controller made it.
+async fn requester(client: &Client, pod: &PodObject) -> Requester {
+    let namespace = pod.namespace().unwrap_or_default();
+    let owner = pod.owner_references().iter().find(|o| {
+        o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1"
+    });
+    let Some(owner) = owner else {
+        return Requester::Other;
+    };
+    let api: Api<MetaOnly<DaemonSet>> = Api::namespaced(client.clone(), &namespace);
+    match api.get_opt(&owner.name).await {
+        Ok(Some(ds)) if ds.metadata.uid.as_deref() == Some(owner.uid.as_str()) => {
+            Requester::DaemonSetController
+        }
+        _ => Requester::Other,
+    }
 }
 
 async fn read(client: &Client, target: &PodTarget) -> Result<Cluster, String> {
     let where_ = format!("pod {}/{}", target.namespace, target.name);
-    let pod = Api::<Pod>::namespaced(client.clone(), &target.namespace)
-        .get_opt(&target.name)
-        .await
+    let path = <Pod as kube::Resource>::url_path(&(), Some(&target.namespace));
+    let request = kube::core::Request::new(path)
+        .get(&target.name, &Default::default())
+        .map_err(|e| format!("{where_}: {e}"))?;
+    let text = match client.request_text(request).await {
+        Ok(text) => text,
+        Err(kube::Error::Api(e)) if e.code == 404 => return Err(format!("{where_} not found")),
+        Err(e) => return Err(format!("{where_}: {e}")),
+    };
+    let raw = read_json(&text, Skip::Nothing)
         .map_err(|e| format!("{where_}: {e}"))?
         .ok_or_else(|| format!("{where_} not found"))?;
+    let pod: PodObject = serde_json::from_value(raw.clone()).map_err(|e| format!("{where_}: {e}"))?;
     let list = ListParams::default();
-    let namespaces = Api::<Namespace>::all(client.clone())
+    let namespaces = Api::<NamespaceMeta>::all(client.clone())
         .list(&list)
         .await
         .map_err(|e| format!("listing namespaces: {e}"))?
         .items;
     let namespace = namespaces
         .iter()
-        .find(|ns| ns.name_any() == target.namespace)
-        .cloned()
+        .find(|ns| ns.metadata.name.as_deref() == Some(target.namespace.as_str()))
+        .map(|ns| NamespaceInfo::from_meta(&ns.metadata))
         .ok_or_else(|| format!("namespace {} not found", target.namespace))?;
-    let policies = Api::<PlacementPolicy>::all(client.clone())
+    let policies = Api::<PolicyObject>::all(client.clone())
         .list(&list)
         .await
         .map_err(|e| format!("listing PlacementPolicies (is berth's CRD installed?): {e}"))?
         .items;
     // Deleted policies no longer apply, exactly as in the webhook and controller.
-    let live = policies
-        .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none());
-    let (policies, _unusable) = PolicySet::compile(live);
-    let nodes = Api::<Node>::all(client.clone())
+    let policies = PolicyCompiler::default()
+        .compile(policies.iter().map(PolicyObject::source))
+        .set;
+    let nodes = Api::<NodeObject>::all(client.clone())
         .list(&list)
         .await
         .map_err(|e| format!("listing nodes: {e}"))?
         .items
         .iter()
-        .map(|n| (n.name_any(), NodeInfo::from_node(n)))
+        .map(|n| {
+            let info = NodeInfo {
+                labels: n.labels().clone(),
+                taints: n.spec.taints.iter().filter_map(taint).collect(),
+            };
+            (n.name_any(), info)
+        })
         .collect();
-    let pods = Api::<Pod>::all(client.clone())
+    let pods = Api::<PodObject>::all(client.clone())
         .list(&list)
         .await
         .map_err(|e| format!("listing pods: {e}"))?
         .items;
     Ok(Cluster {
+        requester: requester(client, &pod).await,
+        raw,
         pod,
         namespace,
         policies,
         nodes,
-        namespaces: NamespaceOptIn::new(&namespaces),
+        namespaces: NamespaceOptIn::new(namespaces.iter().map(|ns| &ns.metadata)),
         pods,
     })
 }
@@ -109,16 +161,15 @@ async fn read(client: &Client, target: &PodTarget) -> Result<Cluster, String> {
 async fn explain_pod(target: &PodTarget) -> Result<String, String> {
     let client = super::kube_client(target.kubeconfig.as_deref()).await?;
     let cluster = read(&client, target).await?;
-    let raw = serde_json::to_value(&cluster.pod).map_err(|e| e.to_string())?;
-    let namespace = NamespaceInfo::from_namespace(&cluster.namespace);
     let input = Input {
-        pod: &raw,
-        namespace: &namespace,
+        pod: &cluster.raw,
+        namespace: &cluster.namespace,
         policies: &cluster.policies,
         nodes: Some(&cluster.nodes),
+        requester: cluster.requester,
     };
     let decision = decide(&input);
-    let patch = build_patch(&raw, &decision.grants);
+    let patch = build_patch(&cluster.raw, &decision.grants);
     let mut text = explain(&input, &target.name, &decision, patch.0.len());
     text.push('\n');
     text.push_str(&standing(
@@ -130,40 +181,19 @@ async fn explain_pod(target: &PodTarget) -> Result<String, String> {
     Ok(text)
 }
 
-/// The scheduler's reason for not placing `pod`, from its PodScheduled condition.
-fn unscheduled_reason(pod: &Pod) -> Option<String> {
-    pod.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-        .map(|c| {
-            c.message
-                .clone()
-                .unwrap_or_else(|| c.reason.clone().unwrap_or_default())
-        })
-}
-
 /// Where `pod` stands now, in words: the part of the explanation only a live
 /// cluster can give.
-fn standing(pod: &Pod, pods: &[Pod], policies: &PolicySet, opt_in: &dyn OptIn) -> String {
-    let spec = pod.spec.as_ref();
-    if let Some(node) = spec.and_then(|s| s.node_name.as_deref()) {
+fn standing(pod: &PodObject, pods: &[PodObject], policies: &PolicySet, opt_in: &dyn OptIn) -> String {
+    if let Some(node) = pod.spec.node_name.as_deref() {
         return format!("Now: bound to node {node}.\n");
     }
-    let gates: Vec<&str> = spec
-        .and_then(|s| s.scheduling_gates.as_deref())
-        .unwrap_or_default()
-        .iter()
-        .map(|g| g.name.as_str())
-        .collect();
+    let gates: Vec<&str> = pod.spec.scheduling_gates.iter().map(|g| g.name.as_str()).collect();
     let others: Vec<&str> = gates.iter().copied().filter(|g| *g != AVOID_GATE).collect();
     let mut out = String::from("Now: ");
     if gates.contains(&AVOID_GATE) {
         out.push_str(&held(pod, pods, policies, opt_in));
     } else if others.is_empty() {
-        match unscheduled_reason(pod) {
+        match pod.unscheduled_reason() {
             Some(why) => out.push_str(&format!("not scheduled yet; the scheduler says: {why}")),
             None => out.push_str("waiting for the scheduler"),
         }
@@ -186,7 +216,7 @@ fn standing(pod: &Pod, pods: &[Pod], policies: &PolicySet, opt_in: &dyn OptIn) -
 }
 
 /// Why a pod with berth's gate is still held: the same plan the controller makes.
-fn held(pod: &Pod, pods: &[Pod], policies: &PolicySet, opt_in: &dyn OptIn) -> String {
+fn held(pod: &PodObject, pods: &[PodObject], policies: &PolicySet, opt_in: &dyn OptIn) -> String {
     let all: Vec<ExclusionPod> = pods.iter().filter_map(ExclusionPod::from_pod).collect();
     let plan = exclusion::plan(&all, policies, opt_in, &BTreeSet::new());
     let is_this = |p: &ExclusionPod| {
@@ -209,7 +239,7 @@ fn held(pod: &Pod, pods: &[Pod], policies: &PolicySet, opt_in: &dyn OptIn) -> St
                 p.metadata.namespace.as_deref() == Some(&behind.namespace)
                     && p.metadata.name.as_deref() == Some(&behind.name)
             });
-            if let Some(why) = blocker.and_then(unscheduled_reason) {
+            if let Some(why) = blocker.and_then(PodObject::unscheduled_reason) {
                 text.push_str(&format!(
                     ". That pod is not scheduled; the scheduler says: {why}"
                 ));
@@ -232,6 +262,7 @@ fn held(pod: &Pod, pods: &[Pod], policies: &PolicySet, opt_in: &dyn OptIn) -> St
 mod tests {
     use super::*;
     use crate::controller::desired::tests::Everyone;
+    use crate::policy::PlacementPolicy;
     use serde_json::json;
 
     fn masters() -> PolicySet {
@@ -243,7 +274,7 @@ mod tests {
         PolicySet::compile([&policy]).0
     }
 
-    fn pod(name: &str, gated: bool, node: Option<&str>, unschedulable: Option<&str>) -> Pod {
+    fn pod(name: &str, gated: bool, node: Option<&str>, unschedulable: Option<&str>) -> PodObject {
         let gates = if gated {
             json!([{"name": AVOID_GATE}])
         } else {

@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::input::{InputError, read_namespace, read_nodes, read_pods, read_policies};
 use crate::names::POLICIES_ANNOTATION;
 use crate::placement::explain::explain;
-use crate::placement::{Decision, Input, NamespaceInfo, NodeIndex, build_patch, decide};
+use crate::placement::{Decision, Input, NamespaceInfo, NodeIndex, Requester, build_patch, decide};
 use crate::policy::PolicySet;
 
 /// What both offline commands read.
@@ -91,6 +91,23 @@ fn namespace_for(pod: &Value, loaded: &Loaded) -> NamespaceInfo {
     namespace
 }
 
+/// Offline there is no request to say who sends a pod: a pod whose controller
+/// ownerReference is an `apps/v1` DaemonSet is taken to come from the DaemonSet
+/// controller, as it would in a cluster.
+fn offline_requester(pod: &Value) -> Requester {
+    let owners = pod.pointer("/metadata/ownerReferences").and_then(Value::as_array);
+    let daemonset = owners.into_iter().flatten().any(|o| {
+        o.get("controller").and_then(Value::as_bool) == Some(true)
+            && o.get("kind").and_then(Value::as_str) == Some("DaemonSet")
+            && o.get("apiVersion").and_then(Value::as_str) == Some("apps/v1")
+    });
+    if daemonset {
+        Requester::DaemonSetController
+    } else {
+        Requester::Other
+    }
+}
+
 fn admit_all(loaded: &Loaded, nodes: Option<&NodeIndex>) -> Vec<Admitted> {
     loaded
         .pods
@@ -102,6 +119,7 @@ fn admit_all(loaded: &Loaded, nodes: Option<&NodeIndex>) -> Vec<Admitted> {
                 namespace: &namespace,
                 policies: &loaded.policies,
                 nodes,
+                requester: offline_requester(raw),
             };
             let decision = decide(&input);
             let patch = build_patch(raw, &decision.grants);
@@ -213,6 +231,7 @@ pub fn explain_offline(
                 namespace: &a.namespace,
                 policies: &loaded.policies,
                 nodes: nodes.as_ref(),
+                requester: offline_requester(&a.raw),
             };
             explain(&input, &a.name, &a.decision, a.patch.0.len())
         })

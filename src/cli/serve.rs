@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::body::BodyLimits;
 use crate::admission::handlers::{AppState, router};
 use crate::admission::server::{bind, serve_plain, serve_tls};
 use crate::admission::state::WatchedCluster;
@@ -31,10 +32,22 @@ pub struct ServeArgs {
     /// Address of the plain-HTTP Prometheus endpoint (/metrics).
     #[arg(long, env = "BERTH_METRICS_ADDR", default_value = "0.0.0.0:9090")]
     pub metrics_addr: SocketAddr,
-    /// Largest request body accepted; larger ones get 413. An AdmissionReview of
-    /// a pod UPDATE holds two objects of up to 1.5 MiB each.
-    #[arg(long, env = "BERTH_MAX_BODY_BYTES", default_value_t = 6 * 1024 * 1024)]
+    /// Largest request body read. The default covers the largest review the
+    /// apiserver sends: two objects at etcd's 1.5 MiB limit, each byte escaped to
+    /// six (`<` becomes `\u003c`). A larger one is denied by its uid.
+    #[arg(long, env = "BERTH_MAX_BODY_BYTES", default_value_t = MAX_REVIEW_BYTES)]
     pub max_body_bytes: usize,
+    /// Memory, in MiB, that the request bodies being decided at once may take;
+    /// a request that finds no room within a second is denied, so memory stays
+    /// bounded under a flood of large pods.
+    #[arg(long, env = "BERTH_REQUEST_MEMORY_MIB", default_value_t = 256)]
+    pub request_memory_mib: usize,
+    /// Requests handled at once; more wait their turn.
+    #[arg(long, env = "BERTH_MAX_IN_FLIGHT", default_value_t = 256)]
+    pub max_in_flight: usize,
+    /// How long a request body may take to arrive, in seconds.
+    #[arg(long, env = "BERTH_READ_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub read_timeout_seconds: u64,
     /// How often the certificate files are checked for changes, in seconds.
     #[arg(long, env = "BERTH_CERT_CHECK_SECONDS", default_value_t = 2)]
     pub cert_check_seconds: u64,
@@ -64,6 +77,12 @@ pub struct ServeArgs {
     #[arg(long, env = "BERTH_CONTROLLER_QPS", default_value_t = 20)]
     pub controller_qps: u32,
 }
+
+/// etcd's default request limit: no stored object is larger.
+const ETCD_LIMIT: usize = 1536 * 1024;
+/// The largest AdmissionReview the apiserver sends: an object and an old object at
+/// etcd's limit, each byte JSON-escaped to six, and room for the envelope.
+const MAX_REVIEW_BYTES: usize = 2 * 6 * ETCD_LIMIT + 1024 * 1024;
 
 /// Why `berth serve` could not start.
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +120,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         addr,
         metrics_addr,
         max_body_bytes,
+        request_memory_mib,
+        max_in_flight,
+        read_timeout_seconds,
         cert_check_seconds,
         shutdown_grace_seconds,
         kubeconfig,
@@ -154,11 +176,18 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     } else {
         let cert = Arc::new(ReloadingCert::load(&tls_cert, &tls_key)?);
         let tls = cert.clone().server_config()?;
+        let berth_user = whoami(&client).await;
         let view = WatchedCluster::start(client, state_metrics.clone());
         let state = Arc::new(AppState {
             view,
             metrics: state_metrics.clone(),
             tls_ready: Default::default(),
+            limits: BodyLimits::new(
+                max_body_bytes,
+                request_memory_mib << 20,
+                Duration::from_secs(read_timeout_seconds.max(1)),
+            ),
+            berth_user,
         });
         state.tls_ready.store(true, Ordering::Release);
         tokio::spawn(cert.clone().watch(
@@ -170,7 +199,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         serve_tls(
             webhook,
             tls,
-            router(state, max_body_bytes),
+            router(state, max_in_flight),
             shutdown.clone(),
             Duration::from_secs(shutdown_grace_seconds),
         )
@@ -182,6 +211,28 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     }
     let _ = metrics_task.await;
     Ok(())
+}
+
+/// berth's own identity as the apiserver sees it (a SelfSubjectReview): the
+/// webhook lets only that identity remove berth's gates and change its records.
+/// Without an answer, the ServiceAccount `manifests/` installs.
+async fn whoami(client: &kube::Client) -> String {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let api: kube::Api<SelfSubjectReview> = kube::Api::all(client.clone());
+    let review = api
+        .create(&kube::api::PostParams::default(), &SelfSubjectReview::default())
+        .await;
+    match review.map(|r| r.status?.user_info?.username) {
+        Ok(Some(username)) => {
+            tracing::info!(%username, "berth acts as");
+            username
+        }
+        other => {
+            let fallback = crate::names::BERTH_SERVICE_ACCOUNT;
+            tracing::warn!(?other, fallback, "cannot tell berth's own identity");
+            fallback.to_owned()
+        }
+    }
 }
 
 /// The host name: in a pod, the pod's name, which tells replicas apart.

@@ -1,28 +1,66 @@
 //! The berth labels and taints a node should carry: a pure function of the node,
 //! the policies and the pods bound to it (SPEC "The controller"). The writer diffs
 //! this against the node and writes only the difference.
+//!
+//! Nothing a tenant writes is taken on trust: a pod's `berth.io/applied` counts only
+//! for policies its namespace opts into, and a pod counts as a DaemonSet pod only
+//! when its controller is a DaemonSet that exists in its namespace.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, Taint};
-use kube::{Resource, ResourceExt};
+use k8s_openapi::api::core::v1::Taint;
 
-use crate::names::{APPLIED_ANNOTATION, POOL_LABEL, anchor_label};
+use crate::names::{APPLIED_ANNOTATION, POOL_LABEL, anchor_label, placed_label};
+use crate::objects::PodObject;
 use crate::policy::compile::Labels;
-use crate::policy::crd::{AnchorNamespaces, DaemonSets};
-use crate::policy::{CompiledPolicy, NamespaceConfig, PolicySet};
+use crate::policy::crd::AnchorNamespaces;
+use crate::policy::{CompiledPolicy, OptIn, PolicySet};
 
 /// A pod bound to a node, reduced to what the controller needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BoundPod {
     pub namespace: String,
     pub name: String,
+    pub uid: String,
     pub node: String,
     pub labels: Labels,
-    /// Policies the webhook applied (`berth.io/applied`).
+    /// Policies the webhook applied (`berth.io/applied`), as the pod says: weigh
+    /// against the namespace's opt-in before trusting ([`entitled_policies`]).
     pub applied: Vec<String>,
-    /// Whether a DaemonSet controls it.
+    /// Whether its controller is a DaemonSet that exists in its namespace.
     pub daemonset: bool,
+    /// Being deleted: it still counts for `avoid`, as native anti-affinity counts it,
+    /// but no longer anchors `colocateWith`.
+    pub terminating: bool,
+}
+
+impl BoundPod {
+    /// The pod, if it holds a node: bound and not finished. `daemonsets` holds the
+    /// uids of the DaemonSets that exist, by namespace.
+    pub fn from_pod(pod: &PodObject, daemonsets: &BTreeSet<(String, String)>) -> Option<Self> {
+        let node = pod.spec.node_name.clone()?;
+        if pod.is_terminated() {
+            return None;
+        }
+        let meta = &pod.metadata;
+        let namespace = meta.namespace.clone().unwrap_or_default();
+        let daemonset = meta.owner_references.iter().flatten().any(|o| {
+            o.controller == Some(true)
+                && o.kind == "DaemonSet"
+                && o.api_version == "apps/v1"
+                && daemonsets.contains(&(namespace.clone(), o.uid.clone()))
+        });
+        Some(BoundPod {
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            node,
+            labels: meta.labels.clone().unwrap_or_default(),
+            applied: applied_policies(meta.annotations.as_ref()),
+            daemonset,
+            terminating: pod.is_terminating(),
+            namespace,
+        })
+    }
 }
 
 /// berth's labels and taints for one node; nothing else of the node.
@@ -32,54 +70,32 @@ pub struct DesiredNode {
     pub taints: Vec<Taint>,
     /// Policies whose pool claims the node but lose it to an older one.
     pub losing_claims: Vec<String>,
-    /// Pods on a dedicated pool node that are not entitled to it.
-    pub unentitled: Vec<(String, String)>,
+    /// Pods on a dedicated pool node that are not entitled to it: (namespace,
+    /// name, uid).
+    pub unentitled: Vec<(String, String, String)>,
 }
 
-/// Whether namespace `namespace` opts into `policy` (for `anchorNamespaces: Same`).
-pub trait OptIn {
-    fn opts_in(&self, policy: &CompiledPolicy, namespace: &str) -> bool;
-}
-
-/// Namespace opt-in for `anchorNamespaces: Same`, from Namespace objects.
-pub struct NamespaceOptIn(BTreeMap<String, (NamespaceConfig, Labels)>);
-
-impl NamespaceOptIn {
-    /// A namespace whose berth annotations do not parse opts into nothing by
-    /// annotation (its labels may still be selected).
-    pub fn new<'a>(namespaces: impl IntoIterator<Item = &'a Namespace>) -> Self {
-        NamespaceOptIn(
-            namespaces
-                .into_iter()
-                .map(|ns| {
-                    let config = NamespaceConfig::parse(ns.annotations()).unwrap_or_default();
-                    (ns.name_any(), (config, ns.labels().clone()))
-                })
-                .collect(),
-        )
-    }
-}
-
-impl OptIn for NamespaceOptIn {
-    fn opts_in(&self, policy: &CompiledPolicy, namespace: &str) -> bool {
-        self.0
-            .get(namespace)
-            .is_some_and(|(config, labels)| policy.namespace_opts_in(config, labels))
-    }
-}
-
-/// Neither terminated nor being deleted.
-pub fn is_live(pod: &Pod) -> bool {
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    !matches!(phase, Some("Succeeded" | "Failed")) && pod.meta().deletion_timestamp.is_none()
-}
-
-/// The policies the webhook applied to `pod` (`berth.io/applied`).
-pub fn applied_policies(pod: &Pod) -> Vec<String> {
-    pod.annotations()
-        .get(APPLIED_ANNOTATION)
-        .map(|a| a.split(',').map(str::to_owned).collect())
+/// The policies named in a pod's `berth.io/applied`, as written.
+pub fn applied_policies(annotations: Option<&Labels>) -> Vec<String> {
+    annotations
+        .and_then(|a| a.get(APPLIED_ANNOTATION))
+        .map(|a| a.split(',').map(|p| p.trim().to_owned()).collect())
         .unwrap_or_default()
+}
+
+/// The policies of `applied` that count for a pod in `namespace`: those the
+/// namespace opts into. A tenant can annotate its own pod with anything.
+pub fn entitled_policies<'p>(
+    applied: &[String],
+    namespace: &str,
+    policies: &'p PolicySet,
+    opt_in: &dyn OptIn,
+) -> Vec<&'p CompiledPolicy> {
+    applied
+        .iter()
+        .filter_map(|name| policies.get(name))
+        .filter(|p| opt_in.opts_in(p, namespace))
+        .collect()
 }
 
 /// What the node `name` should carry.
@@ -87,8 +103,9 @@ pub fn applied_policies(pod: &Pod) -> Vec<String> {
 /// - The pool label and, for a dedicated pool, the pool taint of the oldest policy
 ///   whose pool claims the node; younger claims are reported, not fought over.
 /// - The anchor label of every `colocateWith`/`avoid` policy that a bound pod on the
-///   node matches: in any namespace for `anchorNamespaces: All`, in a namespace
-///   that opts into the policy for `Same`.
+///   node matches ([`anchors`]).
+/// - The placed label of every `avoid` policy with an entitled pod on the node, so
+///   that the pods it avoids keep off (symmetry).
 pub fn desired_node_state(
     name: &str,
     labels: &Labels,
@@ -105,52 +122,52 @@ pub fn desired_node_state(
         if owner.dedicated_pool().is_some() {
             desired.unentitled = pods
                 .iter()
-                .filter(|pod| !is_entitled(pod, owner))
-                .map(|pod| (pod.namespace.clone(), pod.name.clone()))
+                .filter(|pod| !pod.terminating && !is_entitled(pod, owner, opt_in))
+                .map(|pod| (pod.namespace.clone(), pod.name.clone(), pod.uid.clone()))
                 .collect();
         }
     }
     for policy in policies.iter() {
+        let counts = |pod: &&&BoundPod| !pod.terminating || policy.spec.avoid.is_some();
         let anchored = pods
             .iter()
-            .any(|pod| anchors(policy, &pod.labels, &pod.namespace, &pod.applied, opt_in));
+            .filter(counts)
+            .any(|pod| anchors(policy, &pod.labels, &pod.namespace, opt_in));
         if anchored {
             desired
                 .labels
                 .insert(anchor_label(&policy.name), "true".into());
         }
+        let placed = policy.spec.avoid.is_some()
+            && pods.iter().any(|pod| {
+                pod.applied.contains(&policy.name) && opt_in.opts_in(policy, &pod.namespace)
+            });
+        if placed {
+            desired
+                .labels
+                .insert(placed_label(&policy.name), "true".into());
+        }
     }
     desired
 }
 
-/// Whether a pod (labels, namespace, applied policies) is one `policy`'s anchor
-/// label follows. For `anchorNamespaces: Same` its namespace must opt into the
-/// policy; a pod the webhook admitted with the policy is proof of that, which
-/// matters when the namespace cache has not caught up with a fresh annotation.
-pub fn anchors(
-    policy: &CompiledPolicy,
-    labels: &Labels,
-    namespace: &str,
-    applied: &[String],
-    opt_in: &dyn OptIn,
-) -> bool {
+/// Whether a pod with these labels in `namespace` is one `policy`'s anchor label
+/// follows: it matches `colocateWith` or `avoid`, and its namespace counts:
+/// any for `anchorNamespaces: All`, one that opts into the policy for `Same`.
+pub fn anchors(policy: &CompiledPolicy, labels: &Labels, namespace: &str, opt_in: &dyn OptIn) -> bool {
     policy.is_anchor_pod(labels)
         && match policy.spec.anchor_namespaces {
             AnchorNamespaces::All => true,
-            AnchorNamespaces::Same => {
-                applied.contains(&policy.name) || opt_in.opts_in(policy, namespace)
-            }
+            AnchorNamespaces::Same => opt_in.opts_in(policy, namespace),
         }
 }
 
 /// A pod may sit on `owner`'s dedicated node when the webhook applied the policy
-/// to it, or it is a DaemonSet pod and the pool lets DaemonSets run.
-fn is_entitled(pod: &BoundPod, owner: &CompiledPolicy) -> bool {
-    pod.applied.contains(&owner.name)
-        || (pod.daemonset
-            && owner
-                .dedicated_pool()
-                .is_some_and(|pool| pool.daemon_sets == DaemonSets::Tolerate))
+/// to it in a namespace that opts in, or it is a DaemonSet pod whose namespace the
+/// pool takes DaemonSets from.
+fn is_entitled(pod: &BoundPod, owner: &CompiledPolicy, opt_in: &dyn OptIn) -> bool {
+    (pod.applied.contains(&owner.name) && opt_in.opts_in(owner, &pod.namespace))
+        || (pod.daemonset && opt_in.takes_daemonsets(owner, &pod.namespace))
 }
 
 #[cfg(test)]
@@ -160,17 +177,30 @@ pub(crate) mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use serde_json::json;
 
-    /// Every namespace opts into every policy.
+    /// Every namespace opts into every policy, and pools take every DaemonSet.
     pub(crate) struct Everyone;
     impl OptIn for Everyone {
         fn opts_in(&self, _: &CompiledPolicy, _: &str) -> bool {
             true
         }
+        fn takes_daemonsets(&self, policy: &CompiledPolicy, _: &str) -> bool {
+            policy.takes_daemonsets_from(&Labels::new())
+        }
+        fn named(&self, _: &str) -> &[String] {
+            &[]
+        }
     }
-    struct Only(&'static str);
+    /// Only one namespace opts in.
+    pub(crate) struct Only(pub &'static str);
     impl OptIn for Only {
         fn opts_in(&self, _: &CompiledPolicy, namespace: &str) -> bool {
             namespace == self.0
+        }
+        fn takes_daemonsets(&self, policy: &CompiledPolicy, namespace: &str) -> bool {
+            namespace == self.0 && policy.takes_daemonsets_from(&Labels::new())
+        }
+        fn named(&self, _: &str) -> &[String] {
+            &[]
         }
     }
 
@@ -193,6 +223,7 @@ pub(crate) mod tests {
         BoundPod {
             namespace: ns.into(),
             name: "p".into(),
+            uid: format!("uid-{ns}"),
             node: "node2".into(),
             labels: labels
                 .iter()
@@ -200,6 +231,7 @@ pub(crate) mod tests {
                 .collect(),
             applied: applied.iter().map(|a| a.to_string()).collect(),
             daemonset: false,
+            terminating: false,
         }
     }
 
@@ -301,15 +333,50 @@ pub(crate) mod tests {
                 .map(String::as_str),
             Some("true")
         );
-        // Same: an A pod in a namespace that does not opt in is no anchor.
+        // Same: an A pod in a namespace that does not opt in is no anchor, whatever
+        // its own annotation says.
+        let forged = pod("elsewhere", &[("app", "a")], &["b-beside-a"]);
         let desired = desired_node_state(
             "node2",
             &Labels::new(),
             &policies,
-            &[&a],
-            &Only("elsewhere"),
+            &[&a, &forged],
+            &Only("elsewhere-not"),
         );
         assert!(desired.labels.is_empty());
+    }
+
+    #[test]
+    fn a_terminating_pod_still_counts_for_avoid_but_not_for_colocation() {
+        let policies = set(&[
+            policy("beside", OLD, json!({"colocateWith": {"matchLabels": {"app": "a"}}})),
+            policy(
+                "apart",
+                OLD,
+                json!({"podSelector": {"matchLabels": {"app": "a"}}, "avoid": {"matchLabels": {"app": "a"}}}),
+            ),
+        ]);
+        let mut leaving = pod("team", &[("app", "a")], &["apart"]);
+        leaving.terminating = true;
+        let desired = desired_node_state("node2", &Labels::new(), &policies, &[&leaving], &Everyone);
+        assert!(desired.labels.contains_key(&anchor_label("apart")));
+        assert!(desired.labels.contains_key(&placed_label("apart")));
+        assert!(!desired.labels.contains_key(&anchor_label("beside")));
+    }
+
+    #[test]
+    fn nodes_of_an_avoid_policys_pods_get_its_placed_label_from_entitled_pods_only() {
+        let policies = set(&[policy(
+            "masters",
+            OLD,
+            json!({"avoid": {"matchLabels": {"role": "replica"}}}),
+        )]);
+        let master = pod("db", &[("role", "master")], &["masters"]);
+        let desired = desired_node_state("node2", &Labels::new(), &policies, &[&master], &Only("db"));
+        assert_eq!(desired.labels.keys().collect::<Vec<_>>(), [&placed_label("masters")]);
+        let forged = pod("tenant", &[("role", "master")], &["masters"]);
+        let desired = desired_node_state("node2", &Labels::new(), &policies, &[&forged], &Only("db"));
+        assert!(desired.labels.is_empty(), "a forged berth.io/applied counts for nothing");
     }
 
     #[test]
@@ -320,20 +387,20 @@ pub(crate) mod tests {
             json!({"pool": {"nodeNames": ["node2"]}}),
         )]);
         let entitled = pod("default", &[], &["cdn"]);
-        let mut stray = pod("default", &[], &[]);
-        stray.name = "stray".into();
-        let mut agent = pod("kube-system", &[], &[]);
+        let mut forged = pod("tenant", &[], &["cdn"]);
+        forged.name = "forged".into();
+        let mut agent = pod("default", &[], &[]);
         agent.daemonset = true;
         let desired = desired_node_state(
             "node2",
             &Labels::new(),
             &policies,
-            &[&entitled, &stray, &agent],
-            &Everyone,
+            &[&entitled, &forged, &agent],
+            &Only("default"),
         );
         assert_eq!(
             desired.unentitled,
-            [("default".to_string(), "stray".to_string())]
+            [("tenant".to_string(), "forged".to_string(), "uid-tenant".to_string())]
         );
     }
 }

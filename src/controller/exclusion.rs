@@ -17,14 +17,26 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::{Resource, ResourceExt};
+use serde_json::Value;
 
-use super::desired::OptIn;
+use super::desired::{anchors, applied_policies, entitled_policies};
 use crate::names::AVOID_GATE;
+use crate::objects::PodObject;
+use crate::placement::pod::is_empty_term;
 use crate::policy::compile::Labels;
-use crate::policy::{CompiledPolicy, PolicySet};
+use crate::policy::{CompiledPolicy, OptIn, PolicySet};
+
+/// The shape of one required nodeSelectorTerm, as far as narrowing cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Term {
+    /// Neither expressions nor fields: it matches no node and stays so.
+    Empty,
+    /// Expressions, no `matchFields` yet.
+    Expressions,
+    /// It has `matchFields` already.
+    Fields,
+}
 
 /// A pod as exclusion sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,50 +46,60 @@ pub struct ExclusionPod {
     pub uid: Option<String>,
     pub created: Option<Time>,
     pub labels: Labels,
-    /// Policies the webhook applied (`berth.io/applied`).
+    /// Policies the webhook applied (`berth.io/applied`), as the pod says.
     pub applied: Vec<String>,
     /// Index of the `berth.io/avoid` gate in `spec.schedulingGates`, if held.
     pub gate: Option<usize>,
     pub node: Option<String>,
-    /// For each required nodeSelectorTerm, whether it has `matchFields` already.
-    pub terms: Vec<bool>,
+    /// The required nodeSelectorTerms, by shape.
+    pub terms: Vec<Term>,
 }
 
 impl ExclusionPod {
-    /// A pod as exclusion sees it; `None` for terminated or deleted pods.
-    pub fn from_pod(pod: &Pod) -> Option<ExclusionPod> {
-        if !super::desired::is_live(pod) {
+    /// A pod as exclusion sees it; `None` for finished pods, and for pods being
+    /// deleted that hold no node. A pod being deleted on a node still counts until
+    /// it is gone, as native anti-affinity counts it: a surge rollout must not put
+    /// two that avoid each other on one node.
+    pub fn from_pod(pod: &PodObject) -> Option<ExclusionPod> {
+        if pod.is_terminated() || (pod.is_terminating() && pod.spec.node_name.is_none()) {
             return None;
         }
-        let spec = pod.spec.as_ref();
+        let meta = &pod.metadata;
+        let terms = pod
+            .spec
+            .affinity
+            .as_ref()
+            .and_then(|a| {
+                a.pointer("/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
+            })
+            .and_then(Value::as_array)
+            .map(|terms| terms.iter().map(term_shape).collect())
+            .unwrap_or_default();
         Some(ExclusionPod {
-            namespace: pod.namespace().unwrap_or_default(),
-            name: pod.name_any(),
-            uid: pod.uid(),
-            created: pod.meta().creation_timestamp.clone(),
-            labels: pod.labels().clone(),
-            applied: super::desired::applied_policies(pod),
-            gate: spec
-                .and_then(|s| s.scheduling_gates.as_ref())
-                .and_then(|gates| gates.iter().position(|g| g.name == AVOID_GATE)),
-            node: spec.and_then(|s| s.node_name.clone()),
-            terms: spec
-                .and_then(|s| {
-                    s.affinity
-                        .as_ref()?
-                        .node_affinity
-                        .as_ref()?
-                        .required_during_scheduling_ignored_during_execution
-                        .as_ref()
-                })
-                .map(|r| {
-                    r.node_selector_terms
-                        .iter()
-                        .map(|t| t.match_fields.as_ref().is_some_and(|f| !f.is_empty()))
-                        .collect()
-                })
-                .unwrap_or_default(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone(),
+            created: meta.creation_timestamp.clone(),
+            labels: meta.labels.clone().unwrap_or_default(),
+            applied: applied_policies(meta.annotations.as_ref()),
+            gate: pod.gate(AVOID_GATE),
+            node: pod.spec.node_name.clone(),
+            terms,
         })
+    }
+}
+
+fn term_shape(term: &Value) -> Term {
+    if is_empty_term(term) {
+        Term::Empty
+    } else if term
+        .get("matchFields")
+        .and_then(Value::as_array)
+        .is_some_and(|f| !f.is_empty())
+    {
+        Term::Fields
+    } else {
+        Term::Expressions
     }
 }
 
@@ -115,39 +137,20 @@ pub struct Plan<'a> {
     pub waiting: Vec<Waiting<'a>>,
 }
 
-/// Whether `other` is one of the pods `policy` keeps its pods away from.
-fn avoided_by(policy: &CompiledPolicy, other: &ExclusionPod, opt_in: &dyn OptIn) -> bool {
-    policy.spec.avoid.is_some()
-        && super::desired::anchors(
-            policy,
-            &other.labels,
-            &other.namespace,
-            &other.applied,
-            opt_in,
-        )
-}
-
-/// The avoid policies the webhook applied to `pod`.
-fn avoid_policies<'p>(pod: &ExclusionPod, policies: &'p PolicySet) -> Vec<&'p CompiledPolicy> {
-    pod.applied
-        .iter()
-        .filter_map(|name| policies.get(name))
-        .filter(|p| p.spec.avoid.is_some())
-        .collect()
-}
-
-/// The policy through which `a` and `b` must avoid each other, if any.
-fn conflict(
+/// The policy through which `a` and `b` must avoid each other, if any: one of
+/// them is a pod an avoid policy applies to (in a namespace that opts into it),
+/// and the other is one that policy avoids.
+fn conflict<'p>(
     a: &ExclusionPod,
     b: &ExclusionPod,
-    policies: &PolicySet,
+    policies: &'p PolicySet,
     opt_in: &dyn OptIn,
-) -> Option<String> {
+) -> Option<&'p CompiledPolicy> {
     let one_way = |x: &ExclusionPod, y: &ExclusionPod| {
-        avoid_policies(x, policies)
+        entitled_policies(&x.applied, &x.namespace, policies, opt_in)
             .into_iter()
-            .find(|p| avoided_by(p, y, opt_in))
-            .map(|p| p.name.clone())
+            .filter(|p| p.spec.avoid.is_some())
+            .find(|p| anchors(p, &y.labels, &y.namespace, opt_in))
     };
     one_way(a, b).or_else(|| one_way(b, a))
 }
@@ -235,8 +238,13 @@ pub fn plan<'a>(
             });
             continue;
         }
+        // Only a pod in a namespace that opts into the policy holds others back:
+        // any tenant could otherwise label a pod that never schedules like a
+        // target and stall every pod of the policy, in every namespace.
         let blocker = flying.iter().find_map(|other| {
-            conflict(pod, other, policies, opt_in).map(|policy| (*other, policy))
+            conflict(pod, other, policies, opt_in)
+                .filter(|p| opt_in.opts_in(p, &other.namespace))
+                .map(|policy| (*other, policy.name.clone()))
         });
         if let Some((behind, policy)) = blocker {
             plan.waiting.push(Waiting {
@@ -264,7 +272,7 @@ pub fn plan<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::desired::tests::Everyone;
+    use crate::controller::desired::tests::{Everyone, Only};
     use crate::policy::PlacementPolicy;
     use serde_json::json;
 
@@ -300,7 +308,7 @@ mod tests {
             applied: applied.iter().map(|a| a.to_string()).collect(),
             gate: gate.then_some(0),
             node: node.map(Into::into),
-            terms: vec![false],
+            terms: vec![Term::Expressions],
         }
     }
 
@@ -451,6 +459,12 @@ mod tests {
         fn opts_in(&self, _: &CompiledPolicy, _: &str) -> bool {
             false
         }
+        fn takes_daemonsets(&self, _: &CompiledPolicy, _: &str) -> bool {
+            false
+        }
+        fn named(&self, _: &str) -> &[String] {
+            &[]
+        }
     }
 
     #[test]
@@ -464,11 +478,53 @@ mod tests {
         foreign.namespace = "legacy".into();
         let pods = vec![foreign, pod("m1", "master", &["masters"], true, None)];
         let all = policies(&[("masters", spec("All"))]);
-        let plan_all = plan(&pods, &all, &Nobody, &none());
+        let plan_all = plan(&pods, &all, &Only("db"), &none());
         assert_eq!(plan_all.release[0].avoid_nodes, ["n5"]);
         let same = policies(&[("masters", spec("Same"))]);
-        let plan_same = plan(&pods, &same, &Nobody, &none());
+        let plan_same = plan(&pods, &same, &Only("db"), &none());
         assert!(plan_same.release[0].avoid_nodes.is_empty());
+        // Nothing counts from a namespace that opts into nothing, not even the
+        // pod's own annotation.
+        assert!(plan(&pods, &all, &Nobody, &none()).release[0].avoid_nodes.is_empty());
+    }
+
+    #[test]
+    fn a_pod_from_a_namespace_that_did_not_opt_in_never_holds_others_back() {
+        let spec = json!({"podSelector": {"matchLabels": {"role": "master"}},
+            "avoid": {"matchLabels": {"role": "master"}}, "anchorNamespaces": "All"});
+        // A tenant's pod that never schedules, labelled and annotated like a master.
+        let mut forged = pod("stuck", "master", &["masters"], false, None);
+        forged.namespace = "tenant".into();
+        let pods = vec![forged, pod("m1", "master", &["masters"], true, None)];
+        let set = policies(&[("masters", spec)]);
+        let plan = plan(&pods, &set, &Only("db"), &none());
+        assert_eq!(names(&plan.release), ["m1"]);
+    }
+
+    #[test]
+    fn avoid_is_symmetric_a_later_target_keeps_off_the_nodes_of_the_policys_pods() {
+        let set = policies(&[(
+            "masters",
+            json!({"podSelector": {"matchLabels": {"role": "master"}}, "avoid": {"matchLabels": {"role": "replica"}}}),
+        )]);
+        let pods = vec![
+            pod("m1", "master", &["masters"], false, Some("n1")),
+            pod("r1", "replica", &[], true, None),
+        ];
+        let plan = plan(&pods, &set, &Everyone, &none());
+        assert_eq!(plan.release[0].avoid_nodes, ["n1"]);
+    }
+
+    #[test]
+    fn a_pod_still_terminating_on_a_node_counts() {
+        let leaving: PodObject = serde_json::from_value(json!({
+            "metadata": {"name": "m0", "namespace": "db", "labels": {"role": "master"},
+                "annotations": {"berth.io/applied": "masters"}, "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"nodeName": "n3"}, "status": {"phase": "Running"}}))
+        .unwrap();
+        let leaving = ExclusionPod::from_pod(&leaving).expect("it still holds n3");
+        let pods = vec![leaving, pod("m1", "master", &["masters"], true, None)];
+        assert_eq!(plan(&pods, &masters(), &Everyone, &none()).release[0].avoid_nodes, ["n3"]);
     }
 
     #[test]

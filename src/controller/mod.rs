@@ -2,9 +2,13 @@
 //! scheduler enforces pools and co-location, and releases pods held for exact
 //! exclusion.
 
+pub mod daemonsets;
 pub mod desired;
+pub mod events;
 pub mod exclusion;
+pub mod release;
 pub mod run;
+pub mod status;
 pub mod writer;
 
 pub use run::run;

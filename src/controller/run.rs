@@ -1,37 +1,37 @@
-//! The controller loop. Watches on PlacementPolicies, Nodes, Namespaces and Pods
-//! feed in-memory stores; any change (and a periodic resync) wakes one pass that
-//! releases the held pods that may go (see [`super::exclusion`]), then computes
-//! every node's desired state and writes the differences. Only the replica holding
+//! The controller loop. Watches on PlacementPolicies, Nodes, Namespaces, Pods and
+//! DaemonSets feed in-memory stores; any change (and a periodic resync) wakes one
+//! pass that releases the held pods that may go (see [`super::release`]), then
+//! computes every node's desired state and writes the differences, the policies'
+//! status, and DaemonSet templates that predate a pool. Only the replica holding
 //! the Lease writes, and only once every store holds a full list.
+//!
+//! Every store is fed leniently ([`crate::objects`]): one object berth cannot read
+//! never blinds a watch.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::api::Api;
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
-use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::desired::{
-    BoundPod, DesiredNode, NamespaceOptIn, applied_policies, desired_node_state, is_live,
-};
-use super::exclusion::{self, ExclusionPod};
+use super::daemonsets::{daemonset_patch, write_daemonset};
+use super::desired::{BoundPod, DesiredNode, desired_node_state};
+use super::events::Reported;
+use super::exclusion;
 use super::writer::{Written, in_sync, write_node};
-use crate::names::{APPLIED_ANNOTATION, AVOID_GATE};
-use crate::policy::crd::PlacementPolicyStatus;
-use crate::policy::{PlacementPolicy, PolicySet};
-use crate::telemetry::{KindLabels, Metrics, PolicyLabels};
+use crate::names::APPLIED_ANNOTATION;
+use crate::objects::{DaemonSetObject, NamespaceMeta, NodeObject, PodObject, PolicyObject};
+use crate::policy::NamespaceOptIn;
+use crate::policy::compile::{Compiled, PolicyCompiler};
+use crate::telemetry::{KindLabels, Metrics};
 
-/// The finalizer that lets berth clean a deleted policy's labels and taints.
-pub const FINALIZER: &str = "berth.io/cleanup";
 /// Node writes in flight at once.
 const WRITE_CONCURRENCY: usize = 4;
 /// Changes within this window are handled in one pass.
@@ -41,7 +41,7 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 /// would otherwise wait a full window for the binding of the one before it.
 const HURRIED_DEBOUNCE: Duration = Duration::from_millis(10);
 /// How long after its release a pod's binding counts as a moment away.
-const HURRY_WINDOW: Duration = Duration::from_secs(5);
+pub const HURRY_WINDOW: Duration = Duration::from_secs(5);
 
 /// How the controller runs.
 #[derive(Debug, Clone)]
@@ -56,14 +56,15 @@ pub struct ControllerOptions {
     pub writes_per_second: u32,
 }
 
-struct Stores {
-    policies: Store<PlacementPolicy>,
-    nodes: Store<Node>,
-    namespaces: Store<Namespace>,
+pub struct Stores {
+    policies: Store<PolicyObject>,
+    nodes: Store<NodeObject>,
+    namespaces: Store<NamespaceMeta>,
     /// Every pod, stripped: bound ones for anchors and entitlement, unbound ones for
     /// exclusion. One watch, so a pod moves from unbound to bound in one event and
     /// is never, between two watches, in neither.
-    pods: Store<Pod>,
+    pods: Store<PodObject>,
+    daemonsets: Store<DaemonSetObject>,
 }
 
 /// Starts a watch on every `K` in the cluster, feeding a store of them as `strip`
@@ -96,40 +97,35 @@ where
 
 /// Keeps only what anchors, entitlement and exclusion need of a pod, so the cache
 /// of every pod in a large cluster stays small.
-fn strip_pod(pod: &mut Pod) {
-    pod.metadata.managed_fields = None;
-    let annotations = pod.metadata.annotations.take().unwrap_or_default();
-    let applied: BTreeMap<String, String> = annotations
+fn strip_pod(pod: &mut PodObject) {
+    if let Some(annotations) = pod.metadata.annotations.as_mut() {
+        annotations.retain(|k, _| k == APPLIED_ANNOTATION);
+    }
+    // A held pod's node affinity is narrowed when it is released.
+    if pod.spec.scheduling_gates.is_empty() {
+        pod.spec.affinity = None;
+    }
+    pod.status.conditions.clear();
+}
+
+/// Keeps only what the template patch reads of a DaemonSet: its template's
+/// tolerations, node affinity and scheduling gates.
+fn strip_daemonset(daemonset: &mut DaemonSetObject) {
+    let spec = daemonset.spec.pointer("/template/spec");
+    let keep = |key: &str| spec.and_then(|s| s.get(key)).map(|v| (key.to_owned(), v.clone()));
+    let kept: serde_json::Map<String, serde_json::Value> = ["tolerations", "affinity", "schedulingGates"]
         .into_iter()
-        .filter(|(k, _)| k == APPLIED_ANNOTATION)
+        .filter_map(keep)
         .collect();
-    pod.metadata.annotations = (!applied.is_empty()).then_some(applied);
-    if let Some(spec) = pod.spec.as_mut() {
-        let gated = spec
-            .scheduling_gates
-            .as_ref()
-            .is_some_and(|g| !g.is_empty());
-        *spec = k8s_openapi::api::core::v1::PodSpec {
-            node_name: spec.node_name.take(),
-            // A held pod's node affinity is narrowed when it is released.
-            affinity: if gated { spec.affinity.take() } else { None },
-            scheduling_gates: spec.scheduling_gates.take(),
-            ..Default::default()
-        };
-    }
-    if let Some(status) = pod.status.as_mut() {
-        *status = k8s_openapi::api::core::v1::PodStatus {
-            phase: status.phase.take(),
-            ..Default::default()
-        };
+    daemonset.spec = serde_json::json!({"template": {"spec": kept}});
+    if let Some(annotations) = daemonset.metadata.annotations.as_mut() {
+        annotations.clear();
     }
 }
 
-fn strip_managed_fields<K: Resource>(object: &mut K) {
-    object.meta_mut().managed_fields = None;
-}
+fn keep_all<K>(_: &mut K) {}
 
-/// At most `n` node writes a second, spread evenly.
+/// At most `n` writes a second, spread evenly.
 struct RateLimit(tokio::sync::Mutex<tokio::time::Interval>);
 
 impl RateLimit {
@@ -155,10 +151,11 @@ pub async fn run(
 ) {
     let wake = Arc::new(Notify::new());
     let stores = Stores {
-        policies: watch(&client, &wake, strip_managed_fields),
-        nodes: watch(&client, &wake, strip_managed_fields),
-        namespaces: watch(&client, &wake, strip_managed_fields),
+        policies: watch(&client, &wake, keep_all),
+        nodes: watch(&client, &wake, keep_all),
+        namespaces: watch(&client, &wake, keep_all),
         pods: watch(&client, &wake, strip_pod),
+        daemonsets: watch(&client, &wake, strip_daemonset),
     };
     let recorder = Recorder::new(
         client.clone(),
@@ -193,6 +190,7 @@ pub async fn run(
             stores.nodes.wait_until_ready(),
             stores.namespaces.wait_until_ready(),
             stores.pods.wait_until_ready(),
+            stores.daemonsets.wait_until_ready(),
         )
     };
     tokio::select! {
@@ -206,8 +204,9 @@ pub async fn run(
     let (mut leadership, lease_task) = manager.watch().await;
     let mut resync = tokio::time::interval(options.resync);
     let limit = Arc::new(RateLimit::new(options.writes_per_second));
-    let mut reported: BTreeSet<String> = BTreeSet::new();
+    let mut reported = Reported::default();
     let mut released = exclusion::Released::default();
+    let mut compiler = PolicyCompiler::default();
     let mut debounce = DEBOUNCE;
     loop {
         tokio::select! {
@@ -229,18 +228,25 @@ pub async fn run(
         }
         let pass = Pass {
             client: &client,
-            stores: &stores,
             metrics: &metrics,
             recorder: &recorder,
         };
         // Releases first: they do not depend on the node labels (a released pod
         // carries its own constraints), and every pod of an exclusion group waits
         // for the one before it, so its pass should not wait for node writes.
-        let hurry = release_held_pods(&pass, &mut reported, &mut released).await;
+        // The policies are read after the pods, never before: a policy the webhook
+        // applied to a pod in the cache must not look deleted because the snapshot
+        // predates it (that would release every pod of it at once).
+        let pods = stores.pods.state();
+        let snapshot = Snapshot::take(&stores, &mut compiler);
+        let hurry =
+            super::release::release_held_pods(&pass, &snapshot, &pods, &mut released, &mut reported)
+                .await;
         debounce = if hurry { HURRIED_DEBOUNCE } else { DEBOUNCE };
-        if let Err(e) = reconcile(&pass, &limit, &mut reported).await {
+        if let Err(e) = reconcile(&pass, &stores, &snapshot, &limit, &mut reported).await {
             tracing::warn!(error = %e, "reconcile pass failed; retrying on the next change");
         }
+        reported.end_pass();
     }
     // Dropping the receiver makes the lease task release the Lease.
     drop(leadership);
@@ -249,93 +255,70 @@ pub async fn run(
 }
 
 /// Policies and namespaces as the caches hold them at one instant.
-struct Snapshot {
-    /// Every cached policy, deleted ones included (the finalizer needs them).
-    all: Vec<Arc<PlacementPolicy>>,
-    /// The usable live policies: deleted ones count as gone.
-    policies: PolicySet,
-    namespaces: NamespaceOptIn,
+pub struct Snapshot {
+    /// Every cached policy object, deleted ones included (the finalizer needs them).
+    pub objects: Vec<Arc<PolicyObject>>,
+    /// The policies in force: deleted ones left out, ones that stopped compiling
+    /// at their last good version.
+    pub compiled: Compiled,
+    pub namespaces: NamespaceOptIn,
 }
 
 impl Snapshot {
-    fn take(stores: &Stores) -> Snapshot {
-        let all = stores.policies.state();
-        let live = all
-            .iter()
-            .map(|p| p.as_ref())
-            .filter(|p| p.meta().deletion_timestamp.is_none());
-        let (policies, errors) = PolicySet::compile(live);
-        for error in &errors {
-            tracing::debug!(%error, "policy ignored");
+    fn take(stores: &Stores, compiler: &mut PolicyCompiler) -> Snapshot {
+        let objects = stores.policies.state();
+        let compiled = compiler.compile(objects.iter().map(|p| p.source()));
+        for invalid in compiled.errors.values() {
+            tracing::debug!(error = %invalid.error, kept = invalid.kept, "policy does not compile");
         }
-        let namespaces =
-            NamespaceOptIn::new(stores.namespaces.state().iter().map(|ns| ns.as_ref()));
+        let namespaces = stores.namespaces.state();
+        let namespaces = NamespaceOptIn::new(namespaces.iter().map(|ns| &ns.metadata));
         Snapshot {
-            all,
-            policies,
+            objects,
+            compiled,
             namespaces,
         }
     }
 
-    fn has(&self, policy: &str) -> bool {
-        self.all.iter().any(|p| p.name_any() == policy)
+    /// Whether the cache holds a policy named `policy`.
+    pub fn has(&self, policy: &str) -> bool {
+        self.objects.iter().any(|p| p.name_any() == policy)
     }
 }
 
 /// What one pass works with.
-struct Pass<'a> {
-    client: &'a Client,
-    stores: &'a Stores,
-    metrics: &'a Metrics,
-    recorder: &'a Recorder,
+pub struct Pass<'a> {
+    pub client: &'a Client,
+    pub metrics: &'a Metrics,
+    pub recorder: &'a Recorder,
 }
 
+/// One pass over every node, the policies' status and finalizers, and the
+/// DaemonSets that predate a pool.
 async fn reconcile(
     pass: &Pass<'_>,
+    stores: &Stores,
+    snapshot: &Snapshot,
     limit: &Arc<RateLimit>,
-    reported: &mut BTreeSet<String>,
+    reported: &mut Reported,
 ) -> kube::Result<()> {
     let Pass {
-        client,
-        stores,
-        metrics,
-        recorder,
+        client, metrics, ..
     } = *pass;
     metrics.reconciles.inc();
-    let Snapshot {
-        all: all_policies,
-        policies,
-        namespaces,
-    } = Snapshot::take(stores);
-    let api: Api<PlacementPolicy> = Api::all(client.clone());
-    // Live policies get the finalizer before they have any effect on nodes.
-    for policy in all_policies
+    super::status::add_finalizers(pass, snapshot).await?;
+    let policies = &snapshot.compiled.set;
+    let daemonsets: BTreeSet<(String, String)> = stores
+        .daemonsets
+        .state()
         .iter()
-        .filter(|p| p.meta().deletion_timestamp.is_none())
-    {
-        if !policy.finalizers().iter().any(|f| f == FINALIZER) {
-            let mut finalizers = policy.finalizers().to_vec();
-            finalizers.push(FINALIZER.into());
-            let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": policy.resource_version()}});
-            api.patch(
-                &policy.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
-        }
-    }
-    // Deleted policies count as gone: their labels and taints are removed.
-    let live: Vec<&PlacementPolicy> = all_policies
-        .iter()
-        .map(|p| p.as_ref())
-        .filter(|p| p.meta().deletion_timestamp.is_none())
+        .filter_map(|d| Some((d.namespace()?, d.uid()?)))
         .collect();
     let pods: Vec<BoundPod> = stores
         .pods
         .state()
         .iter()
-        .filter_map(|pod| bound_pod(pod))
+        .filter_map(|pod| BoundPod::from_pod(pod, &daemonsets))
         .collect();
     let mut by_node: BTreeMap<&str, Vec<&BoundPod>> = BTreeMap::new();
     for pod in &pods {
@@ -343,410 +326,79 @@ async fn reconcile(
     }
 
     let nodes = stores.nodes.state();
-    let plans: Vec<(Arc<Node>, DesiredNode)> = nodes
+    let plans: Vec<(Arc<NodeObject>, DesiredNode)> = nodes
         .iter()
         .map(|node| {
             let name = node.name_any();
-            let on_node = by_node
-                .get(name.as_str())
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            let desired = desired_node_state(&name, node.labels(), &policies, on_node, &namespaces);
+            let on_node = by_node.get(name.as_str()).map(Vec::as_slice).unwrap_or_default();
+            let desired = desired_node_state(&name, node.labels(), policies, on_node, &snapshot.namespaces);
             (node.clone(), desired)
         })
         .collect();
 
     // Owned work items: the write futures then borrow nothing from this pass.
-    let work: Vec<(Arc<Node>, DesiredNode)> = plans
+    let work: Vec<(Arc<NodeObject>, DesiredNode)> = plans
         .iter()
         .filter(|(node, desired)| !in_sync(node, desired))
         .cloned()
         .collect();
-    let results: Vec<kube::Result<Written>> = stream::iter(work)
+    let results: Vec<(String, kube::Result<Written>)> = stream::iter(work)
         .map(|(node, desired)| {
             let client = client.clone();
             let limit = limit.clone();
             async move {
                 limit.acquire().await;
-                write_node(&client, &node, &desired).await
+                (node.name_any(), write_node(&client, &node, &desired).await)
             }
         })
         .buffer_unordered(WRITE_CONCURRENCY)
         .collect()
         .await;
-    for written in results.iter().flatten() {
-        for (kind, did) in [("labels", written.labels), ("taints", written.taints)] {
-            if did {
-                metrics
-                    .node_writes
-                    .get_or_create(&KindLabels { kind: kind.into() })
-                    .inc();
-            }
-        }
-        metrics.write_conflicts.inc_by(written.conflicts as u64);
-    }
-    let all_written = results.iter().all(Result::is_ok);
-    for e in results.into_iter().filter_map(Result::err) {
-        tracing::warn!(error = %e, "node write failed");
-    }
-
-    for policy in live {
-        update_status(&api, policy, &plans, metrics, recorder, reported).await?;
-    }
-    // Once every node is clean, deleted policies may go.
-    if all_written {
-        for policy in all_policies
-            .iter()
-            .filter(|p| p.meta().deletion_timestamp.is_some())
-        {
-            let finalizers: Vec<&String> = policy
-                .finalizers()
-                .iter()
-                .filter(|f| *f != FINALIZER)
-                .collect();
-            if finalizers.len() != policy.finalizers().len() {
-                let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": policy.resource_version()}});
-                api.patch(
-                    &policy.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The JSON Patch that releases a held pod: the gate must still be where we saw it
-/// (so a stale cache cannot remove another gate), every required term is narrowed
-/// to keep off `avoid_nodes`, and the gate goes, in one update.
-fn release_patch(release: &exclusion::Release, gate: usize) -> Value {
-    let mut ops = vec![
-        json!({"op": "test", "path": format!("/spec/schedulingGates/{gate}/name"), "value": AVOID_GATE}),
-    ];
-    if !release.avoid_nodes.is_empty() {
-        // A node field selector takes one value, so one NotIn per node, ANDed.
-        let keep_off: Vec<Value> = release
-            .avoid_nodes
-            .iter()
-            .map(|node| json!({"key": "metadata.name", "operator": "NotIn", "values": [node]}))
-            .collect();
-        let terms = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms";
-        for (i, has_fields) in release.pod.terms.iter().enumerate() {
-            if *has_fields {
-                for entry in &keep_off {
-                    ops.push(json!({"op": "add", "path": format!("{terms}/{i}/matchFields/-"), "value": entry}));
+    let mut failed = BTreeSet::new();
+    for (node, result) in results {
+        match result {
+            Ok(written) => {
+                for (kind, did) in [("labels", written.labels), ("taints", written.taints)] {
+                    if did {
+                        metrics
+                            .node_writes
+                            .get_or_create(&KindLabels { kind: kind.into() })
+                            .inc();
+                    }
                 }
-            } else {
-                ops.push(json!({"op": "add", "path": format!("{terms}/{i}/matchFields"), "value": keep_off}));
-            }
-        }
-    }
-    ops.push(json!({"op": "remove", "path": format!("/spec/schedulingGates/{gate}")}));
-    Value::Array(ops)
-}
-
-/// Policies held pods were admitted with that `snapshot` does not hold. The
-/// webhook's and the controller's watches lag independently, so a pod may name a
-/// policy created a moment ago; one GET tells that apart from a deleted policy.
-async fn unseen_policies(
-    client: &Client,
-    snapshot: &Snapshot,
-    pods: &[ExclusionPod],
-) -> BTreeSet<String> {
-    let missing: BTreeSet<&String> = pods
-        .iter()
-        .filter(|p| p.gate.is_some())
-        .flat_map(|p| &p.applied)
-        .filter(|name| !snapshot.has(name))
-        .collect();
-    let api: Api<PlacementPolicy> = Api::all(client.clone());
-    let mut unseen = BTreeSet::new();
-    for name in missing {
-        match api.get_opt(name).await {
-            Ok(None) => {}
-            Ok(Some(_)) => {
-                unseen.insert(name.clone());
+                metrics.write_conflicts.inc_by(written.conflicts as u64);
             }
             Err(e) => {
-                // Unknown either way: keep the pod held, the next pass asks again.
-                tracing::warn!(policy = %name, error = %e, "cannot look up policy");
-                unseen.insert(name.clone());
+                tracing::warn!(%node, error = %e, "node write failed");
+                failed.insert(node);
             }
         }
     }
-    unseen
-}
 
-/// Releases the held pods that may go now (see [`super::exclusion`]) and tells the
-/// others, with an Event, which pod they wait for. True when the next pass should
-/// come quickly: a held pod waits behind a pod released a moment ago.
-async fn release_held_pods(
-    pass: &Pass<'_>,
-    reported: &mut BTreeSet<String>,
-    released: &mut exclusion::Released,
-) -> bool {
-    let Pass {
-        client,
-        stores,
-        metrics,
-        recorder,
-    } = *pass;
-    let mut all: Vec<ExclusionPod> = stores
-        .pods
-        .state()
-        .iter()
-        .filter_map(|p| ExclusionPod::from_pod(p))
-        .collect();
-    released.overlay(&mut all);
-    // The policies are read after the pods, never before: a policy the webhook
-    // applied to a pod in the cache must not look deleted because the snapshot
-    // predates it (that would release every pod of it at once).
-    let snapshot = Snapshot::take(stores);
-    let unseen = unseen_policies(client, &snapshot, &all).await;
-    let plan = exclusion::plan(&all, &snapshot.policies, &snapshot.namespaces, &unseen);
-    metrics
-        .gated_pods
-        .set((all.iter().filter(|p| p.gate.is_some()).count() - plan.release.len()) as i64);
-    for release in &plan.release {
-        let pod = release.pod;
-        let Some(gate) = pod.gate else { continue };
-        if pod.terms.is_empty() && !release.avoid_nodes.is_empty() {
-            // berth gives every avoid pod a required term; without one there is
-            // nothing to narrow, and the anchor labels must do.
-            tracing::warn!(pod = %pod.name, "held pod has no required node affinity to narrow");
-        }
-        let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace);
-        let patch: json_patch::Patch = match serde_json::from_value(release_patch(release, gate)) {
-            Ok(patch) => patch,
-            Err(_) => continue,
-        };
-        match api
-            .patch(
-                &pod.name,
-                &PatchParams::default(),
-                &Patch::<()>::Json(patch),
-            )
-            .await
-        {
-            Ok(_) => {
-                released.record(pod, std::time::Instant::now());
-                let held_for = pod
-                    .created
-                    .as_ref()
-                    .map(|t| {
-                        (k8s_openapi::jiff::Timestamp::now() - t.0).get_milliseconds() as f64
-                            / 1000.0
-                    })
-                    .unwrap_or_default();
-                metrics.gated_seconds.observe(held_for.max(0.0));
-                tracing::info!(pod = %pod.name, namespace = %pod.namespace, keep_off = ?release.avoid_nodes, "released from {AVOID_GATE}");
-            }
-            Err(e) => {
-                tracing::warn!(pod = %pod.name, error = %e, "release failed; retrying on the next pass")
-            }
-        }
-    }
-    for waiting in &plan.waiting {
-        // A policy not seen yet is a moment's lag, not worth an Event.
-        let exclusion::Hold::Behind {
-            pod: behind,
-            policy,
-        } = &waiting.reason
-        else {
-            continue;
-        };
-        // One event per held pod and policy: repeated events are folded into a
-        // series by the recorder, so the note must not name a blocker that changes.
-        let key = format!(
-            "held/{}/{}/{policy}",
-            waiting.pod.namespace, waiting.pod.name
-        );
-        if !reported.insert(key) {
-            continue;
-        }
-        let reference = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(waiting.pod.namespace.clone()),
-            name: Some(waiting.pod.name.clone()),
-            uid: waiting.pod.uid.clone(),
-            ..Default::default()
-        };
-        let event = Event {
-            type_: EventType::Normal,
-            reason: "HeldForExclusion".into(),
-            note: Some(format!(
-                "held by {AVOID_GATE}: a pod it must avoid (policy {policy}, first {}/{}) is still being placed; \
-                 it is released once that pod is bound",
-                behind.namespace, behind.name
-            )),
-            action: "Hold".into(),
-            secondary: None,
-        };
-        if let Err(e) = recorder.publish(&event, &reference).await {
-            tracing::warn!(error = %e, "cannot publish event");
-        }
-    }
-    released.hurry(&plan, std::time::Instant::now(), HURRY_WINDOW)
-}
-
-fn bound_pod(pod: &Pod) -> Option<BoundPod> {
-    let node = pod.spec.as_ref()?.node_name.clone()?;
-    if !is_live(pod) {
-        return None;
-    }
-    Some(BoundPod {
-        namespace: pod.namespace().unwrap_or_default(),
-        name: pod.name_any(),
-        node,
-        labels: pod.labels().clone(),
-        applied: applied_policies(pod),
-        daemonset: pod
-            .owner_references()
-            .iter()
-            .any(|o| o.kind == "DaemonSet" && o.controller == Some(true)),
-    })
-}
-
-fn condition(
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: String,
-    previous: &[Condition],
-) -> Condition {
-    let status = if status { "True" } else { "False" };
-    // The transition time moves only when the status does.
-    let last_transition_time = previous
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::now()));
-    Condition {
-        type_: type_.into(),
-        status: status.into(),
-        reason: reason.into(),
-        message,
-        last_transition_time,
-        observed_generation: None,
-    }
-}
-
-/// Writes a policy's status when it changed; Events for new conflicts and pods
-/// without entitlement.
-async fn update_status(
-    api: &Api<PlacementPolicy>,
-    policy: &PlacementPolicy,
-    plans: &[(Arc<Node>, DesiredNode)],
-    metrics: &Metrics,
-    recorder: &Recorder,
-    reported: &mut BTreeSet<String>,
-) -> kube::Result<()> {
-    let name = policy.name_any();
-    let owned: Vec<&DesiredNode> = plans
-        .iter()
-        .map(|(_, d)| d)
-        .filter(|d| d.labels.get(crate::names::POOL_LABEL) == Some(&name))
-        .collect();
-    let lost: Vec<String> = plans
-        .iter()
-        .filter(|(_, d)| d.losing_claims.contains(&name))
-        .map(|(n, _)| n.name_any())
-        .collect();
-    let unentitled: Vec<&(String, String)> =
-        owned.iter().flat_map(|d| d.unentitled.iter()).collect();
-    metrics
-        .unentitled_pods
-        .get_or_create(&PolicyLabels {
-            policy: name.clone(),
-        })
-        .set(unentitled.len() as i64);
-
-    let previous = policy
-        .status
-        .as_ref()
-        .map(|s| s.conditions.as_slice())
-        .unwrap_or_default();
-    let conflict_message = if lost.is_empty() {
-        "no node of this pool is claimed by an older policy".to_string()
-    } else {
-        format!("nodes claimed by an older policy: {}", lost.join(", "))
-    };
-    let unentitled_message = if unentitled.is_empty() {
-        "every pod on this pool's nodes is entitled".to_string()
-    } else {
-        let names: Vec<String> = unentitled
-            .iter()
-            .map(|(ns, p)| format!("{ns}/{p}"))
-            .collect();
-        format!(
-            "pods without entitlement on pool nodes: {}",
-            names.join(", ")
-        )
-    };
-    let status = PlacementPolicyStatus {
-        nodes: Some(owned.len() as i32),
-        conditions: vec![
-            condition(
-                "Ready",
-                true,
-                "Reconciled",
-                "the controller keeps this policy's nodes".into(),
-                previous,
-            ),
-            condition(
-                "Conflict",
-                !lost.is_empty(),
-                "PoolConflict",
-                conflict_message,
-                previous,
-            ),
-            condition(
-                "UnentitledPods",
-                !unentitled.is_empty(),
-                "UnentitledPods",
-                unentitled_message,
-                previous,
-            ),
-        ],
-    };
-    if policy.status.as_ref() != Some(&status) {
-        let patch = json!({"status": status});
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-    }
-
-    let reference = policy.object_ref(&());
-    let mut events = Vec::new();
-    for node in &lost {
-        events.push((
-            format!("conflict/{name}/{node}"),
-            "PoolConflict",
-            format!("node {node} belongs to an older policy's pool"),
-        ));
-    }
-    for (ns, pod) in unentitled {
-        events.push((
-            format!("unentitled/{name}/{ns}/{pod}"),
-            "UnentitledPod",
-            format!("pod {ns}/{pod} runs on pool {name} without entitlement"),
-        ));
-    }
-    for (key, reason, note) in events {
-        if reported.insert(key) {
-            let event = Event {
-                type_: EventType::Warning,
-                reason: reason.into(),
-                note: Some(note),
-                action: "Reconcile".into(),
-                secondary: None,
-            };
-            if let Err(e) = recorder.publish(&event, &reference).await {
-                tracing::warn!(error = %e, "cannot publish event");
-            }
-        }
-    }
+    super::status::update_statuses(pass, snapshot, &plans, reported).await?;
+    super::status::release_deleted(pass, snapshot, &nodes, &failed).await?;
+    bring_daemonsets_in_line(pass, stores, snapshot, limit).await;
     Ok(())
+}
+
+/// Patches the templates of DaemonSets that miss a pool's toleration or exclusion.
+async fn bring_daemonsets_in_line(
+    pass: &Pass<'_>,
+    stores: &Stores,
+    snapshot: &Snapshot,
+    limit: &RateLimit,
+) {
+    let namespaces = stores.namespaces.state();
+    for daemonset in stores.daemonsets.state() {
+        let Some(patch) = daemonset_patch(&daemonset, &namespaces, &snapshot.compiled.set) else {
+            continue;
+        };
+        limit.acquire().await;
+        match write_daemonset(pass.client, &daemonset, patch).await {
+            Ok(()) => {
+                pass.metrics.daemonset_updates.inc();
+            }
+            Err(e) => tracing::warn!(daemonset = %daemonset.name_any(), error = %e, "DaemonSet update failed; retrying on the next pass"),
+        }
+    }
 }

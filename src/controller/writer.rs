@@ -1,24 +1,29 @@
-//! Writes berth's part of a Node and nothing else.
+//! Writes berth's part of a Node and nothing else, in one request.
 //!
-//! - Labels: server-side apply under field manager `berth`, so berth owns its keys
-//!   and no one else's; a berth key someone else set is removed with a merge patch.
-//! - Taints: `spec.taints` is an atomic list, so server-side apply would own the
-//!   whole list. Instead: read, change only berth's entries, and write with the
-//!   `resourceVersion` precondition, so a taint another owner adds in the meantime
-//!   turns into a 409 and a retry on fresh data instead of being lost.
+//! - Labels and taints go together: written apart, a pool taint could land before
+//!   the pool label, and a pod that tolerates every taint (kept off pools only by
+//!   the label) could be scheduled onto the node in between.
+//! - `spec.taints` is an atomic list, so one entry cannot be written alone (a
+//!   server-side apply of it would own the whole list). The node is read, only
+//!   berth's entries change, every other taint is written back exactly as it was,
+//!   and the write carries the node's `resourceVersion`: a taint another owner adds
+//!   in the meantime turns into a 409 and a retry on fresh data instead of being
+//!   lost. The labels ride in the same merge patch: only berth's keys, each set or
+//!   removed by name, under field manager `berth`.
 //! - No write at all when the node already carries what berth wants.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::api::core::v1::Taint;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use serde_json::json;
+use serde_json::{Map, Value, json};
 
 use super::desired::DesiredNode;
 use crate::names::{FIELD_MANAGER, POOL_TAINT, is_owned_node_key};
+use crate::objects::NodeObject;
 
-/// How often a taint write is retried after a conflict.
+/// How often a write is retried after a conflict.
 const CONFLICT_RETRIES: usize = 5;
 
 /// What one node write did.
@@ -31,7 +36,7 @@ pub struct Written {
 }
 
 /// berth's labels on a node now.
-pub fn berth_labels(node: &Node) -> BTreeMap<String, String> {
+pub fn berth_labels(node: &NodeObject) -> BTreeMap<String, String> {
     node.labels()
         .iter()
         .filter(|(k, _)| is_owned_node_key(k))
@@ -39,99 +44,152 @@ pub fn berth_labels(node: &Node) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn is_berth_taint(taint: &Taint) -> bool {
-    taint.key == POOL_TAINT
+fn is_berth_taint(taint: &Value) -> bool {
+    taint.get("key").and_then(Value::as_str) == Some(POOL_TAINT)
 }
 
-/// berth's taints on a node now, without `timeAdded`, to compare with desired.
-fn berth_taints(node: &Node) -> Vec<Taint> {
-    taints(node)
-        .iter()
-        .filter(|t| is_berth_taint(t))
-        .map(|t| Taint {
-            time_added: None,
-            ..t.clone()
-        })
-        .collect()
+/// A taint as berth compares it: key, value and effect (not `timeAdded`).
+fn triple(taint: &Value) -> (String, String, String) {
+    let field = |k: &str| taint.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+    (field("key"), field("value"), field("effect"))
 }
 
-fn taints(node: &Node) -> &[Taint] {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_deref())
-        .unwrap_or_default()
+fn taint_json(taint: &Taint) -> Value {
+    json!({"key": taint.key, "value": taint.value, "effect": taint.effect})
+}
+
+/// berth's taints on a node now, as triples.
+fn berth_taints(node: &NodeObject) -> Vec<(String, String, String)> {
+    node.spec.taints.iter().filter(|t| is_berth_taint(t)).map(triple).collect()
+}
+
+fn desired_taints(desired: &DesiredNode) -> Vec<(String, String, String)> {
+    desired.taints.iter().map(|t| triple(&taint_json(t))).collect()
 }
 
 /// Whether `node` already carries exactly what berth wants.
-pub fn in_sync(node: &Node, desired: &DesiredNode) -> bool {
-    berth_labels(node) == desired.labels && berth_taints(node) == desired.taints
+pub fn in_sync(node: &NodeObject, desired: &DesiredNode) -> bool {
+    berth_labels(node) == desired.labels && berth_taints(node) == desired_taints(desired)
 }
 
-/// Brings `node` to `desired`, writing only what differs.
-pub async fn write_node(
-    client: &Client,
-    node: &Node,
-    desired: &DesiredNode,
-) -> kube::Result<Written> {
-    let api: Api<Node> = Api::all(client.clone());
-    let name = node.name_any();
+/// The merge patch that brings `node` to `desired`, if anything differs.
+fn node_patch(node: &NodeObject, desired: &DesiredNode) -> Option<(Value, Written)> {
     let mut written = Written::default();
-
-    let mut current = node.clone();
-    for attempt in 0..=CONFLICT_RETRIES {
-        if berth_taints(&current) == desired.taints {
-            break;
-        }
-        let mut next: Vec<Taint> = taints(&current)
+    let mut patch = Map::new();
+    let mut metadata = Map::new();
+    metadata.insert("resourceVersion".into(), json!(node.resource_version()));
+    let have = berth_labels(node);
+    if have != desired.labels {
+        let mut labels: Map<String, Value> = have
+            .keys()
+            .filter(|k| !desired.labels.contains_key(*k))
+            .map(|k| (k.clone(), Value::Null))
+            .collect();
+        labels.extend(desired.labels.iter().map(|(k, v)| (k.clone(), json!(v))));
+        metadata.insert("labels".into(), Value::Object(labels));
+        written.labels = true;
+    }
+    patch.insert("metadata".into(), Value::Object(metadata));
+    if berth_taints(node) != desired_taints(desired) {
+        let mut taints: Vec<Value> = node
+            .spec
+            .taints
             .iter()
             .filter(|t| !is_berth_taint(t))
             .cloned()
             .collect();
-        next.extend(desired.taints.iter().cloned());
-        let patch = json!({
-            "metadata": {"resourceVersion": current.resource_version()},
-            "spec": {"taints": next},
-        });
-        match api
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                written.taints = true;
-                break;
-            }
-            Err(kube::Error::Api(e)) if e.code == 409 && attempt < CONFLICT_RETRIES => {
-                written.conflicts += 1;
+        taints.extend(desired.taints.iter().map(taint_json));
+        patch.insert("spec".into(), json!({"taints": taints}));
+        written.taints = true;
+    }
+    (written.labels || written.taints).then_some((Value::Object(patch), written))
+}
+
+/// Brings `node` to `desired` in one write, retried on conflict with fresh data.
+pub async fn write_node(
+    client: &Client,
+    node: &NodeObject,
+    desired: &DesiredNode,
+) -> kube::Result<Written> {
+    let api: Api<NodeObject> = Api::all(client.clone());
+    let name = node.name_any();
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let mut current = node.clone();
+    let mut conflicts = 0;
+    loop {
+        let Some((patch, written)) = node_patch(&current, desired) else {
+            return Ok(Written {
+                conflicts,
+                ..Written::default()
+            });
+        };
+        match api.patch(&name, &params, &Patch::Merge(&patch)).await {
+            Ok(_) => return Ok(Written { conflicts, ..written }),
+            Err(kube::Error::Api(e)) if e.code == 409 && conflicts < CONFLICT_RETRIES => {
+                conflicts += 1;
                 current = api.get(&name).await?;
             }
             Err(e) => return Err(e),
         }
     }
+}
 
-    let have = berth_labels(&current);
-    if have != desired.labels {
-        let strays: BTreeMap<&String, Option<()>> = have
-            .keys()
-            .filter(|k| !desired.labels.contains_key(*k))
-            .map(|k| (k, None))
-            .collect();
-        if !strays.is_empty() {
-            let patch = json!({"metadata": {"labels": strays}});
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-        }
-        let apply = json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": name, "labels": desired.labels},
-        });
-        api.patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&apply),
-        )
-        .await?;
-        written.labels = true;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(labels: Value, taints: Value) -> NodeObject {
+        serde_json::from_value(json!({"metadata": {"name": "n", "resourceVersion": "7", "labels": labels},
+            "spec": {"taints": taints}}))
+        .unwrap()
     }
-    Ok(written)
+
+    fn desired(labels: &[(&str, &str)], pool: Option<&str>) -> DesiredNode {
+        DesiredNode {
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            taints: pool
+                .map(|p| Taint {
+                    key: POOL_TAINT.into(),
+                    value: Some(p.into()),
+                    effect: "NoSchedule".into(),
+                    time_added: None,
+                })
+                .into_iter()
+                .collect(),
+            ..DesiredNode::default()
+        }
+    }
+
+    const POOL: &str = "node-restriction.kubernetes.io/berth.pool";
+
+    #[test]
+    fn labels_and_taints_go_in_one_patch_that_keeps_other_owners_taints_verbatim() {
+        let other = json!({"key": "gpu", "effect": "NoExecute", "timeAdded": "2026-01-01T00:00:00Z"});
+        let current = node(json!({"team": "a", "node-restriction.kubernetes.io/berth.runs.old": "true"}), json!([other]));
+        let (patch, written) = node_patch(&current, &desired(&[(POOL, "cdn")], Some("cdn"))).unwrap();
+        assert!(written.labels && written.taints);
+        assert_eq!(patch["metadata"]["resourceVersion"], "7");
+        assert_eq!(
+            patch["metadata"]["labels"],
+            json!({POOL: "cdn", "node-restriction.kubernetes.io/berth.runs.old": null})
+        );
+        assert_eq!(
+            patch["spec"]["taints"],
+            json!([other, {"key": "berth.io/pool", "value": "cdn", "effect": "NoSchedule"}])
+        );
+    }
+
+    #[test]
+    fn a_node_in_sync_gets_no_write() {
+        let current = node(
+            json!({POOL: "cdn"}),
+            json!([{"key": "berth.io/pool", "value": "cdn", "effect": "NoSchedule", "timeAdded": null}]),
+        );
+        let wanted = desired(&[(POOL, "cdn")], Some("cdn"));
+        assert!(in_sync(&current, &wanted));
+        assert!(node_patch(&current, &wanted).is_none());
+    }
 }

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Toleration};
 
 use super::feasibility::{describe_requirement, node_fits, patched_pod, with_pool_state};
 use super::{Decision, Input};
-use crate::names::{ANCHOR_LABEL_PREFIX, APPLIED_ANNOTATION, POOL_LABEL};
+use crate::names::{ANCHOR_LABEL_PREFIX, APPLIED_ANNOTATION, PLACED_LABEL_PREFIX, POOL_LABEL};
 
 /// Explains `decision` for the pod in `input`; `patch_len` is the number of patch
 /// operations, to say whether anything changes.
@@ -19,7 +19,7 @@ pub fn explain(input: &Input, pod_name: &str, decision: &Decision, patch_len: us
     if let Some(reason) = &decision.unreadable {
         let _ = writeln!(
             out,
-            "  berth cannot read this pod ({reason}) and leaves it unchanged."
+            "  berth cannot read this pod ({reason}) and refuses it: what it cannot read, it cannot check."
         );
         return out;
     }
@@ -146,6 +146,9 @@ fn explain_nodes(out: &mut String, input: &Input, decision: &Decision, nodes: &s
 /// What a required node expression means for the pod, in words.
 fn required_in_words(r: &NodeSelectorRequirement) -> String {
     let values = r.values.as_deref().unwrap_or_default().join(", ");
+    if let Some(policy) = r.key.strip_prefix(PLACED_LABEL_PREFIX) {
+        return format!("must avoid nodes where a pod of policy {policy} runs, since {policy} avoids this pod");
+    }
     let anchor = r.key.strip_prefix(ANCHOR_LABEL_PREFIX);
     match (r.key.as_str(), r.operator.as_str(), anchor) {
         (POOL_LABEL, "In", _) => format!("must run on a node of pool {values}"),

@@ -4,12 +4,10 @@
 //! "no pool node fits" warning; resources and inter-pod rules are left to the
 //! scheduler.
 
-use k8s_openapi::api::core::v1::{
-    NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
-};
-use serde::Deserialize;
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration};
 
 use super::grants::Grants;
+use super::pod::PodView;
 use super::warning::bounded;
 use super::{Input, NodeIndex, NodeInfo, build_patch};
 use crate::names::{POOL_LABEL, POOL_TAINT};
@@ -30,30 +28,18 @@ pub fn with_pool_state(name: &str, node: &NodeInfo, policies: &PolicySet) -> Nod
 }
 
 /// Whether `pod` may be placed on the node `name`; the error says why not.
-pub fn node_fits(pod: &Pod, name: &str, node: &NodeInfo) -> Result<(), String> {
-    let Some(spec) = &pod.spec else {
-        return Ok(());
-    };
-    if let Some(wanted) = &spec.node_name
+pub fn node_fits(pod: &PodView, name: &str, node: &NodeInfo) -> Result<(), String> {
+    if let Some(wanted) = pod.node_name()
         && wanted != name
     {
         return Err(format!("the pod names node {wanted}"));
     }
-    for (key, value) in spec.node_selector.iter().flatten() {
+    for (key, value) in pod.node_selector() {
         if node.labels.get(key) != Some(value) {
             return Err(format!("nodeSelector {key}={value} does not match"));
         }
     }
-    let terms = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| {
-            n.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .map(|r| r.node_selector_terms.as_slice())
-        .unwrap_or_default();
+    let terms = pod.required_terms();
     if !terms.is_empty() && !terms.iter().any(|t| term_matches(t, name, node)) {
         let first = terms
             .iter()
@@ -65,10 +51,9 @@ pub fn node_fits(pod: &Pod, name: &str, node: &NodeInfo) -> Result<(), String> {
             .unwrap_or_else(|| "matchFields".into());
         return Err(format!("required node affinity fails ({failing})"));
     }
-    let tolerations = spec.tolerations.as_deref().unwrap_or_default();
     for taint in &node.taints {
         let blocking = taint.effect == "NoSchedule" || taint.effect == "NoExecute";
-        if blocking && !tolerations.iter().any(|t| tolerates(t, taint)) {
+        if blocking && !pod.tolerations().iter().any(|t| tolerates(t, taint)) {
             let value = taint.value.as_deref().unwrap_or_default();
             return Err(format!(
                 "taint {}={value}:{} is not tolerated",
@@ -152,11 +137,11 @@ pub fn describe_requirement(r: &NodeSelectorRequirement) -> String {
     }
 }
 
-/// The pod as it will be after berth's patch, typed.
-pub fn patched_pod(raw: &serde_json::Value, grants: &Grants) -> Option<Pod> {
+/// The pod as it will be after berth's patch.
+pub fn patched_pod(raw: &serde_json::Value, grants: &Grants) -> Option<PodView> {
     let mut pod = raw.clone();
     json_patch::patch(&mut pod, &build_patch(raw, grants)).ok()?;
-    Pod::deserialize(&pod).ok()
+    PodView::read(&pod).ok()
 }
 
 /// Warnings for pools whose nodes the pod's own constraints rule out.

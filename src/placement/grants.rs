@@ -32,6 +32,13 @@ impl Grants {
         }
     }
 
+    /// Holds the pod with the scheduling gate `name`, once.
+    pub fn gate(&mut self, name: &str) {
+        if !self.scheduling_gates.iter().any(|g| g == name) {
+            self.scheduling_gates.push(name.into());
+        }
+    }
+
     pub fn tolerate(&mut self, toleration: Toleration) {
         if !self.tolerations.contains(&toleration) {
             self.tolerations.push(toleration);
@@ -113,9 +120,7 @@ pub fn grants_for(applied: &[&CompiledPolicy]) -> Grants {
             // Node labels alone race: pods created together would all be scheduled
             // before any node is labelled. The gate lets the controller release
             // them so that no two that must avoid each other are in flight at once.
-            if !grants.scheduling_gates.iter().any(|g| g == AVOID_GATE) {
-                grants.scheduling_gates.push(AVOID_GATE.into());
-            }
+            grants.gate(AVOID_GATE);
         }
         grants.applied.push(policy.name.clone());
     }

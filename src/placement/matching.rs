@@ -71,7 +71,7 @@ pub fn match_policies<'p>(
                 continue;
             }
         };
-        if !policy.selects_pod(&labels) {
+        if !policy.selects_pod(labels) {
             matches.passed_over.push(pass_over(
                 "the pod's labels do not match podSelector".into(),
             ));
@@ -92,16 +92,26 @@ pub fn match_policies<'p>(
     matches
 }
 
+/// Whether the namespace opts into `policy`. With no readable namespace config
+/// (`config` is `None`), it opts into nothing.
+pub fn opts_in(
+    policy: &CompiledPolicy,
+    namespace: &NamespaceInfo,
+    config: Option<&NamespaceConfig>,
+) -> bool {
+    config.is_some_and(|c| policy.namespace_opts_in(c, &namespace.labels))
+}
+
 /// Why the namespace opts into `policy`, or `None` if it does not.
 fn opt_in(
     policy: &CompiledPolicy,
     namespace: &NamespaceInfo,
     config: Option<&NamespaceConfig>,
 ) -> Option<String> {
-    let config = config?;
-    if !policy.namespace_opts_in(config, &namespace.labels) {
+    if !opts_in(policy, namespace, config) {
         return None;
     }
+    let config = config?;
     Some(if config.policies.contains(&policy.name) {
         format!(
             "namespace {} opts in with {POLICIES_ANNOTATION}",

@@ -3,6 +3,7 @@
 //! built from it. The webhook, `berth mutate` and `berth explain` are thin doors
 //! onto [`decide`] and [`build_patch`].
 
+pub mod avoid;
 pub mod daemonset;
 pub mod entitlement;
 pub mod explain;
@@ -11,6 +12,7 @@ pub mod grants;
 pub mod matching;
 pub mod patch;
 pub mod pod;
+pub mod records;
 pub mod scheduler;
 pub mod warning;
 
@@ -22,6 +24,7 @@ use serde_json::Value;
 pub use grants::Grants;
 pub use patch::build_patch;
 use pod::PodView;
+pub use pod::Requester;
 use warning::bounded;
 
 use crate::policy::compile::Labels;
@@ -44,7 +47,11 @@ impl NamespaceInfo {
     }
 
     pub fn from_namespace(namespace: &Namespace) -> Self {
-        let meta = &namespace.metadata;
+        Self::from_meta(&namespace.metadata)
+    }
+
+    /// From a namespace's metadata, all berth reads of it.
+    pub fn from_meta(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Self {
         NamespaceInfo {
             name: meta.name.clone().unwrap_or_default(),
             labels: meta.labels.clone().unwrap_or_default(),
@@ -85,6 +92,8 @@ pub struct Input<'a> {
     pub policies: &'a PolicySet,
     /// Known nodes, when there are any (the webhook's cache, `explain --nodes`).
     pub nodes: Option<&'a NodeIndex>,
+    /// Who sends the pod: only the DaemonSet controller makes DaemonSet pods.
+    pub requester: Requester,
 }
 
 /// A policy that applies to the pod, and why.
@@ -116,7 +125,8 @@ pub struct Decision {
     pub warnings: Vec<String>,
     /// Set when the pod must be refused; the reason.
     pub denial: Option<String>,
-    /// Set when the pod could not be read; it is then allowed unchanged.
+    /// Set when the pod could not be read; it is then refused (berth fails closed on
+    /// content it cannot read).
     pub unreadable: Option<String>,
     /// Set when the namespace's berth annotations could not be read; the pod then
     /// gets no grants from them.
@@ -129,7 +139,7 @@ pub fn decide(input: &Input) -> Decision {
         Ok(pod) => pod,
         Err(reason) => {
             return Decision {
-                warnings: vec![bounded(format!("berth left the pod unchanged: {reason}"))],
+                denial: Some(format!("berth cannot read this pod: {reason}")),
                 unreadable: Some(reason),
                 ..Default::default()
             };
@@ -148,29 +158,45 @@ pub fn decide(input: &Input) -> Decision {
         }
     };
 
-    let daemonset = pod.is_daemonset_pod();
+    let daemonset = pod.is_daemonset_pod(input.requester);
     let mut grants = if daemonset {
-        let (grants, warnings) = daemonset::daemonset_grants(&pod, input.policies);
-        decision.warnings.extend(warnings);
-        decision.applied = grants
+        let ds = daemonset::daemonset_grants(&pod, input.policies, input.namespace, input.nodes);
+        decision.denial = ds.denial;
+        decision.applied = ds
+            .grants
             .applied
             .iter()
             .map(|name| Applied {
                 policy: name.clone(),
                 why: vec![format!(
-                    "the pod belongs to a DaemonSet and pool {name} lets DaemonSets run (daemonSets: Tolerate)"
+                    "the pod belongs to a DaemonSet and pool {name} takes DaemonSets of namespace {}",
+                    input.namespace.name
                 )],
             })
             .collect();
-        grants
+        ds.grants
     } else {
         let matches =
             matching::match_policies(&pod, input.namespace, config.as_ref(), input.policies);
         decision.warnings.extend(matches.warnings);
         decision.passed_over = matches.passed_over;
         let applied: Vec<_> = matches.applied.iter().map(|(p, _)| *p).collect();
-        let grants = grants::grants_for(&applied);
+        let mut grants = grants::grants_for(&applied);
         decision.applied = matches.applied.into_iter().map(|(_, a)| a).collect();
+        let targeted = avoid::hold(
+            &pod,
+            input.namespace,
+            config.as_ref(),
+            input.policies,
+            &mut grants,
+        );
+        decision.denial = avoid::node_name_denial(
+            &pod,
+            input.nodes,
+            &grants.applied,
+            &targeted,
+            input.policies,
+        );
         grants
     };
 
@@ -185,7 +211,8 @@ pub fn decide(input: &Input) -> Decision {
     grants.scheduler_name = scheduler;
     decision.warnings.extend(warnings);
 
-    // Entitled pools: every policy that applied (DaemonSet pods: the Tolerate pools).
+    // Entitled pools: every policy that applied (DaemonSet pods: the pools that
+    // take their DaemonSet).
     let entitled: BTreeSet<String> = grants.applied.iter().cloned().collect();
     if !daemonset
         && let Some(exclusion) = entitlement::wildcard_exclusion(&pod, input.policies, &entitled)
@@ -195,7 +222,9 @@ pub fn decide(input: &Input) -> Decision {
     let (stripped, warnings) = entitlement::forged_tolerations(&pod, &grants.tolerations);
     decision.stripped = stripped;
     decision.warnings.extend(warnings);
-    decision.denial = entitlement::node_name_denial(&pod, input.policies, input.nodes, &entitled);
+    let pool_denial =
+        entitlement::node_name_denial(&pod, input.policies, input.nodes, &entitled);
+    decision.denial = pool_denial.or(decision.denial);
 
     if let Some(nodes) = input.nodes {
         decision

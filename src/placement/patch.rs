@@ -7,7 +7,8 @@
 //! Merge rules (SPEC "Merge, never clobber"):
 //! - berth's required node requirements are ANDed into *every* existing
 //!   nodeSelectorTerm: terms are ORed, so adding a term of our own would widen
-//!   placement instead of narrowing it; a pod without terms gets one;
+//!   placement instead of narrowing it; a pod without terms gets one; an empty
+//!   term (it matches no node) is left empty;
 //! - preferred terms and tolerations are appended once, never duplicated;
 //! - what berth owns (pool tolerations, pool and anchor expressions, the applied
 //!   annotation) is removed unless it is still wanted, so admitting berth's own
@@ -21,7 +22,8 @@ use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde_json::{Value, json};
 
 use super::grants::Grants;
-use crate::names::{APPLIED_ANNOTATION, AVOID_GATE, POOL_TAINT, is_owned_node_key};
+use super::pod::is_empty_term;
+use crate::names::{APPLIED_ANNOTATION, POOL_TAINT, is_berth_gate, is_owned_node_key};
 
 const NODE_AFFINITY: [&str; 3] = ["spec", "affinity", "nodeAffinity"];
 const REQUIRED: &str = "requiredDuringSchedulingIgnoredDuringExecution";
@@ -184,6 +186,10 @@ impl Builder<'_> {
         // Descending, so removing a whole term never shifts a term still to come.
         let mut removed_terms = 0;
         for (t, term) in terms.iter().enumerate().rev() {
+            if is_empty_term(term) {
+                // Matches no node; adding berth's expressions would make it match.
+                continue;
+            }
             let index = t.to_string();
             let term_path = [&terms_path[..], &[index.as_str()]].concat();
             let expressions_path = [&term_path[..], &["matchExpressions"]].concat();
@@ -255,6 +261,7 @@ impl Builder<'_> {
     }
 
     /// Scheduling gates can only be added at CREATE, which is when berth mutates.
+    /// Every `berth.io/` gate is berth's: one the pod brings itself is removed.
     fn scheduling_gates(&mut self, wanted: &[Value]) {
         let path = ["spec", "schedulingGates"];
         let Some(current) = lookup(self.raw, &path).and_then(Value::as_array) else {
@@ -264,7 +271,7 @@ impl Builder<'_> {
             }
             return;
         };
-        let owned = |g: &Value| g.get("name").and_then(Value::as_str) == Some(AVOID_GATE);
+        let owned = |g: &Value| g.get("name").and_then(Value::as_str).is_some_and(is_berth_gate);
         let (remove, missing) = reconcile_list(current, wanted, owned);
         for i in remove {
             self.remove(&["spec", "schedulingGates", &i.to_string()]);

@@ -1,18 +1,134 @@
-//! A typed, read-only view of the pod under admission.
+//! A lenient, read-only view of the pod under admission.
 //!
-//! Decisions read the pod through k8s-openapi types; patches are computed against
+//! berth reads only the fields it decides on, into its own small types: never
+//! `metadata.managedFields` (free-form, any depth, timestamps a user may set out of
+//! any range), never `status`, and nothing else it does not need. A pod is refused
+//! only when a field berth needs has the wrong shape. Patches are computed against
 //! the raw JSON (see [`super::patch`]), so fields these types do not know survive.
 
-use k8s_openapi::api::core::v1::{Pod, Toleration};
-use serde::Deserialize;
+use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::{NodeAffinity, NodeSelectorTerm, Toleration};
+use serde::{Deserialize, Deserializer};
+
+use crate::names::is_daemonset_controller;
 use crate::policy::ImageRef;
 use crate::policy::compile::Labels;
 
+/// Who sends the pod to the apiserver, from `request.userInfo`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Requester {
+    /// The DaemonSet controller (see [`crate::names::DAEMONSET_CONTROLLER_USERS`]).
+    DaemonSetController,
+    /// Anyone else: a user, a CI system, another controller.
+    #[default]
+    Other,
+}
+
+impl Requester {
+    pub fn from_username(username: &str) -> Requester {
+        if is_daemonset_controller(username) {
+            Requester::DaemonSetController
+        } else {
+            Requester::Other
+        }
+    }
+}
+
+/// `null` reads as the default: YAML and older clients write `tolerations: null`.
+fn nullable<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Fields {
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    metadata: Meta,
+    #[serde(default, deserialize_with = "nullable")]
+    spec: Spec,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Meta {
+    #[serde(default, deserialize_with = "nullable")]
+    labels: Labels,
+    #[serde(default, deserialize_with = "nullable")]
+    annotations: Labels,
+    #[serde(default, deserialize_with = "nullable")]
+    owner_references: Vec<OwnerReference>,
+}
+
+/// An ownerReference, as far as berth compares them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OwnerReference {
+    #[serde(default)]
+    pub api_version: String,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub uid: String,
+    #[serde(default)]
+    pub controller: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Spec {
+    #[serde(default, deserialize_with = "nullable")]
+    containers: Vec<Container>,
+    #[serde(default, deserialize_with = "nullable")]
+    init_containers: Vec<Container>,
+    #[serde(default, deserialize_with = "nullable")]
+    tolerations: Vec<Toleration>,
+    #[serde(default)]
+    node_name: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    node_selector: BTreeMap<String, String>,
+    #[serde(default, deserialize_with = "nullable")]
+    affinity: Affinity,
+    #[serde(default)]
+    scheduler_name: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    scheduling_gates: Vec<Gate>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Container {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    image: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Affinity {
+    #[serde(default)]
+    node_affinity: Option<NodeAffinity>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+struct Gate {
+    #[serde(default)]
+    name: String,
+}
+
 /// The fields of a pod that placement looks at.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct PodView {
-    pod: Pod,
+    fields: Fields,
 }
 
 /// One container image of the pod and the container that runs it.
@@ -24,30 +140,38 @@ pub struct ContainerImage {
 }
 
 impl PodView {
-    /// Reads `raw` as a Pod; the error says which field has the wrong shape.
+    /// Reads the fields berth needs from `raw`; the error says which field has the
+    /// wrong shape.
     pub fn read(raw: &serde_json::Value) -> Result<PodView, String> {
-        if raw
-            .get("kind")
-            .and_then(|k| k.as_str())
-            .is_some_and(|k| k != "Pod")
-        {
-            return Err(format!("expected a Pod, got kind {}", raw["kind"]));
+        let fields = Fields::deserialize(raw).map_err(|e| format!("not a readable Pod: {e}"))?;
+        if let Some(kind) = fields.kind.as_deref().filter(|k| *k != "Pod") {
+            return Err(format!("expected a Pod, got kind {kind}"));
         }
-        Pod::deserialize(raw)
-            .map(|pod| PodView { pod })
-            .map_err(|e| format!("not a readable Pod: {e}"))
+        Ok(PodView { fields })
     }
 
-    pub fn labels(&self) -> Labels {
-        self.pod.metadata.labels.clone().unwrap_or_default()
+    pub fn labels(&self) -> &Labels {
+        &self.fields.metadata.labels
+    }
+
+    /// The value of the annotation `key`.
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.fields.metadata.annotations.get(key).map(String::as_str)
+    }
+
+    /// The controller ownerReference(s): who recreates the pod.
+    pub fn controllers(&self) -> impl Iterator<Item = &OwnerReference> {
+        self.fields
+            .metadata
+            .owner_references
+            .iter()
+            .filter(|o| o.controller == Some(true))
     }
 
     /// Images of init containers and containers, in that order.
     pub fn images(&self) -> Vec<ContainerImage> {
-        let Some(spec) = &self.pod.spec else {
-            return Vec::new();
-        };
-        let init = spec.init_containers.iter().flatten().map(|c| (c, true));
+        let spec = &self.fields.spec;
+        let init = spec.init_containers.iter().map(|c| (c, true));
         let main = spec.containers.iter().map(|c| (c, false));
         init.chain(main)
             .filter_map(|(c, init)| {
@@ -61,29 +185,64 @@ impl PodView {
     }
 
     pub fn tolerations(&self) -> &[Toleration] {
-        self.pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.tolerations.as_deref())
-            .unwrap_or_default()
+        &self.fields.spec.tolerations
     }
 
     pub fn node_name(&self) -> Option<&str> {
-        self.pod.spec.as_ref()?.node_name.as_deref()
+        self.fields.spec.node_name.as_deref()
+    }
+
+    pub fn node_selector(&self) -> &BTreeMap<String, String> {
+        &self.fields.spec.node_selector
     }
 
     pub fn scheduler_name(&self) -> Option<&str> {
-        self.pod.spec.as_ref()?.scheduler_name.as_deref()
+        self.fields.spec.scheduler_name.as_deref()
     }
 
-    /// Whether a DaemonSet controls this pod (its controller owner reference).
-    pub fn is_daemonset_pod(&self) -> bool {
-        self.pod
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
+    pub fn scheduling_gates(&self) -> impl Iterator<Item = &str> {
+        self.fields.spec.scheduling_gates.iter().map(|g| g.name.as_str())
+    }
+
+    /// The terms of the required node affinity; empty when there is none.
+    pub fn required_terms(&self) -> &[NodeSelectorTerm] {
+        self.fields
+            .spec
+            .affinity
+            .node_affinity
+            .as_ref()
+            .and_then(|n| {
+                n.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
+            .map(|r| r.node_selector_terms.as_slice())
+            .unwrap_or_default()
+    }
+
+    /// Whether the pod's controller ownerReference is an `apps/v1` DaemonSet. Any
+    /// user can write that; see [`PodView::is_daemonset_pod`].
+    fn owned_by_daemonset(&self) -> bool {
+        self.controllers()
+            .any(|o| o.kind == "DaemonSet" && o.api_version == "apps/v1")
+    }
+
+    /// Whether this is a DaemonSet pod: the DaemonSet controller sends it and its
+    /// controller ownerReference is an `apps/v1` DaemonSet. An ownerReference a user
+    /// wrote proves nothing, at CREATE or at UPDATE.
+    pub fn is_daemonset_pod(&self, requester: Requester) -> bool {
+        requester == Requester::DaemonSetController && self.owned_by_daemonset()
+    }
+
+    /// The one node a DaemonSet pod is made for: the DaemonSet controller pins each
+    /// pod with `matchFields metadata.name In [node]` in every required term.
+    pub fn daemonset_node(&self) -> Option<&str> {
+        self.required_terms().iter().find_map(|term| {
+            term.match_fields.iter().flatten().find_map(|f| {
+                let values = f.values.as_deref().unwrap_or_default();
+                (f.key == "metadata.name" && f.operator == "In" && values.len() == 1)
+                    .then(|| values[0].as_str())
+            })
+        })
     }
 }
 
@@ -96,4 +255,65 @@ pub fn is_wildcard_for(toleration: &Toleration, effect: &str) -> bool {
             .effect
             .as_deref()
             .is_none_or(|e| e.is_empty() || e == effect)
+}
+
+/// Whether a node-selector term matches nothing: Kubernetes treats a term with
+/// neither expressions nor fields as matching no node, so berth never adds to one
+/// (that would turn "nothing" into "anything with berth's labels").
+pub fn is_empty_term(term: &serde_json::Value) -> bool {
+    let empty = |key: &str| {
+        term.get(key)
+            .and_then(serde_json::Value::as_array)
+            .is_none_or(|a| a.is_empty())
+    };
+    empty("matchExpressions") && empty("matchFields")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn managed_fields_out_of_range_times_and_deep_values_are_never_read() {
+        let mut deep = json!("leaf");
+        for _ in 0..200 {
+            deep = json!({ "f:x": deep });
+        }
+        let pod = json!({
+            "kind": "Pod",
+            "metadata": {"name": "p", "labels": {"app": "a"},
+                "managedFields": [{"time": "9999-12-31T23:59:59Z", "fieldsV1": deep}],
+                "creationTimestamp": "9999-12-31T23:59:59Z"},
+            "spec": {"nodeName": "node2", "tolerations": null,
+                "containers": [{"name": "c", "image": "nginx"}]},
+            "status": {"conditions": [{"lastTransitionTime": "9999-12-31T23:59:59Z"}]}
+        });
+        let view = PodView::read(&pod).expect("readable");
+        assert_eq!(view.node_name(), Some("node2"));
+        assert_eq!(view.labels()["app"], "a");
+        assert!(view.tolerations().is_empty());
+    }
+
+    #[test]
+    fn a_field_berth_needs_with_the_wrong_shape_is_named() {
+        let pod = json!({"kind": "Pod", "spec": {"tolerations": "all of them"}});
+        let error = PodView::read(&pod).unwrap_err();
+        assert!(error.contains("not a readable Pod"), "{error}");
+        let error = PodView::read(&json!({"kind": "Node"})).unwrap_err();
+        assert_eq!(error, "expected a Pod, got kind Node");
+    }
+
+    #[test]
+    fn only_the_daemonset_controller_makes_daemonset_pods() {
+        let pod = |api_version: &str| {
+            PodView::read(&json!({"kind": "Pod", "metadata": {"ownerReferences": [
+                {"apiVersion": api_version, "kind": "DaemonSet", "name": "agent", "uid": "u", "controller": true}]}}))
+            .unwrap()
+        };
+        let controller = Requester::from_username(crate::names::DAEMONSET_CONTROLLER_USERS[0]);
+        assert!(pod("apps/v1").is_daemonset_pod(controller));
+        assert!(!pod("apps/v1").is_daemonset_pod(Requester::from_username("tenant")));
+        assert!(!pod("redteam.example.com/v1").is_daemonset_pod(controller));
+    }
 }

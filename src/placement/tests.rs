@@ -53,11 +53,22 @@ fn admit_with(
     set: &PolicySet,
     nodes: Option<&NodeIndex>,
 ) -> Outcome {
+    admit_from(pod, ns, set, nodes, Requester::Other)
+}
+
+fn admit_from(
+    pod: &Value,
+    ns: &NamespaceInfo,
+    set: &PolicySet,
+    nodes: Option<&NodeIndex>,
+    requester: Requester,
+) -> Outcome {
     let input = Input {
         pod,
         namespace: ns,
         policies: set,
         nodes,
+        requester,
     };
     let decision = decide(&input);
     for w in &decision.warnings {
@@ -370,6 +381,11 @@ fn daemonset_pod() -> Value {
     pod
 }
 
+/// A DaemonSet pod as the DaemonSet controller sends it.
+fn from_daemonset_controller(pod: &Value, ns: &NamespaceInfo, set: &PolicySet) -> Outcome {
+    admit_from(pod, ns, set, None, Requester::DaemonSetController)
+}
+
 #[test]
 fn daemonset_pods_get_tolerate_pool_tolerations_and_no_node_affinity() {
     let set = mk_set(&[
@@ -380,7 +396,7 @@ fn daemonset_pods_get_tolerate_pool_tolerations_and_no_node_affinity() {
         ),
     ]);
     let pod = daemonset_pod();
-    let out = admit(&pod, &NamespaceInfo::new("kube-logging"), &set);
+    let out = from_daemonset_controller(&pod, &NamespaceInfo::new("kube-logging"), &set);
     assert_eq!(out.pod["spec"]["tolerations"][1], pool_toleration("cdn"));
     assert_eq!(
         out.pod["spec"]["tolerations"].as_array().unwrap().len(),
@@ -392,12 +408,57 @@ fn daemonset_pods_get_tolerate_pool_tolerations_and_no_node_affinity() {
         required_terms(&pod),
         "its own per-node affinity is untouched"
     );
-    assert!(
-        out.decision
-            .warnings
-            .iter()
-            .any(|w| w.contains("pool gpu (daemonSets: Exclude) cannot keep it off"))
-    );
+    assert!(out.decision.denial.is_none(), "it is made for node2, not gpu's node3");
+}
+
+#[test]
+fn a_daemonset_pod_that_tolerates_everything_is_refused_on_a_pool_that_does_not_take_it() {
+    let set = mk_set(&[mk_policy(
+        "gpu",
+        json!({"pool": {"nodeNames": ["node3"], "daemonSets": "Exclude"}}),
+    )]);
+    let mut pod = daemonset_pod();
+    pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"][0]["matchFields"][0]["values"] = json!(["node3"]);
+    let out = from_daemonset_controller(&pod, &NamespaceInfo::new("kube-logging"), &set);
+    let denial = out.decision.denial.expect("refused");
+    assert!(denial.contains("node node3") && denial.contains("daemonSets: Exclude"), "{denial}");
+}
+
+#[test]
+fn dedicated_pools_take_daemonsets_only_from_the_namespaces_they_select() {
+    let set = mk_set(&[mk_policy(
+        "cdn",
+        json!({"pool": {"nodeNames": ["node2"],
+            "daemonSetNamespaces": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}}),
+    )]);
+    let mut system = NamespaceInfo::new("kube-system");
+    system
+        .labels
+        .insert("kubernetes.io/metadata.name".into(), "kube-system".into());
+    let out = from_daemonset_controller(&daemonset_pod(), &system, &set);
+    assert_eq!(out.pod["spec"]["tolerations"][1], pool_toleration("cdn"));
+
+    let mut pod = daemonset_pod();
+    pod["spec"]["tolerations"] = json!([pool_toleration("cdn")]);
+    let out = from_daemonset_controller(&pod, &NamespaceInfo::new("tenant"), &set);
+    assert_eq!(out.pod["spec"]["tolerations"], json!([]), "a forged toleration goes");
+    assert_eq!(out.decision.stripped.len(), 1);
+}
+
+#[test]
+fn an_owner_reference_a_user_wrote_makes_no_daemonset_pod() {
+    let set = mk_set(&[cdn()]);
+    let mut pod = daemonset_pod();
+    pod["spec"]["nodeName"] = json!("node2");
+    pod["spec"]["affinity"] = json!(null);
+    // The same pod, sent by a tenant rather than the DaemonSet controller.
+    let out = admit(&pod, &NamespaceInfo::new("tenant"), &set);
+    let denial = out.decision.denial.expect("node2 is cdn's");
+    assert!(denial.contains("dedicated pool cdn"), "{denial}");
+    assert!(out.decision.grants.tolerations.is_empty());
+    let exclusion = &out.decision.grants.required[0];
+    assert_eq!(exclusion.operator, "NotIn", "the wildcard is kept off the pool");
 }
 
 #[test]
@@ -518,14 +579,91 @@ fn a_pod_in_two_required_pools_may_use_either() {
 }
 
 #[test]
-fn a_pod_that_cannot_be_read_is_left_unchanged_with_a_warning() {
+fn a_pod_that_cannot_be_read_is_refused_with_the_reason() {
     let set = mk_set(&[cdn()]);
     let pod = json!({"kind": "Pod", "spec": {"containers": "not a list"}});
     let out = admit(&pod, &opted_in("cdn"), &set);
     assert!(out.patch.0.is_empty());
+    let denial = out.decision.denial.expect("refused");
     assert!(
-        out.decision.warnings[0].starts_with("berth left the pod unchanged: not a readable Pod")
+        denial.starts_with("berth cannot read this pod: not a readable Pod"),
+        "{denial}"
     );
+}
+
+#[test]
+fn an_empty_term_matches_nothing_and_stays_so() {
+    let set = mk_set(&[cdn()]);
+    let mut pod = mk_pod("cdn");
+    pod["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+        {"matchExpressions": []}
+    ]}}});
+    let out = admit(&pod, &opted_in("cdn"), &set);
+    let terms = required_terms(&out.pod);
+    assert_eq!(terms[1], json!({"matchExpressions": []}), "not widened to every pool node");
+    assert_eq!(terms[0]["matchExpressions"][1], pool_in(&["cdn"]));
+    assert!(admit(&out.pod, &opted_in("cdn"), &set).patch.0.is_empty());
+}
+
+fn masters_avoid_replicas() -> PolicySet {
+    mk_set(&[mk_policy(
+        "masters",
+        json!({"podSelector": {"matchLabels": {"role": "master"}}, "avoid": {"matchLabels": {"role": "replica"}}}),
+    )])
+}
+
+fn labelled(role: &str) -> Value {
+    let mut pod = mk_pod("redis:7");
+    pod["metadata"]["labels"] = json!({"role": role});
+    pod
+}
+
+#[test]
+fn avoid_is_symmetric_a_pod_the_policy_avoids_keeps_off_its_pods_nodes() {
+    let set = masters_avoid_replicas();
+    let out = admit(&labelled("replica"), &opted_in("masters"), &set);
+    assert!(out.decision.applied.is_empty(), "masters does not apply to a replica");
+    assert_eq!(
+        required_terms(&out.pod)[0]["matchExpressions"],
+        json!([{"key": "node-restriction.kubernetes.io/berth.placed.masters", "operator": "DoesNotExist"}])
+    );
+    assert_eq!(out.pod["spec"]["schedulingGates"], json!([{"name": "berth.io/avoid"}]));
+    assert!(admit(&out.pod, &opted_in("masters"), &set).patch.0.is_empty());
+}
+
+#[test]
+fn a_target_in_a_namespace_that_did_not_opt_in_is_kept_apart_but_never_held() {
+    let set = mk_set(&[mk_policy(
+        "masters",
+        json!({"podSelector": {"matchLabels": {"role": "master"}},
+            "avoid": {"matchLabels": {"role": "replica"}}, "anchorNamespaces": "All"}),
+    )]);
+    let out = admit(&labelled("replica"), &NamespaceInfo::new("elsewhere"), &set);
+    assert_eq!(
+        required_terms(&out.pod)[0]["matchExpressions"][0]["key"],
+        "node-restriction.kubernetes.io/berth.placed.masters"
+    );
+    assert!(out.pod["spec"].get("schedulingGates").is_none());
+}
+
+#[test]
+fn a_pod_with_a_node_name_is_never_gated_and_is_refused_beside_a_pod_it_must_avoid() {
+    let set = masters_avoid_replicas();
+    let mut pod = labelled("master");
+    pod["spec"]["nodeName"] = json!("node4");
+    let mut nodes = NodeIndex::new();
+    nodes.insert("node4".into(), NodeInfo::default());
+    let out = admit_with(&pod, &opted_in("masters"), &set, Some(&nodes));
+    assert!(out.pod["spec"].get("schedulingGates").is_none(), "the apiserver refuses gates with a nodeName");
+    assert!(out.decision.denial.is_none());
+
+    let mut anchored = NodeInfo::default();
+    anchored.labels.insert("node-restriction.kubernetes.io/berth.runs.masters".into(), "true".into());
+    nodes.insert("node4".into(), anchored);
+    let out = admit_with(&pod, &opted_in("masters"), &set, Some(&nodes));
+    let denial = out.decision.denial.expect("a replica runs on node4");
+    assert!(denial.contains("policy masters"), "{denial}");
 }
 
 #[test]
@@ -581,8 +719,8 @@ fn avoid_pods_are_held_by_a_scheduling_gate_and_forged_gates_are_removed() {
         "the gate is kept, once"
     );
     let mut forged = mk_pod("nginx");
-    forged["spec"]["schedulingGates"] =
-        json!([{"name": "berth.io/avoid"}, {"name": "example.com/mine"}]);
+    forged["spec"]["schedulingGates"] = json!([{"name": "berth.io/avoid"},
+        {"name": "example.com/mine"}, {"name": "berth.io/gang"}]);
     let out = admit(&forged, &opted_in(""), &set);
     assert_eq!(
         out.pod["spec"]["schedulingGates"],

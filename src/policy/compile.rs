@@ -35,6 +35,8 @@ pub struct CompiledPolicy {
     namespace_selector: Option<Selector>,
     pod_selector: Option<Selector>,
     pool_selector: Option<Selector>,
+    /// `pool.daemonSetNamespaces`: whose DaemonSets may run on the pool.
+    daemonset_namespaces: Option<Selector>,
     /// `colocateWith` or `avoid`: the pods whose nodes carry this policy's anchor label.
     anchor_selector: Option<Selector>,
 }
@@ -81,12 +83,15 @@ impl CompiledPolicy {
             (Some(_), _) => selector("colocateWith", &spec.colocate_with)?,
             (None, _) => selector("avoid", &spec.avoid)?,
         };
-        let pool_selector = match &spec.pool {
+        let (pool_selector, daemonset_namespaces) = match &spec.pool {
             Some(pool) => {
                 check_pool(pool).map_err(error)?;
-                selector("pool.nodeSelector", &pool.node_selector)?
+                (
+                    selector("pool.nodeSelector", &pool.node_selector)?,
+                    selector("pool.daemonSetNamespaces", &pool.daemon_set_namespaces)?,
+                )
             }
-            None => None,
+            None => (None, None),
         };
         if let Some(affinity) = &spec.node_affinity {
             let preferred = affinity.preferred.iter().map(|p| &p.preference);
@@ -121,8 +126,21 @@ impl CompiledPolicy {
             namespace_selector,
             pod_selector,
             pool_selector,
+            daemonset_namespaces,
             anchor_selector,
         })
+    }
+
+    /// Whether DaemonSets of a namespace with these labels may run on this policy's
+    /// dedicated pool: `daemonSets: Tolerate`, and `daemonSetNamespaces` (absent:
+    /// every namespace) matches.
+    pub fn takes_daemonsets_from(&self, namespace_labels: &Labels) -> bool {
+        self.dedicated_pool()
+            .is_some_and(|pool| pool.daemon_sets == super::crd::DaemonSets::Tolerate)
+            && self
+                .daemonset_namespaces
+                .as_ref()
+                .is_none_or(|s| s.matches(namespace_labels))
     }
 
     /// Whether a namespace's labels match `namespaceSelector` (absent: no).
@@ -184,6 +202,99 @@ impl CompiledPolicy {
     }
 }
 
+/// A PlacementPolicy as a watch delivers it: its identity, and the policy, or why
+/// this berth cannot read its spec (a field it does not know, a wrong type).
+#[derive(Debug, Clone)]
+pub struct PolicySource {
+    pub name: String,
+    pub uid: Option<String>,
+    pub deleting: bool,
+    pub policy: Result<PlacementPolicy, String>,
+}
+
+impl From<&PlacementPolicy> for PolicySource {
+    fn from(policy: &PlacementPolicy) -> Self {
+        PolicySource {
+            name: policy.name_any(),
+            uid: policy.metadata.uid.clone(),
+            deleting: policy.metadata.deletion_timestamp.is_some(),
+            policy: Ok(policy.clone()),
+        }
+    }
+}
+
+/// The policies in force, and the ones that do not compile now.
+#[derive(Debug, Clone, Default)]
+pub struct Compiled {
+    pub set: PolicySet,
+    /// Policies that do not compile, by name; those with a last good version
+    /// keep it in force (`kept`).
+    pub errors: BTreeMap<String, Invalid>,
+}
+
+/// A policy whose current spec cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub error: PolicyError,
+    /// Whether its last good version stays in force.
+    pub kept: bool,
+}
+
+/// Compiles policies as the watches deliver them, remembering the last good version
+/// of each (by uid).
+///
+/// A policy that stops compiling (a bad glob applied while `/validate` was down, a
+/// field this berth does not know) keeps its last good version in force, so its
+/// nodes keep their labels and taints and its held pods stay held: it is never
+/// treated as deleted. A policy being deleted is left out at once.
+#[derive(Debug, Default)]
+pub struct PolicyCompiler {
+    last_good: BTreeMap<String, CompiledPolicy>,
+}
+
+impl PolicyCompiler {
+    pub fn compile(&mut self, sources: impl IntoIterator<Item = PolicySource>) -> Compiled {
+        let mut compiled = Compiled::default();
+        let mut seen = BTreeMap::new();
+        for source in sources {
+            let key = source.uid.clone().unwrap_or_else(|| source.name.clone());
+            if source.deleting {
+                continue;
+            }
+            let result = source
+                .policy
+                .map_err(|problem| PolicyError {
+                    policy: source.name.clone(),
+                    problem: format!("the spec cannot be read: {problem}"),
+                })
+                .and_then(|p| CompiledPolicy::compile(&p));
+            match result {
+                Ok(policy) => {
+                    seen.insert(key, policy.clone());
+                    compiled.set.policies.insert(policy.name.clone(), policy);
+                }
+                Err(error) => {
+                    let last = self.last_good.get(&key).cloned();
+                    compiled.errors.insert(
+                        source.name.clone(),
+                        Invalid {
+                            error,
+                            kept: last.is_some(),
+                        },
+                    );
+                    if let Some(last) = last {
+                        compiled.set.policies.insert(last.name.clone(), last.clone());
+                        seen.insert(key, last);
+                    }
+                }
+            }
+        }
+        // Policies that are gone (or being deleted) are forgotten.
+        self.last_good = seen;
+        compiled
+    }
+}
+
 fn check_pool(pool: &Pool) -> Result<(), String> {
     if pool.node_names.is_empty() && pool.node_selector.is_none() {
         return Err("pool selects no nodes: set pool.nodeNames or pool.nodeSelector".into());
@@ -223,13 +334,18 @@ pub struct PolicySet {
 
 impl PolicySet {
     /// Compiles `policies`; the ones that cannot be used are left out and returned
-    /// as errors, so one bad policy never disables the others.
+    /// as errors, so one bad policy never disables the others. A policy being
+    /// deleted is left out too: it stops granting at once, while its finalizer
+    /// cleans its nodes.
     pub fn compile<'a>(
         policies: impl IntoIterator<Item = &'a PlacementPolicy>,
     ) -> (PolicySet, Vec<PolicyError>) {
         let mut set = PolicySet::default();
         let mut errors = Vec::new();
         for policy in policies {
+            if policy.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
             match CompiledPolicy::compile(policy) {
                 Ok(compiled) => {
                     set.policies.insert(compiled.name.clone(), compiled);
@@ -348,6 +464,54 @@ mod tests {
         assert!(errors.is_empty());
         assert_eq!(set.pool_of_node("node2", None).unwrap().name, "zeta");
         assert!(set.pool_of_node("node1", None).is_none());
+    }
+
+    fn source(policy: &PlacementPolicy) -> PolicySource {
+        let mut source = PolicySource::from(policy);
+        source.uid = Some(format!("uid-{}", source.name));
+        source
+    }
+
+    #[test]
+    fn a_policy_that_stops_compiling_keeps_its_last_good_version() {
+        let mut compiler = PolicyCompiler::default();
+        let good = policy("cdn", pool_on(&["node2"]));
+        let compiled = compiler.compile([source(&good)]);
+        assert!(compiled.set.get("cdn").is_some() && compiled.errors.is_empty());
+
+        let mut bad = good.clone();
+        bad.spec.images = vec!["[cdn".into()];
+        let compiled = compiler.compile([source(&bad)]);
+        let kept = compiled.set.get("cdn").expect("the last good version stays");
+        assert_eq!(kept.spec.pool.as_ref().unwrap().node_names, ["node2"]);
+        assert!(kept.spec.images.is_empty());
+        assert!(compiled.errors["cdn"].kept);
+        assert!(compiled.errors["cdn"].error.problem.contains("bad image glob"));
+
+        // A spec this berth cannot read at all is treated the same way.
+        let mut unreadable = source(&good);
+        unreadable.policy = Err("unknown field `future`".into());
+        let compiled = compiler.compile([unreadable]);
+        assert!(compiled.set.get("cdn").is_some());
+        assert!(compiled.errors["cdn"].error.problem.contains("unknown field"));
+    }
+
+    #[test]
+    fn a_policy_that_never_compiled_or_is_being_deleted_is_not_in_force() {
+        let mut compiler = PolicyCompiler::default();
+        let mut bad = policy("cdn", pool_on(&["node2"]));
+        bad.spec.images = vec!["[cdn".into()];
+        let compiled = compiler.compile([source(&bad)]);
+        assert!(compiled.set.is_empty());
+        assert!(!compiled.errors["cdn"].kept);
+
+        let good = policy("cdn", pool_on(&["node2"]));
+        compiler.compile([source(&good)]);
+        let mut deleting = source(&good);
+        deleting.deleting = true;
+        assert!(compiler.compile([deleting]).set.is_empty());
+        // Forgotten once deleted: a new policy of that name does not inherit it.
+        assert!(compiler.compile([source(&bad)]).set.is_empty());
     }
 
     #[test]

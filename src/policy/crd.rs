@@ -89,6 +89,10 @@ pub struct Pool {
     /// Whether DaemonSet pods may run on pool nodes.
     #[serde(default)]
     pub daemon_sets: DaemonSets,
+    /// With `daemonSets: Tolerate`, only DaemonSets in namespaces whose labels match
+    /// may run on pool nodes. Absent: DaemonSets of every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon_set_namespaces: Option<LabelSelector>,
 }
 
 impl Default for Pool {
@@ -101,6 +105,7 @@ impl Default for Pool {
             placement: Placement::default(),
             weight: default_weight(),
             daemon_sets: DaemonSets::default(),
+            daemon_set_namespaces: None,
         }
     }
 }
@@ -178,7 +183,13 @@ pub struct PlacementPolicyStatus {
     /// Nodes in the pool now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<i32>,
-    /// `Ready`; `Conflict` when a node is claimed by two pools (the older one wins).
+    /// The names of the pool's nodes now, sorted. The ValidatingAdmissionPolicy reads
+    /// them (it cannot see Node labels) to refuse `spec.nodeName` on a pool node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_names: Vec<String>,
+    /// `Ready` (False while the spec does not compile; the last good version stays
+    /// in force); `Conflict` when a node is claimed by two pools (the older one wins);
+    /// `UnentitledPods`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

@@ -5,8 +5,10 @@ pub mod annotations;
 pub mod compile;
 pub mod crd;
 pub mod image;
+pub mod opt_in;
 
 pub use annotations::{AnnotationError, NamespaceConfig};
 pub use compile::{CompiledPolicy, PolicyError, PolicySet};
 pub use crd::{PlacementPolicy, PlacementPolicySpec};
 pub use image::{ImagePatterns, ImageRef};
+pub use opt_in::{NamespaceOptIn, OptIn};

@@ -1,0 +1,243 @@
+//! What the controller writes on policies: the finalizer that lets it clean a
+//! deleted policy's nodes, and `status` (nodes, conditions) with Events for new
+//! problems.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::desired::DesiredNode;
+use super::events::{Reported, event};
+use super::run::{Pass, Snapshot};
+use crate::names::{FIELD_MANAGER, POOL_LABEL, POOL_TAINT, policy_of_node_label};
+use crate::objects::{NodeObject, PolicyObject};
+use crate::policy::crd::PlacementPolicyStatus;
+use crate::telemetry::PolicyLabels;
+
+/// The finalizer that lets berth clean a deleted policy's labels and taints.
+pub const FINALIZER: &str = "berth.io/cleanup";
+
+fn params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    }
+}
+
+/// Sets `policy`'s finalizers to `finalizers`, if its resourceVersion still holds.
+async fn set_finalizers(
+    api: &Api<PolicyObject>,
+    policy: &PolicyObject,
+    finalizers: Vec<&String>,
+) -> kube::Result<()> {
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": policy.resource_version()}});
+    api.patch(&policy.name_any(), &params(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+}
+
+/// Live policies get the finalizer before they have any effect on nodes.
+pub async fn add_finalizers(pass: &Pass<'_>, snapshot: &Snapshot) -> kube::Result<()> {
+    let api: Api<PolicyObject> = Api::all(pass.client.clone());
+    for policy in snapshot.objects.iter().filter(|p| p.meta().deletion_timestamp.is_none()) {
+        if !policy.finalizers().iter().any(|f| f == FINALIZER) {
+            let mut finalizers: Vec<&String> = policy.finalizers().iter().collect();
+            let ours = FINALIZER.to_string();
+            finalizers.push(&ours);
+            set_finalizers(&api, policy, finalizers).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `node` still carries anything of `policy`: its pool label, an anchor or
+/// placed label, or its taint.
+fn carries(node: &NodeObject, policy: &str) -> bool {
+    node.labels()
+        .iter()
+        .any(|(k, v)| policy_of_node_label(k, v) == Some(policy))
+        || node.spec.taints.iter().any(|t| {
+            t.get("key").and_then(|k| k.as_str()) == Some(POOL_TAINT)
+                && t.get("value").and_then(|v| v.as_str()) == Some(policy)
+        })
+}
+
+/// Lets a deleted policy go once its own nodes are clean: every node that carried
+/// something of it was written successfully in this pass. Nodes of other policies
+/// that failed to write do not hold it back.
+pub async fn release_deleted(
+    pass: &Pass<'_>,
+    snapshot: &Snapshot,
+    nodes: &[Arc<NodeObject>],
+    failed: &std::collections::BTreeSet<String>,
+) -> kube::Result<()> {
+    let api: Api<PolicyObject> = Api::all(pass.client.clone());
+    for policy in snapshot.objects.iter().filter(|p| p.meta().deletion_timestamp.is_some()) {
+        let name = policy.name_any();
+        let dirty = nodes
+            .iter()
+            .any(|n| carries(n, &name) && failed.contains(&n.name_any()));
+        let ours = policy.finalizers().iter().any(|f| f == FINALIZER);
+        if ours && !dirty {
+            let rest = policy.finalizers().iter().filter(|f| *f != FINALIZER).collect();
+            set_finalizers(&api, policy, rest).await?;
+        }
+    }
+    Ok(())
+}
+
+fn condition(type_: &str, status: bool, reason: &str, message: String, previous: &[Condition]) -> Condition {
+    let status = if status { "True" } else { "False" };
+    // The transition time moves only when the status does.
+    let last_transition_time = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::now()));
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time,
+        observed_generation: None,
+    }
+}
+
+/// `Ready`: whether the controller keeps the policy as written.
+fn ready(snapshot: &Snapshot, name: &str, previous: &[Condition]) -> Condition {
+    match snapshot.compiled.errors.get(name) {
+        None => condition(
+            "Ready",
+            true,
+            "Reconciled",
+            "the controller keeps this policy's nodes".into(),
+            previous,
+        ),
+        Some(invalid) => {
+            let consequence = if invalid.kept {
+                "the last good version stays in force"
+            } else {
+                "the policy is not in force"
+            };
+            condition(
+                "Ready",
+                false,
+                "InvalidSpec",
+                format!("{}; {consequence}", invalid.error.problem),
+                previous,
+            )
+        }
+    }
+}
+
+/// Writes each live policy's status when it changed; Events for new conflicts and
+/// pods without entitlement.
+pub async fn update_statuses(
+    pass: &Pass<'_>,
+    snapshot: &Snapshot,
+    plans: &[(Arc<NodeObject>, DesiredNode)],
+    reported: &mut Reported,
+) -> kube::Result<()> {
+    let api: Api<PolicyObject> = Api::all(pass.client.clone());
+    let mut owned: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (node, desired) in plans {
+        if let Some(pool) = desired.labels.get(POOL_LABEL) {
+            owned.entry(pool).or_default().push(node.name_any());
+        }
+    }
+    for policy in snapshot.objects.iter().filter(|p| p.meta().deletion_timestamp.is_none()) {
+        let name = policy.name_any();
+        let mut node_names = owned.get(name.as_str()).cloned().unwrap_or_default();
+        node_names.sort();
+        let lost: Vec<String> = plans
+            .iter()
+            .filter(|(_, d)| d.losing_claims.contains(&name))
+            .map(|(n, _)| n.name_any())
+            .collect();
+        let unentitled: Vec<&(String, String, String)> = plans
+            .iter()
+            .filter(|(_, d)| d.labels.get(POOL_LABEL) == Some(&name))
+            .flat_map(|(_, d)| d.unentitled.iter())
+            .collect();
+        pass.metrics
+            .unentitled_pods
+            .get_or_create(&PolicyLabels { policy: name.clone() })
+            .set(unentitled.len() as i64);
+
+        let current = policy
+            .status
+            .as_ref()
+            .and_then(|s| PlacementPolicyStatus::deserialize(s).ok());
+        let previous = current.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+        let conflict_message = if lost.is_empty() {
+            "no node of this pool is claimed by an older policy".to_string()
+        } else {
+            format!("nodes claimed by an older policy: {}", lost.join(", "))
+        };
+        let unentitled_message = if unentitled.is_empty() {
+            "every pod on this pool's nodes is entitled".to_string()
+        } else {
+            let names: Vec<String> = unentitled.iter().map(|(ns, p, _)| format!("{ns}/{p}")).collect();
+            format!("pods without entitlement on pool nodes: {}", names.join(", "))
+        };
+        let status = PlacementPolicyStatus {
+            nodes: Some(node_names.len() as i32),
+            node_names,
+            conditions: vec![
+                ready(snapshot, &name, previous),
+                condition("Conflict", !lost.is_empty(), "PoolConflict", conflict_message, previous),
+                condition(
+                    "UnentitledPods",
+                    !unentitled.is_empty(),
+                    "UnentitledPods",
+                    unentitled_message,
+                    previous,
+                ),
+            ],
+        };
+        if current.as_ref() != Some(&status) {
+            let patch = json!({"status": status});
+            api.patch_status(&name, &params(), &Patch::Merge(&patch)).await?;
+        }
+
+        let reference = policy.object_ref(&());
+        let uid = policy.uid().unwrap_or_default();
+        let mut events = Vec::new();
+        if let Some(invalid) = snapshot.compiled.errors.get(&name) {
+            events.push((
+                format!("invalid/{uid}/{}", policy.resource_version().unwrap_or_default()),
+                EventType::Warning,
+                "InvalidSpec",
+                invalid.error.problem.clone(),
+            ));
+        }
+        for node in &lost {
+            events.push((
+                format!("conflict/{uid}/{node}"),
+                EventType::Warning,
+                "PoolConflict",
+                format!("node {node} belongs to an older policy's pool"),
+            ));
+        }
+        for (ns, pod, pod_uid) in unentitled {
+            events.push((
+                format!("unentitled/{uid}/{pod_uid}"),
+                EventType::Warning,
+                "UnentitledPod",
+                format!("pod {ns}/{pod} runs on pool {name} without entitlement"),
+            ));
+        }
+        for (key, type_, reason, note) in events {
+            let event = event(type_, reason, "Reconcile", note);
+            reported.publish(pass.recorder, key, event, &reference).await;
+        }
+    }
+    Ok(())
+}

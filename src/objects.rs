@@ -1,0 +1,421 @@
+//! Kubernetes objects as berth reads them from the apiserver: only the parts it
+//! uses, leniently.
+//!
+//! Tenants write pods and DaemonSets, kubelets write their Nodes, and either can
+//! put anything in `metadata.managedFields`: JSON nested deeper than a parser's
+//! recursion limit, or a timestamp the apiserver accepts and a Rust time type does
+//! not (`9999-12-31T23:59:59Z`). Read with the full k8s-openapi types, one such
+//! object fails its watch event, and a relist page holding it fails whole: berth
+//! would be blind to every object of that kind. These types skip `managedFields`
+//! unparsed (serde_json skips a value without recursion), drop timestamps that do
+//! not parse, and read nothing else berth does not need.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::marker::PhantomData;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::Resource;
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_json::{Map, Value};
+
+use crate::policy::compile::{Labels, PolicySource};
+use crate::policy::{PlacementPolicy, PlacementPolicySpec};
+
+/// `null` reads as the default.
+fn nullable<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+/// A timestamp, or nothing when it does not parse.
+fn lenient_time<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Time>, D::Error> {
+    let text = Option::<String>::deserialize(deserializer)?;
+    Ok(text.and_then(|t| t.parse().ok()).map(Time))
+}
+
+/// The parts of `metadata` berth uses. Unknown keys, `managedFields` among them,
+/// are skipped unparsed.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct MetaFields {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
+    #[serde(default)]
+    resource_version: Option<String>,
+    #[serde(default)]
+    generation: Option<i64>,
+    #[serde(default, deserialize_with = "nullable")]
+    labels: Labels,
+    #[serde(default, deserialize_with = "nullable")]
+    annotations: Labels,
+    #[serde(default, deserialize_with = "nullable")]
+    owner_references: Vec<OwnerReference>,
+    #[serde(default, deserialize_with = "nullable")]
+    finalizers: Vec<String>,
+    #[serde(default, deserialize_with = "lenient_time")]
+    creation_timestamp: Option<Time>,
+    #[serde(default, deserialize_with = "lenient_time")]
+    deletion_timestamp: Option<Time>,
+}
+
+/// `metadata`, read leniently into the usual `ObjectMeta`, without `managedFields`.
+fn lenient_meta<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
+    let m = Option::<MetaFields>::deserialize(deserializer)?.unwrap_or_default();
+    let some = |map: Labels| (!map.is_empty()).then_some(map);
+    Ok(ObjectMeta {
+        name: m.name,
+        namespace: m.namespace,
+        uid: m.uid,
+        resource_version: m.resource_version,
+        generation: m.generation,
+        labels: some(m.labels),
+        annotations: some(m.annotations),
+        owner_references: (!m.owner_references.is_empty()).then_some(m.owner_references),
+        finalizers: (!m.finalizers.is_empty()).then_some(m.finalizers),
+        creation_timestamp: m.creation_timestamp,
+        deletion_timestamp: m.deletion_timestamp,
+        ..ObjectMeta::default()
+    })
+}
+
+/// Implements `kube::Resource` for a lenient type by borrowing the kind, group,
+/// version and plural of the k8s-openapi type it stands for.
+macro_rules! stands_for {
+    ($lenient:ty, $of:ty, metadata_api: $meta:expr, $($generics:tt)*) => {
+        impl $($generics)* Resource for $lenient {
+            type DynamicType = ();
+            type Scope = <$of as Resource>::Scope;
+            fn kind(_: &()) -> Cow<'_, str> {
+                <$of as Resource>::kind(&())
+            }
+            fn group(_: &()) -> Cow<'_, str> {
+                <$of as Resource>::group(&())
+            }
+            fn version(_: &()) -> Cow<'_, str> {
+                <$of as Resource>::version(&())
+            }
+            fn plural(_: &()) -> Cow<'_, str> {
+                <$of as Resource>::plural(&())
+            }
+            fn metadata_api() -> bool {
+                $meta
+            }
+            fn meta(&self) -> &ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut ObjectMeta {
+                &mut self.metadata
+            }
+        }
+    };
+}
+
+/// Only the metadata of a `K`: a metadata-only watch (the apiserver sends
+/// `PartialObjectMetadata`), so that, say, Node heartbeats never reach berth.
+#[derive(Debug, Deserialize)]
+pub struct MetaOnly<K> {
+    #[serde(default, deserialize_with = "lenient_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(skip)]
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<K> Clone for MetaOnly<K> {
+    fn clone(&self) -> Self {
+        MetaOnly {
+            metadata: self.metadata.clone(),
+            kind: PhantomData,
+        }
+    }
+}
+
+stands_for!(MetaOnly<K>, K, metadata_api: true, <K: Resource<DynamicType = ()>>);
+
+/// A Namespace's metadata: its labels and annotations are all berth reads.
+pub type NamespaceMeta = MetaOnly<Namespace>;
+/// A Node's metadata: its labels.
+pub type NodeMeta = MetaOnly<Node>;
+
+/// A Node with its taints, for the controller, which writes them.
+#[derive(Debug, Clone, Deserialize)]
+pub struct NodeObject {
+    #[serde(default, deserialize_with = "lenient_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default, deserialize_with = "nullable")]
+    pub spec: NodeSpec,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NodeSpec {
+    /// Each taint as the apiserver has it: berth writes back the ones it does not
+    /// own exactly as they were (`timeAdded` included).
+    #[serde(default, deserialize_with = "nullable")]
+    pub taints: Vec<Value>,
+}
+
+stands_for!(NodeObject, Node, metadata_api: false,);
+
+/// A Pod, for the controller: where it is bound, what holds it, its phase.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PodObject {
+    #[serde(default, deserialize_with = "lenient_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default, deserialize_with = "nullable")]
+    pub spec: PodSpec,
+    #[serde(default, deserialize_with = "nullable")]
+    pub status: PodStatus,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    #[serde(default)]
+    pub node_name: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub scheduling_gates: Vec<Gate>,
+    /// `spec.affinity`, raw: a held pod's required terms are narrowed on release.
+    #[serde(default)]
+    pub affinity: Option<Value>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Gate {
+    #[serde(default)]
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PodStatus {
+    #[serde(default)]
+    pub phase: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub conditions: Vec<PodCondition>,
+}
+
+/// A pod condition without its timestamps.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PodCondition {
+    #[serde(rename = "type", default)]
+    pub type_: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+stands_for!(PodObject, Pod, metadata_api: false,);
+
+impl PodObject {
+    /// Whether the pod has finished (Succeeded or Failed): it holds no node.
+    pub fn is_terminated(&self) -> bool {
+        matches!(self.status.phase.as_deref(), Some("Succeeded" | "Failed"))
+    }
+
+    /// Whether the pod is being deleted (terminating).
+    pub fn is_terminating(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+
+    /// The scheduler's reason for not placing the pod, from its PodScheduled
+    /// condition.
+    pub fn unscheduled_reason(&self) -> Option<String> {
+        self.status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+            .map(|c| c.message.clone().or_else(|| c.reason.clone()).unwrap_or_default())
+    }
+
+    /// The index of the scheduling gate `name`, if the pod is held by it.
+    pub fn gate(&self, name: &str) -> Option<usize> {
+        self.spec.scheduling_gates.iter().position(|g| g.name == name)
+    }
+}
+
+/// A PlacementPolicy, its spec raw: read into berth's types one object at a time,
+/// so a spec this berth cannot read (a field from a newer berth) is one policy
+/// reported, not a failed watch.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PolicyObject {
+    #[serde(default, deserialize_with = "lenient_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: Value,
+    #[serde(default)]
+    pub status: Option<Value>,
+}
+
+stands_for!(PolicyObject, PlacementPolicy, metadata_api: false,);
+
+impl PolicyObject {
+    /// The policy as berth's types read it, or why they cannot.
+    pub fn source(&self) -> PolicySource {
+        let policy = PlacementPolicySpec::deserialize(&self.spec)
+            .map(|spec| PlacementPolicy {
+                metadata: self.metadata.clone(),
+                spec,
+                status: None,
+            })
+            .map_err(|e| e.to_string());
+        PolicySource {
+            name: self.metadata.name.clone().unwrap_or_default(),
+            uid: self.metadata.uid.clone(),
+            deleting: self.metadata.deletion_timestamp.is_some(),
+            policy,
+        }
+    }
+}
+
+/// A DaemonSet, its spec raw: the controller brings its pod template in line.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DaemonSetObject {
+    #[serde(default, deserialize_with = "lenient_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: Value,
+}
+
+stands_for!(DaemonSetObject, DaemonSet, metadata_api: false,);
+
+impl DaemonSetObject {
+    /// The DaemonSet as JSON with its spec, as the template patch reads it.
+    pub fn as_json(&self) -> Value {
+        serde_json::json!({"spec": self.spec})
+    }
+}
+
+/// What [`read_json`] skips besides `metadata.managedFields`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// Nothing else.
+    Nothing,
+    /// `status` too: admission decides on the spec.
+    Status,
+}
+
+/// An object as JSON, with `metadata.managedFields` (and per `skip`, `status`)
+/// skipped unparsed: serde_json skips a value without recursion, so no depth
+/// there can fail the read. `null` is no object.
+pub fn read_json(text: &str, skip: Skip) -> serde_json::Result<Option<Value>> {
+    if text.trim() == "null" {
+        return Ok(None);
+    }
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let object = LenientSeed { top: true, skip }.deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(Some(Value::Object(object)))
+}
+
+/// Reads an object (`top`) or its metadata, skipping what [`read_json`] skips.
+#[derive(Clone, Copy)]
+struct LenientSeed {
+    top: bool,
+    skip: Skip,
+}
+
+impl<'de> DeserializeSeed<'de> for LenientSeed {
+    type Value = Map<String, Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for LenientSeed {
+    type Value = Map<String, Value>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+        let mut map = Map::new();
+        while let Some(key) = access.next_key::<String>()? {
+            match (self.top, key.as_str()) {
+                (true, "status") if self.skip == Skip::Status => {
+                    access.next_value::<IgnoredAny>()?;
+                }
+                (false, "managedFields") => {
+                    access.next_value::<IgnoredAny>()?;
+                }
+                (true, "metadata") => {
+                    let meta = access.next_value_seed(LenientSeed { top: false, ..self })?;
+                    map.insert(key, Value::Object(meta));
+                }
+                _ => {
+                    let value = access.next_value::<Value>()?;
+                    map.insert(key, value);
+                }
+            }
+        }
+        Ok(map)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::ObjectList;
+
+    /// What a poisoned pod looks like to a watch: managedFields too deep for a
+    /// recursive parser, and a time out of range.
+    fn poisoned_pod(name: &str) -> String {
+        let deep = format!("{}{}", "{\"f:x\":".repeat(300), "{}".to_owned() + &"}".repeat(300));
+        format!(
+            r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"t","uid":"u-{name}",
+            "creationTimestamp":"2026-11-23T10:00:00Z",
+            "managedFields":[{{"manager":"x","time":"9999-12-31T23:59:59Z","fieldsType":"FieldsV1","fieldsV1":{deep}}}]}},
+            "spec":{{"nodeName":"node2","containers":[{{"name":"c","image":"x"}}]}},"status":{{"phase":"Pending"}}}}"#
+        )
+    }
+
+    #[test]
+    fn a_poisoned_pod_does_not_fail_the_list_page_that_holds_it() {
+        let page = format!(
+            r#"{{"apiVersion":"v1","kind":"PodList","metadata":{{"resourceVersion":"7"}},"items":[{},{}]}}"#,
+            poisoned_pod("a"),
+            poisoned_pod("b")
+        );
+        assert!(
+            serde_json::from_str::<ObjectList<Pod>>(&page).is_err(),
+            "the full type fails, which is why these types exist"
+        );
+        let list: ObjectList<PodObject> = serde_json::from_str(&page).expect("lenient read");
+        assert_eq!(list.items.len(), 2);
+        assert_eq!(list.items[1].spec.node_name.as_deref(), Some("node2"));
+        assert!(list.items[0].metadata.creation_timestamp.is_some());
+        assert!(list.items[0].metadata.managed_fields.is_none());
+    }
+
+    #[test]
+    fn a_policy_whose_spec_this_berth_cannot_read_is_reported_alone() {
+        let object: PolicyObject = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "cdn", "uid": "u"},
+            "spec": {"pool": {"nodeNames": ["node2"]}, "fromTheFuture": true}}))
+        .unwrap();
+        let source = object.source();
+        assert_eq!(source.name, "cdn");
+        assert!(source.policy.unwrap_err().contains("fromTheFuture"));
+    }
+
+    #[test]
+    fn metadata_only_types_ask_for_metadata() {
+        assert!(NodeMeta::metadata_api());
+        assert!(!NodeObject::metadata_api());
+        assert_eq!(NodeMeta::plural(&()), "nodes");
+        assert_eq!(PolicyObject::group(&()), "berth.io");
+    }
+}

@@ -1,0 +1,85 @@
+//! What only berth may change on a pod that exists (SPEC "Enforcement that holds
+//! while berth is down"): its record `berth.io/applied`, which the controller reads
+//! for entitlement, anchors and exclusion; its `berth.io/` scheduling gates, which
+//! hold it until the controller has narrowed where it may go; and who controls it
+//! (controller ownerReferences), which decides whether it is a DaemonSet pod.
+//!
+//! Kubernetes' own controllers adopt and orphan pods (a ReplicaSet adopts a
+//! matching pod, the garbage collector orphans them), so they may change controller
+//! ownerReferences too. The same rules run in the apiserver as CEL, with berth
+//! down (see [`crate::admission::cel`]).
+
+use super::pod::{OwnerReference, PodView};
+use crate::names::{APPLIED_ANNOTATION, is_berth_gate};
+
+/// Whether `username` is one of kube-controller-manager's controllers.
+pub fn is_kube_controller(username: &str) -> bool {
+    username.starts_with("system:serviceaccount:kube-system:")
+        || username == "system:kube-controller-manager"
+}
+
+/// The changes from `old` to `new` that `username` may not make; empty when the
+/// update may go on. `berth` is berth's own identity, which may make them all.
+pub fn forbidden_changes(old: &PodView, new: &PodView, username: &str, berth: &str) -> Vec<String> {
+    let mut forbidden = Vec::new();
+    if username == berth {
+        return forbidden;
+    }
+    if old.annotation(APPLIED_ANNOTATION) != new.annotation(APPLIED_ANNOTATION) {
+        forbidden.push(format!(
+            "{APPLIED_ANNOTATION} is berth's record of what it applied; only berth sets it"
+        ));
+    }
+    for gate in old.scheduling_gates().filter(|g| is_berth_gate(g)) {
+        if !new.scheduling_gates().any(|g| g == gate) {
+            forbidden.push(format!("the scheduling gate {gate} is berth's; only berth removes it"));
+        }
+    }
+    let controllers = |p: &PodView| p.controllers().cloned().collect::<Vec<OwnerReference>>();
+    if !is_kube_controller(username) && controllers(old) != controllers(new) {
+        forbidden.push(
+            "a pod's controller ownerReference is set by its controller, not changed afterwards"
+                .into(),
+        );
+    }
+    forbidden
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(applied: &str, gates: &[&str], owner: Option<&str>) -> PodView {
+        let owners: Vec<_> = owner
+            .map(|kind| json!({"apiVersion": "apps/v1", "kind": kind, "name": "x", "uid": "u", "controller": true}))
+            .into_iter()
+            .collect();
+        let gates: Vec<_> = gates.iter().map(|g| json!({"name": g})).collect();
+        PodView::read(&json!({"kind": "Pod",
+            "metadata": {"annotations": {"berth.io/applied": applied}, "ownerReferences": owners},
+            "spec": {"schedulingGates": gates}}))
+        .unwrap()
+    }
+
+    const BERTH: &str = "system:serviceaccount:berth-system:berth";
+
+    #[test]
+    fn a_tenant_may_not_forge_berths_record_gates_or_controller() {
+        let old = pod("", &["berth.io/avoid", "mine"], None);
+        assert!(forbidden_changes(&old, &pod("", &["berth.io/avoid"], None), "tenant", BERTH).is_empty());
+        let forged = forbidden_changes(&old, &pod("cdn", &["mine"], Some("DaemonSet")), "tenant", BERTH);
+        assert_eq!(forged.len(), 3, "{forged:?}");
+        assert!(forged[0].contains("berth.io/applied"));
+        assert!(forged[1].contains("berth.io/avoid"));
+        assert!(forged[2].contains("ownerReference"));
+    }
+
+    #[test]
+    fn berth_releases_and_kubernetes_controllers_adopt() {
+        let old = pod("masters", &["berth.io/avoid"], None);
+        assert!(forbidden_changes(&old, &pod("masters", &[], None), BERTH, BERTH).is_empty());
+        let adopter = "system:serviceaccount:kube-system:replicaset-controller";
+        assert!(forbidden_changes(&old, &pod("masters", &["berth.io/avoid"], Some("ReplicaSet")), adopter, BERTH).is_empty());
+    }
+}
