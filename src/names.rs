@@ -65,7 +65,9 @@ pub fn placed_label(policy: &str) -> String {
 
 /// Whether a node label or node-affinity expression key is one berth derives itself.
 pub fn is_owned_node_key(key: &str) -> bool {
-    key == POOL_LABEL || key.starts_with(ANCHOR_LABEL_PREFIX) || key.starts_with(PLACED_LABEL_PREFIX)
+    key == POOL_LABEL
+        || key.starts_with(ANCHOR_LABEL_PREFIX)
+        || key.starts_with(PLACED_LABEL_PREFIX)
 }
 
 /// The policy a berth node label belongs to: the pool label's value, or the
@@ -127,7 +129,10 @@ mod tests {
         assert!(is_owned_node_key(POOL_LABEL));
         assert!(is_owned_node_key(&anchor_label("redis")));
         assert!(is_owned_node_key(&placed_label("redis")));
-        assert_eq!(policy_of_node_label(&placed_label("redis"), "true"), Some("redis"));
+        assert_eq!(
+            policy_of_node_label(&placed_label("redis"), "true"),
+            Some("redis")
+        );
         assert_eq!(policy_of_node_label(POOL_LABEL, "cdn"), Some("cdn"));
         assert!(!is_owned_node_key("kubernetes.io/hostname"));
         assert!(!is_owned_node_key("node-restriction.kubernetes.io/other"));

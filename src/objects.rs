@@ -236,12 +236,20 @@ impl PodObject {
             .conditions
             .iter()
             .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-            .map(|c| c.message.clone().or_else(|| c.reason.clone()).unwrap_or_default())
+            .map(|c| {
+                c.message
+                    .clone()
+                    .or_else(|| c.reason.clone())
+                    .unwrap_or_default()
+            })
     }
 
     /// The index of the scheduling gate `name`, if the pod is held by it.
     pub fn gate(&self, name: &str) -> Option<usize> {
-        self.spec.scheduling_gates.iter().position(|g| g.name == name)
+        self.spec
+            .scheduling_gates
+            .iter()
+            .position(|g| g.name == name)
     }
 }
 
@@ -373,7 +381,11 @@ mod tests {
     /// What a poisoned pod looks like to a watch: managedFields too deep for a
     /// recursive parser, and a time out of range.
     fn poisoned_pod(name: &str) -> String {
-        let deep = format!("{}{}", "{\"f:x\":".repeat(300), "{}".to_owned() + &"}".repeat(300));
+        let deep = format!(
+            "{}{}",
+            "{\"f:x\":".repeat(300),
+            "{}".to_owned() + &"}".repeat(300)
+        );
         format!(
             r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"t","uid":"u-{name}",
             "creationTimestamp":"2026-11-23T10:00:00Z",

@@ -308,13 +308,21 @@ async fn a_review_over_the_cap_is_denied_by_its_uid_and_anything_else_gets_413()
     let mut request = fixture("pod-create.json");
     request["request"]["object"]["spec"]["containers"][0]["env"] =
         json!([{"name": "X", "value": "<".repeat(MAX_BODY)}]);
-    let (status, body) = post(state(view(), true), "/mutate", as_the_apiserver_writes(&request)).await;
+    let (status, body) = post(
+        state(view(), true),
+        "/mutate",
+        as_the_apiserver_writes(&request),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "a 4xx would let the pod through");
     let answer: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(answer["response"]["uid"], request["request"]["uid"]);
     assert_eq!(answer["response"]["allowed"], false);
     let message = answer["response"]["status"]["message"].as_str().unwrap();
-    assert!(message.contains("cannot check what it does not read"), "{message}");
+    assert!(
+        message.contains("cannot check what it does not read"),
+        "{message}"
+    );
 
     let (status, _) = post(state(view(), true), "/mutate", vec![b' '; MAX_BODY + 1]).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "no uid to answer");
@@ -361,7 +369,10 @@ async fn a_pod_too_deep_to_read_is_denied_with_the_reason() {
     assert_eq!(answer["response"]["uid"], request["request"]["uid"]);
     assert_eq!(answer["response"]["allowed"], false);
     let message = answer["response"]["status"]["message"].as_str().unwrap();
-    assert!(message.starts_with("berth cannot read this Pod: the object: recursion limit"), "{message}");
+    assert!(
+        message.starts_with("berth cannot read this Pod: the object: recursion limit"),
+        "{message}"
+    );
 }
 
 fn pod_update(user: &str, change: impl Fn(&mut Value)) -> Value {
@@ -378,10 +389,15 @@ fn pod_update(user: &str, change: impl Fn(&mut Value)) -> Value {
 }
 
 #[tokio::test]
-async fn only_berth_changes_its_record_and_gates_and_only_kubernetes_controllers_a_pods_controller() {
+async fn only_berth_changes_its_record_and_gates_and_only_kubernetes_controllers_a_pods_controller()
+{
     let forgeries: [(&str, fn(&mut Value)); 3] = [
-        ("berth.io/applied", |pod| pod["metadata"]["annotations"]["berth.io/applied"] = json!("cdn")),
-        ("berth.io/avoid", |pod| pod["spec"]["schedulingGates"] = json!([])),
+        ("berth.io/applied", |pod| {
+            pod["metadata"]["annotations"]["berth.io/applied"] = json!("cdn")
+        }),
+        ("berth.io/avoid", |pod| {
+            pod["spec"]["schedulingGates"] = json!([])
+        }),
         ("ownerReference", |pod| {
             pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet",
                 "name": "x", "uid": "u", "controller": true}])
@@ -395,10 +411,13 @@ async fn only_berth_changes_its_record_and_gates_and_only_kubernetes_controllers
     }
     let release = pod_update(BERTH, |pod| pod["spec"]["schedulingGates"] = json!([]));
     assert_eq!(review("/validate", &release).await["allowed"], true);
-    let adopt = pod_update("system:serviceaccount:kube-system:replicaset-controller", |pod| {
-        pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+    let adopt = pod_update(
+        "system:serviceaccount:kube-system:replicaset-controller",
+        |pod| {
+            pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet",
             "name": "x", "uid": "u", "controller": true}])
-    });
+        },
+    );
     assert_eq!(review("/validate", &adopt).await["allowed"], true);
 }
 
@@ -427,11 +446,7 @@ async fn readyz_waits_for_tls_and_synced_caches() {
     let app_state = state(view(), false);
     let get = |state: Arc<AppState>| async move {
         let request = Request::get("/readyz").body(Body::empty()).unwrap();
-        router(state, 16)
-            .oneshot(request)
-            .await
-            .unwrap()
-            .status()
+        router(state, 16).oneshot(request).await.unwrap().status()
     };
     assert_eq!(
         get(app_state.clone()).await,

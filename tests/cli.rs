@@ -308,6 +308,28 @@ fn berth_crd_matches_the_checked_in_manifest() {
 }
 
 #[test]
+fn berth_admission_policy_matches_the_checked_in_manifest() {
+    let out = berth(&["admission-policy"], None);
+    assert!(out.status.success());
+    let checked_in = std::fs::read_to_string(repo("manifests/admission-policy.yaml")).unwrap();
+    assert!(
+        stdout(&out) == checked_in,
+        "manifests/admission-policy.yaml is stale: run `berth admission-policy > manifests/admission-policy.yaml`"
+    );
+    let other = berth(
+        &[
+            "admission-policy",
+            "--berth-user",
+            "system:serviceaccount:ops:berth",
+        ],
+        None,
+    );
+    assert!(
+        stdout(&other).contains("request.userInfo.username != 'system:serviceaccount:ops:berth'")
+    );
+}
+
+#[test]
 fn example_cdn_policy_sends_cdn_pods_to_node2() {
     let (p, _) = mutate_json(
         &pod(json!({}), "registry.example.com/cdn/edge:2"),

@@ -28,6 +28,8 @@ fn the_manifests_apply_with_server_side_dry_run() {
         "kind: PodDisruptionBudget",
         "kind: MutatingWebhookConfiguration",
         "kind: ValidatingWebhookConfiguration",
+        "kind: ValidatingAdmissionPolicy",
+        "kind: ValidatingAdmissionPolicyBinding",
     ] {
         assert!(rendered.contains(kind), "{kind} missing from manifests/");
     }

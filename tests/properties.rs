@@ -235,11 +235,14 @@ proptest! {
             .and_then(Value::as_array).cloned().unwrap_or_default();
         prop_assert!(!terms.is_empty());
         for term in &terms {
+            // An empty term matches no node: it needs no exclusion, and gets none.
+            let empty = ["matchExpressions", "matchFields"].iter()
+                .all(|k| term[k].as_array().is_none_or(|a| a.is_empty()));
             let keeps_off = term["matchExpressions"].as_array().into_iter().flatten().any(|e| {
                 e["key"] == POOL_LABEL && e["operator"] == "NotIn"
                     && excluded.iter().all(|p| e["values"].as_array().unwrap().contains(&json!(p)))
             });
-            prop_assert!(keeps_off, "term {} lacks the exclusion of {:?}", term, excluded);
+            prop_assert!(empty || keeps_off, "term {} lacks the exclusion of {:?}", term, excluded);
         }
     }
 }

@@ -85,8 +85,8 @@ impl BodyLimits {
                     bytes.extend_from_slice(&data[..room]);
                     return Ok(Some(Unread::TooLarge));
                 }
-                let units = u32::try_from((bytes.len() + data.len()) * COST / UNIT + 1)
-                    .unwrap_or(u32::MAX);
+                let units =
+                    u32::try_from((bytes.len() + data.len()) * COST / UNIT + 1).unwrap_or(u32::MAX);
                 let have = held.as_ref().map_or(0, |p| p.num_permits() as u32);
                 if units > have {
                     let more = self.budget.clone().acquire_many_owned(units - have);

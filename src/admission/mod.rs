@@ -2,6 +2,7 @@
 //! metrics, served over rustls. Handlers decode and answer; [`service`] decides.
 
 pub mod body;
+pub mod cel;
 pub mod handlers;
 pub mod review;
 pub mod server;

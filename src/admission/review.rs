@@ -148,7 +148,10 @@ fn read_object(raw: &RawValue) -> Result<Option<Value>, serde_json::Error> {
 /// they hold it: the apiserver writes `request.uid` near the start. Scans the
 /// top-level object for `request`, and in it for `uid`, skipping other values.
 pub fn uid_from_prefix(prefix: &[u8]) -> Option<String> {
-    let mut scan = Scanner { text: prefix, at: 0 };
+    let mut scan = Scanner {
+        text: prefix,
+        at: 0,
+    };
     scan.expect(b'{')?;
     loop {
         let key = scan.string()?;
@@ -352,7 +355,10 @@ mod tests {
         assert_eq!(request.uid, "u-1");
         assert!(request.object.is_none());
         let why = request.unreadable.unwrap();
-        assert!(why.starts_with("the object: recursion limit exceeded"), "{why}");
+        assert!(
+            why.starts_with("the object: recursion limit exceeded"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -66,7 +66,10 @@ fn is_decided(request: &AdmissionRequest) -> bool {
 
 /// The denial for an object berth cannot read: what it cannot read, it cannot check.
 fn refuse_unreadable(request: &AdmissionRequest) -> Option<(AdmissionResponse, Verdict)> {
-    let why = request.unreadable.as_deref().filter(|_| is_decided(request))?;
+    let why = request
+        .unreadable
+        .as_deref()
+        .filter(|_| is_decided(request))?;
     let reason = format!("berth cannot read this {}: {why}", request.kind.kind);
     Some((
         AdmissionResponse::deny(request, &bounded(reason)),

@@ -16,7 +16,9 @@ use serde_json::Value;
 use super::offline::{Ending, print};
 use crate::controller::exclusion::{self, ExclusionPod, Hold};
 use crate::names::AVOID_GATE;
-use crate::objects::{MetaOnly, NamespaceMeta, NodeObject, PodObject, PolicyObject, Skip, read_json};
+use crate::objects::{
+    MetaOnly, NamespaceMeta, NodeObject, PodObject, PolicyObject, Skip, read_json,
+};
 use crate::placement::explain::explain;
 use crate::placement::{Input, NamespaceInfo, NodeIndex, NodeInfo, Requester, build_patch, decide};
 use crate::policy::compile::PolicyCompiler;
@@ -106,7 +108,8 @@ async fn read(client: &Client, target: &PodTarget) -> Result<Cluster, String> {
     let raw = read_json(&text, Skip::Nothing)
         .map_err(|e| format!("{where_}: {e}"))?
         .ok_or_else(|| format!("{where_} not found"))?;
-    let pod: PodObject = serde_json::from_value(raw.clone()).map_err(|e| format!("{where_}: {e}"))?;
+    let pod: PodObject =
+        serde_json::from_value(raw.clone()).map_err(|e| format!("{where_}: {e}"))?;
     let list = ListParams::default();
     let namespaces = Api::<NamespaceMeta>::all(client.clone())
         .list(&list)
@@ -183,11 +186,21 @@ async fn explain_pod(target: &PodTarget) -> Result<String, String> {
 
 /// Where `pod` stands now, in words: the part of the explanation only a live
 /// cluster can give.
-fn standing(pod: &PodObject, pods: &[PodObject], policies: &PolicySet, opt_in: &dyn OptIn) -> String {
+fn standing(
+    pod: &PodObject,
+    pods: &[PodObject],
+    policies: &PolicySet,
+    opt_in: &dyn OptIn,
+) -> String {
     if let Some(node) = pod.spec.node_name.as_deref() {
         return format!("Now: bound to node {node}.\n");
     }
-    let gates: Vec<&str> = pod.spec.scheduling_gates.iter().map(|g| g.name.as_str()).collect();
+    let gates: Vec<&str> = pod
+        .spec
+        .scheduling_gates
+        .iter()
+        .map(|g| g.name.as_str())
+        .collect();
     let others: Vec<&str> = gates.iter().copied().filter(|g| *g != AVOID_GATE).collect();
     let mut out = String::from("Now: ");
     if gates.contains(&AVOID_GATE) {

@@ -81,6 +81,14 @@ enum Command {
     },
     /// Print the PlacementPolicy CustomResourceDefinition, generated from the Rust types.
     Crd,
+    /// Print the ValidatingAdmissionPolicies that keep berth's structural rules with
+    /// berth down (manifests/admission-policy.yaml), generated from berth's rules.
+    AdmissionPolicy {
+        /// berth's identity, which alone may release its gates: the username of the
+        /// ServiceAccount berth runs as.
+        #[arg(long, default_value = crate::names::BERTH_SERVICE_ACCOUNT)]
+        berth_user: String,
+    },
 }
 
 /// What `berth explain` reads from the cluster.
@@ -119,6 +127,10 @@ pub fn run() -> ExitCode {
         ),
         Command::Crd => {
             print!("{}", crate::policy::crd::crd_yaml());
+            Ok(Ending::Done)
+        }
+        Command::AdmissionPolicy { berth_user } => {
+            print!("{}", crate::admission::cel::manifests(&berth_user));
             Ok(Ending::Done)
         }
     };

@@ -95,7 +95,9 @@ fn namespace_for(pod: &Value, loaded: &Loaded) -> NamespaceInfo {
 /// ownerReference is an `apps/v1` DaemonSet is taken to come from the DaemonSet
 /// controller, as it would in a cluster.
 fn offline_requester(pod: &Value) -> Requester {
-    let owners = pod.pointer("/metadata/ownerReferences").and_then(Value::as_array);
+    let owners = pod
+        .pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array);
     let daemonset = owners.into_iter().flatten().any(|o| {
         o.get("controller").and_then(Value::as_bool) == Some(true)
             && o.get("kind").and_then(Value::as_str) == Some("DaemonSet")

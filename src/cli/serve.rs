@@ -220,7 +220,10 @@ async fn whoami(client: &kube::Client) -> String {
     use k8s_openapi::api::authentication::v1::SelfSubjectReview;
     let api: kube::Api<SelfSubjectReview> = kube::Api::all(client.clone());
     let review = api
-        .create(&kube::api::PostParams::default(), &SelfSubjectReview::default())
+        .create(
+            &kube::api::PostParams::default(),
+            &SelfSubjectReview::default(),
+        )
         .await;
     match review.map(|r| r.status?.user_info?.username) {
         Ok(Some(username)) => {

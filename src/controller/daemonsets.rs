@@ -41,7 +41,13 @@ pub fn daemonset_patch(
     let patch = template_drift(&daemonset.as_json(), policies, &info)?;
     let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion",
         "value": daemonset.resource_version()})];
-    ops.extend(serde_json::to_value(&patch).ok()?.as_array()?.iter().cloned());
+    ops.extend(
+        serde_json::to_value(&patch)
+            .ok()?
+            .as_array()?
+            .iter()
+            .cloned(),
+    );
     Some(Value::Array(ops))
 }
 
@@ -53,7 +59,8 @@ pub async fn write_daemonset(
 ) -> kube::Result<()> {
     let namespace = daemonset.namespace().unwrap_or_default();
     let api: Api<DaemonSetObject> = Api::namespaced(client.clone(), &namespace);
-    let patch: json_patch::Patch = serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
+    let patch: json_patch::Patch =
+        serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()

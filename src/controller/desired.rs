@@ -154,7 +154,12 @@ pub fn desired_node_state(
 /// Whether a pod with these labels in `namespace` is one `policy`'s anchor label
 /// follows: it matches `colocateWith` or `avoid`, and its namespace counts:
 /// any for `anchorNamespaces: All`, one that opts into the policy for `Same`.
-pub fn anchors(policy: &CompiledPolicy, labels: &Labels, namespace: &str, opt_in: &dyn OptIn) -> bool {
+pub fn anchors(
+    policy: &CompiledPolicy,
+    labels: &Labels,
+    namespace: &str,
+    opt_in: &dyn OptIn,
+) -> bool {
     policy.is_anchor_pod(labels)
         && match policy.spec.anchor_namespaces {
             AnchorNamespaces::All => true,
@@ -349,7 +354,11 @@ pub(crate) mod tests {
     #[test]
     fn a_terminating_pod_still_counts_for_avoid_but_not_for_colocation() {
         let policies = set(&[
-            policy("beside", OLD, json!({"colocateWith": {"matchLabels": {"app": "a"}}})),
+            policy(
+                "beside",
+                OLD,
+                json!({"colocateWith": {"matchLabels": {"app": "a"}}}),
+            ),
             policy(
                 "apart",
                 OLD,
@@ -358,7 +367,8 @@ pub(crate) mod tests {
         ]);
         let mut leaving = pod("team", &[("app", "a")], &["apart"]);
         leaving.terminating = true;
-        let desired = desired_node_state("node2", &Labels::new(), &policies, &[&leaving], &Everyone);
+        let desired =
+            desired_node_state("node2", &Labels::new(), &policies, &[&leaving], &Everyone);
         assert!(desired.labels.contains_key(&anchor_label("apart")));
         assert!(desired.labels.contains_key(&placed_label("apart")));
         assert!(!desired.labels.contains_key(&anchor_label("beside")));
@@ -372,11 +382,19 @@ pub(crate) mod tests {
             json!({"avoid": {"matchLabels": {"role": "replica"}}}),
         )]);
         let master = pod("db", &[("role", "master")], &["masters"]);
-        let desired = desired_node_state("node2", &Labels::new(), &policies, &[&master], &Only("db"));
-        assert_eq!(desired.labels.keys().collect::<Vec<_>>(), [&placed_label("masters")]);
+        let desired =
+            desired_node_state("node2", &Labels::new(), &policies, &[&master], &Only("db"));
+        assert_eq!(
+            desired.labels.keys().collect::<Vec<_>>(),
+            [&placed_label("masters")]
+        );
         let forged = pod("tenant", &[("role", "master")], &["masters"]);
-        let desired = desired_node_state("node2", &Labels::new(), &policies, &[&forged], &Only("db"));
-        assert!(desired.labels.is_empty(), "a forged berth.io/applied counts for nothing");
+        let desired =
+            desired_node_state("node2", &Labels::new(), &policies, &[&forged], &Only("db"));
+        assert!(
+            desired.labels.is_empty(),
+            "a forged berth.io/applied counts for nothing"
+        );
     }
 
     #[test]
@@ -400,7 +418,11 @@ pub(crate) mod tests {
         );
         assert_eq!(
             desired.unentitled,
-            [("tenant".to_string(), "forged".to_string(), "uid-tenant".to_string())]
+            [(
+                "tenant".to_string(),
+                "forged".to_string(),
+                "uid-tenant".to_string()
+            )]
         );
     }
 }

@@ -84,6 +84,9 @@ mod tests {
         reported.end_pass();
         reported.end_pass();
         assert!(reported.is_empty(), "gone causes are forgotten");
-        assert!(reported.first("held/uid-1".into()), "and reported when back");
+        assert!(
+            reported.first("held/uid-1".into()),
+            "and reported when back"
+        );
     }
 }

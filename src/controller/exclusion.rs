@@ -56,12 +56,15 @@ pub struct ExclusionPod {
 }
 
 impl ExclusionPod {
-    /// A pod as exclusion sees it; `None` for finished pods, and for pods being
-    /// deleted that hold no node. A pod being deleted on a node still counts until
-    /// it is gone, as native anti-affinity counts it: a surge rollout must not put
-    /// two that avoid each other on one node.
+    /// A pod as exclusion sees it; `None` for finished pods and pods being deleted.
+    ///
+    /// A pod still terminating on a node keeps others off it through the node's
+    /// anchor label, which stays until the pod is gone (see
+    /// [`super::desired`]) and which the scheduler has long seen: narrowing a new
+    /// pod off that node would keep it off for good, where native anti-affinity
+    /// lets it in once the old pod has gone.
     pub fn from_pod(pod: &PodObject) -> Option<ExclusionPod> {
-        if pod.is_terminated() || (pod.is_terminating() && pod.spec.node_name.is_none()) {
+        if pod.is_terminated() || pod.is_terminating() {
             return None;
         }
         let meta = &pod.metadata;
@@ -485,7 +488,11 @@ mod tests {
         assert!(plan_same.release[0].avoid_nodes.is_empty());
         // Nothing counts from a namespace that opts into nothing, not even the
         // pod's own annotation.
-        assert!(plan(&pods, &all, &Nobody, &none()).release[0].avoid_nodes.is_empty());
+        assert!(
+            plan(&pods, &all, &Nobody, &none()).release[0]
+                .avoid_nodes
+                .is_empty()
+        );
     }
 
     #[test]
@@ -516,17 +523,17 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_still_terminating_on_a_node_counts() {
+    fn a_pod_being_deleted_is_left_to_its_node_label() {
         let leaving: PodObject = serde_json::from_value(json!({
             "metadata": {"name": "m0", "namespace": "db", "labels": {"role": "master"},
                 "annotations": {"berth.io/applied": "masters"}, "deletionTimestamp": "2026-01-01T00:00:00Z"},
             "spec": {"nodeName": "n3"}, "status": {"phase": "Running"}}))
         .unwrap();
-        let leaving = ExclusionPod::from_pod(&leaving).expect("it still holds n3");
-        let pods = vec![leaving, pod("m1", "master", &["masters"], true, None)];
-        assert_eq!(plan(&pods, &masters(), &Everyone, &none()).release[0].avoid_nodes, ["n3"]);
+        assert!(
+            ExclusionPod::from_pod(&leaving).is_none(),
+            "narrowing off n3 would strand the next pod once m0 is gone"
+        );
     }
-
     #[test]
     fn the_controller_hurries_only_behind_a_pod_it_released_a_moment_ago() {
         let pods = vec![

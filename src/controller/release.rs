@@ -58,7 +58,11 @@ pub fn release_patch(release: &exclusion::Release, gate: usize) -> Value {
 /// deleted policy. Only names the pod's namespace opts into by annotation are
 /// asked about: a pod can name thousands of policies, a namespace only what its
 /// administrator wrote.
-async fn unseen_policies(pass: &Pass<'_>, snapshot: &Snapshot, pods: &[ExclusionPod]) -> BTreeSet<String> {
+async fn unseen_policies(
+    pass: &Pass<'_>,
+    snapshot: &Snapshot,
+    pods: &[ExclusionPod],
+) -> BTreeSet<String> {
     let missing: BTreeSet<&String> = pods
         .iter()
         .filter(|p| p.gate.is_some())
@@ -96,7 +100,10 @@ pub async fn release_held_pods(
     released: &mut exclusion::Released,
     reported: &mut super::events::Reported,
 ) -> bool {
-    let mut all: Vec<ExclusionPod> = pods.iter().filter_map(|p| ExclusionPod::from_pod(p)).collect();
+    let mut all: Vec<ExclusionPod> = pods
+        .iter()
+        .filter_map(|p| ExclusionPod::from_pod(p))
+        .collect();
     released.overlay(&mut all);
     let unseen = unseen_policies(pass, snapshot, &all).await;
     let policies = &snapshot.compiled.set;
@@ -122,7 +129,10 @@ pub async fn release_held_pods(
         else {
             continue;
         };
-        match api.patch(&pod.name, &params, &Patch::<()>::Json(patch)).await {
+        match api
+            .patch(&pod.name, &params, &Patch::<()>::Json(patch))
+            .await
+        {
             Ok(_) => {
                 released.record(pod, Instant::now());
                 let held_for = pod
@@ -143,7 +153,11 @@ pub async fn release_held_pods(
     }
     for waiting in &plan.waiting {
         // A policy not seen yet is a moment's lag, not worth an Event.
-        let Hold::Behind { pod: behind, policy } = &waiting.reason else {
+        let Hold::Behind {
+            pod: behind,
+            policy,
+        } = &waiting.reason
+        else {
             continue;
         };
         // One event per held pod and policy: repeated events are folded into a
@@ -164,7 +178,9 @@ pub async fn release_held_pods(
             behind.namespace, behind.name
         );
         let event = event(EventType::Normal, "HeldForExclusion", "Hold", note);
-        reported.publish(pass.recorder, key, event, &reference).await;
+        reported
+            .publish(pass.recorder, key, event, &reference)
+            .await;
     }
     released.hurry(&plan, Instant::now(), super::run::HURRY_WINDOW)
 }

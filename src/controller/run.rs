@@ -112,11 +112,15 @@ fn strip_pod(pod: &mut PodObject) {
 /// tolerations, node affinity and scheduling gates.
 fn strip_daemonset(daemonset: &mut DaemonSetObject) {
     let spec = daemonset.spec.pointer("/template/spec");
-    let keep = |key: &str| spec.and_then(|s| s.get(key)).map(|v| (key.to_owned(), v.clone()));
-    let kept: serde_json::Map<String, serde_json::Value> = ["tolerations", "affinity", "schedulingGates"]
-        .into_iter()
-        .filter_map(keep)
-        .collect();
+    let keep = |key: &str| {
+        spec.and_then(|s| s.get(key))
+            .map(|v| (key.to_owned(), v.clone()))
+    };
+    let kept: serde_json::Map<String, serde_json::Value> =
+        ["tolerations", "affinity", "schedulingGates"]
+            .into_iter()
+            .filter_map(keep)
+            .collect();
     daemonset.spec = serde_json::json!({"template": {"spec": kept}});
     if let Some(annotations) = daemonset.metadata.annotations.as_mut() {
         annotations.clear();
@@ -239,9 +243,14 @@ pub async fn run(
         // predates it (that would release every pod of it at once).
         let pods = stores.pods.state();
         let snapshot = Snapshot::take(&stores, &mut compiler);
-        let hurry =
-            super::release::release_held_pods(&pass, &snapshot, &pods, &mut released, &mut reported)
-                .await;
+        let hurry = super::release::release_held_pods(
+            &pass,
+            &snapshot,
+            &pods,
+            &mut released,
+            &mut reported,
+        )
+        .await;
         debounce = if hurry { HURRIED_DEBOUNCE } else { DEBOUNCE };
         if let Err(e) = reconcile(&pass, &stores, &snapshot, &limit, &mut reported).await {
             tracing::warn!(error = %e, "reconcile pass failed; retrying on the next change");
@@ -330,8 +339,17 @@ async fn reconcile(
         .iter()
         .map(|node| {
             let name = node.name_any();
-            let on_node = by_node.get(name.as_str()).map(Vec::as_slice).unwrap_or_default();
-            let desired = desired_node_state(&name, node.labels(), policies, on_node, &snapshot.namespaces);
+            let on_node = by_node
+                .get(name.as_str())
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let desired = desired_node_state(
+                &name,
+                node.labels(),
+                policies,
+                on_node,
+                &snapshot.namespaces,
+            );
             (node.clone(), desired)
         })
         .collect();
@@ -398,7 +416,9 @@ async fn bring_daemonsets_in_line(
             Ok(()) => {
                 pass.metrics.daemonset_updates.inc();
             }
-            Err(e) => tracing::warn!(daemonset = %daemonset.name_any(), error = %e, "DaemonSet update failed; retrying on the next pass"),
+            Err(e) => {
+                tracing::warn!(daemonset = %daemonset.name_any(), error = %e, "DaemonSet update failed; retrying on the next pass")
+            }
         }
     }
 }

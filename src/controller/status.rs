@@ -45,7 +45,11 @@ async fn set_finalizers(
 /// Live policies get the finalizer before they have any effect on nodes.
 pub async fn add_finalizers(pass: &Pass<'_>, snapshot: &Snapshot) -> kube::Result<()> {
     let api: Api<PolicyObject> = Api::all(pass.client.clone());
-    for policy in snapshot.objects.iter().filter(|p| p.meta().deletion_timestamp.is_none()) {
+    for policy in snapshot
+        .objects
+        .iter()
+        .filter(|p| p.meta().deletion_timestamp.is_none())
+    {
         if !policy.finalizers().iter().any(|f| f == FINALIZER) {
             let mut finalizers: Vec<&String> = policy.finalizers().iter().collect();
             let ours = FINALIZER.to_string();
@@ -78,21 +82,35 @@ pub async fn release_deleted(
     failed: &std::collections::BTreeSet<String>,
 ) -> kube::Result<()> {
     let api: Api<PolicyObject> = Api::all(pass.client.clone());
-    for policy in snapshot.objects.iter().filter(|p| p.meta().deletion_timestamp.is_some()) {
+    for policy in snapshot
+        .objects
+        .iter()
+        .filter(|p| p.meta().deletion_timestamp.is_some())
+    {
         let name = policy.name_any();
         let dirty = nodes
             .iter()
             .any(|n| carries(n, &name) && failed.contains(&n.name_any()));
         let ours = policy.finalizers().iter().any(|f| f == FINALIZER);
         if ours && !dirty {
-            let rest = policy.finalizers().iter().filter(|f| *f != FINALIZER).collect();
+            let rest = policy
+                .finalizers()
+                .iter()
+                .filter(|f| *f != FINALIZER)
+                .collect();
             set_finalizers(&api, policy, rest).await?;
         }
     }
     Ok(())
 }
 
-fn condition(type_: &str, status: bool, reason: &str, message: String, previous: &[Condition]) -> Condition {
+fn condition(
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: String,
+    previous: &[Condition],
+) -> Condition {
     let status = if status { "True" } else { "False" };
     // The transition time moves only when the status does.
     let last_transition_time = previous
@@ -152,7 +170,11 @@ pub async fn update_statuses(
             owned.entry(pool).or_default().push(node.name_any());
         }
     }
-    for policy in snapshot.objects.iter().filter(|p| p.meta().deletion_timestamp.is_none()) {
+    for policy in snapshot
+        .objects
+        .iter()
+        .filter(|p| p.meta().deletion_timestamp.is_none())
+    {
         let name = policy.name_any();
         let mut node_names = owned.get(name.as_str()).cloned().unwrap_or_default();
         node_names.sort();
@@ -168,14 +190,19 @@ pub async fn update_statuses(
             .collect();
         pass.metrics
             .unentitled_pods
-            .get_or_create(&PolicyLabels { policy: name.clone() })
+            .get_or_create(&PolicyLabels {
+                policy: name.clone(),
+            })
             .set(unentitled.len() as i64);
 
         let current = policy
             .status
             .as_ref()
             .and_then(|s| PlacementPolicyStatus::deserialize(s).ok());
-        let previous = current.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+        let previous = current
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default();
         let conflict_message = if lost.is_empty() {
             "no node of this pool is claimed by an older policy".to_string()
         } else {
@@ -184,15 +211,27 @@ pub async fn update_statuses(
         let unentitled_message = if unentitled.is_empty() {
             "every pod on this pool's nodes is entitled".to_string()
         } else {
-            let names: Vec<String> = unentitled.iter().map(|(ns, p, _)| format!("{ns}/{p}")).collect();
-            format!("pods without entitlement on pool nodes: {}", names.join(", "))
+            let names: Vec<String> = unentitled
+                .iter()
+                .map(|(ns, p, _)| format!("{ns}/{p}"))
+                .collect();
+            format!(
+                "pods without entitlement on pool nodes: {}",
+                names.join(", ")
+            )
         };
         let status = PlacementPolicyStatus {
             nodes: Some(node_names.len() as i32),
             node_names,
             conditions: vec![
                 ready(snapshot, &name, previous),
-                condition("Conflict", !lost.is_empty(), "PoolConflict", conflict_message, previous),
+                condition(
+                    "Conflict",
+                    !lost.is_empty(),
+                    "PoolConflict",
+                    conflict_message,
+                    previous,
+                ),
                 condition(
                     "UnentitledPods",
                     !unentitled.is_empty(),
@@ -204,7 +243,8 @@ pub async fn update_statuses(
         };
         if current.as_ref() != Some(&status) {
             let patch = json!({"status": status});
-            api.patch_status(&name, &params(), &Patch::Merge(&patch)).await?;
+            api.patch_status(&name, &params(), &Patch::Merge(&patch))
+                .await?;
         }
 
         let reference = policy.object_ref(&());
@@ -212,7 +252,10 @@ pub async fn update_statuses(
         let mut events = Vec::new();
         if let Some(invalid) = snapshot.compiled.errors.get(&name) {
             events.push((
-                format!("invalid/{uid}/{}", policy.resource_version().unwrap_or_default()),
+                format!(
+                    "invalid/{uid}/{}",
+                    policy.resource_version().unwrap_or_default()
+                ),
                 EventType::Warning,
                 "InvalidSpec",
                 invalid.error.problem.clone(),
@@ -236,7 +279,9 @@ pub async fn update_statuses(
         }
         for (key, type_, reason, note) in events {
             let event = event(type_, reason, "Reconcile", note);
-            reported.publish(pass.recorder, key, event, &reference).await;
+            reported
+                .publish(pass.recorder, key, event, &reference)
+                .await;
         }
     }
     Ok(())

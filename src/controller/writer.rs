@@ -50,7 +50,13 @@ fn is_berth_taint(taint: &Value) -> bool {
 
 /// A taint as berth compares it: key, value and effect (not `timeAdded`).
 fn triple(taint: &Value) -> (String, String, String) {
-    let field = |k: &str| taint.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+    let field = |k: &str| {
+        taint
+            .get(k)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
     (field("key"), field("value"), field("effect"))
 }
 
@@ -60,11 +66,20 @@ fn taint_json(taint: &Taint) -> Value {
 
 /// berth's taints on a node now, as triples.
 fn berth_taints(node: &NodeObject) -> Vec<(String, String, String)> {
-    node.spec.taints.iter().filter(|t| is_berth_taint(t)).map(triple).collect()
+    node.spec
+        .taints
+        .iter()
+        .filter(|t| is_berth_taint(t))
+        .map(triple)
+        .collect()
 }
 
 fn desired_taints(desired: &DesiredNode) -> Vec<(String, String, String)> {
-    desired.taints.iter().map(|t| triple(&taint_json(t))).collect()
+    desired
+        .taints
+        .iter()
+        .map(|t| triple(&taint_json(t)))
+        .collect()
 }
 
 /// Whether `node` already carries exactly what berth wants.
@@ -127,7 +142,12 @@ pub async fn write_node(
             });
         };
         match api.patch(&name, &params, &Patch::Merge(&patch)).await {
-            Ok(_) => return Ok(Written { conflicts, ..written }),
+            Ok(_) => {
+                return Ok(Written {
+                    conflicts,
+                    ..written
+                });
+            }
             Err(kube::Error::Api(e)) if e.code == 409 && conflicts < CONFLICT_RETRIES => {
                 conflicts += 1;
                 current = api.get(&name).await?;
@@ -142,14 +162,19 @@ mod tests {
     use super::*;
 
     fn node(labels: Value, taints: Value) -> NodeObject {
-        serde_json::from_value(json!({"metadata": {"name": "n", "resourceVersion": "7", "labels": labels},
-            "spec": {"taints": taints}}))
+        serde_json::from_value(
+            json!({"metadata": {"name": "n", "resourceVersion": "7", "labels": labels},
+            "spec": {"taints": taints}}),
+        )
         .unwrap()
     }
 
     fn desired(labels: &[(&str, &str)], pool: Option<&str>) -> DesiredNode {
         DesiredNode {
-            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             taints: pool
                 .map(|p| Taint {
                     key: POOL_TAINT.into(),
@@ -167,9 +192,14 @@ mod tests {
 
     #[test]
     fn labels_and_taints_go_in_one_patch_that_keeps_other_owners_taints_verbatim() {
-        let other = json!({"key": "gpu", "effect": "NoExecute", "timeAdded": "2026-01-01T00:00:00Z"});
-        let current = node(json!({"team": "a", "node-restriction.kubernetes.io/berth.runs.old": "true"}), json!([other]));
-        let (patch, written) = node_patch(&current, &desired(&[(POOL, "cdn")], Some("cdn"))).unwrap();
+        let other =
+            json!({"key": "gpu", "effect": "NoExecute", "timeAdded": "2026-01-01T00:00:00Z"});
+        let current = node(
+            json!({"team": "a", "node-restriction.kubernetes.io/berth.runs.old": "true"}),
+            json!([other]),
+        );
+        let (patch, written) =
+            node_patch(&current, &desired(&[(POOL, "cdn")], Some("cdn"))).unwrap();
         assert!(written.labels && written.taints);
         assert_eq!(patch["metadata"]["resourceVersion"], "7");
         assert_eq!(

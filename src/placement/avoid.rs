@@ -89,6 +89,8 @@ pub fn node_name_denial(
         .iter()
         .find(|p| labels.contains_key(&placed_label(p)));
     subject.or(target).map(|policy| {
-        format!("spec.nodeName {node} already runs a pod that policy {policy} keeps this pod apart from")
+        format!(
+            "spec.nodeName {node} already runs a pod that policy {policy} keeps this pod apart from"
+        )
     })
 }

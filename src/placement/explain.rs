@@ -147,7 +147,9 @@ fn explain_nodes(out: &mut String, input: &Input, decision: &Decision, nodes: &s
 fn required_in_words(r: &NodeSelectorRequirement) -> String {
     let values = r.values.as_deref().unwrap_or_default().join(", ");
     if let Some(policy) = r.key.strip_prefix(PLACED_LABEL_PREFIX) {
-        return format!("must avoid nodes where a pod of policy {policy} runs, since {policy} avoids this pod");
+        return format!(
+            "must avoid nodes where a pod of policy {policy} runs, since {policy} avoids this pod"
+        );
     }
     let anchor = r.key.strip_prefix(ANCHOR_LABEL_PREFIX);
     match (r.key.as_str(), r.operator.as_str(), anchor) {

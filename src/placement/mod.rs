@@ -222,8 +222,7 @@ pub fn decide(input: &Input) -> Decision {
     let (stripped, warnings) = entitlement::forged_tolerations(&pod, &grants.tolerations);
     decision.stripped = stripped;
     decision.warnings.extend(warnings);
-    let pool_denial =
-        entitlement::node_name_denial(&pod, input.policies, input.nodes, &entitled);
+    let pool_denial = entitlement::node_name_denial(&pod, input.policies, input.nodes, &entitled);
     decision.denial = pool_denial.or(decision.denial);
 
     if let Some(nodes) = input.nodes {

@@ -271,7 +271,11 @@ impl Builder<'_> {
             }
             return;
         };
-        let owned = |g: &Value| g.get("name").and_then(Value::as_str).is_some_and(is_berth_gate);
+        let owned = |g: &Value| {
+            g.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(is_berth_gate)
+        };
         let (remove, missing) = reconcile_list(current, wanted, owned);
         for i in remove {
             self.remove(&["spec", "schedulingGates", &i.to_string()]);

@@ -156,7 +156,11 @@ impl PodView {
 
     /// The value of the annotation `key`.
     pub fn annotation(&self, key: &str) -> Option<&str> {
-        self.fields.metadata.annotations.get(key).map(String::as_str)
+        self.fields
+            .metadata
+            .annotations
+            .get(key)
+            .map(String::as_str)
     }
 
     /// The controller ownerReference(s): who recreates the pod.
@@ -201,7 +205,11 @@ impl PodView {
     }
 
     pub fn scheduling_gates(&self) -> impl Iterator<Item = &str> {
-        self.fields.spec.scheduling_gates.iter().map(|g| g.name.as_str())
+        self.fields
+            .spec
+            .scheduling_gates
+            .iter()
+            .map(|g| g.name.as_str())
     }
 
     /// The terms of the required node affinity; empty when there is none.

@@ -32,7 +32,9 @@ pub fn forbidden_changes(old: &PodView, new: &PodView, username: &str, berth: &s
     }
     for gate in old.scheduling_gates().filter(|g| is_berth_gate(g)) {
         if !new.scheduling_gates().any(|g| g == gate) {
-            forbidden.push(format!("the scheduling gate {gate} is berth's; only berth removes it"));
+            forbidden.push(format!(
+                "the scheduling gate {gate} is berth's; only berth removes it"
+            ));
         }
     }
     let controllers = |p: &PodView| p.controllers().cloned().collect::<Vec<OwnerReference>>();
@@ -67,8 +69,16 @@ mod tests {
     #[test]
     fn a_tenant_may_not_forge_berths_record_gates_or_controller() {
         let old = pod("", &["berth.io/avoid", "mine"], None);
-        assert!(forbidden_changes(&old, &pod("", &["berth.io/avoid"], None), "tenant", BERTH).is_empty());
-        let forged = forbidden_changes(&old, &pod("cdn", &["mine"], Some("DaemonSet")), "tenant", BERTH);
+        assert!(
+            forbidden_changes(&old, &pod("", &["berth.io/avoid"], None), "tenant", BERTH)
+                .is_empty()
+        );
+        let forged = forbidden_changes(
+            &old,
+            &pod("cdn", &["mine"], Some("DaemonSet")),
+            "tenant",
+            BERTH,
+        );
         assert_eq!(forged.len(), 3, "{forged:?}");
         assert!(forged[0].contains("berth.io/applied"));
         assert!(forged[1].contains("berth.io/avoid"));
@@ -80,6 +90,14 @@ mod tests {
         let old = pod("masters", &["berth.io/avoid"], None);
         assert!(forbidden_changes(&old, &pod("masters", &[], None), BERTH, BERTH).is_empty());
         let adopter = "system:serviceaccount:kube-system:replicaset-controller";
-        assert!(forbidden_changes(&old, &pod("masters", &["berth.io/avoid"], Some("ReplicaSet")), adopter, BERTH).is_empty());
+        assert!(
+            forbidden_changes(
+                &old,
+                &pod("masters", &["berth.io/avoid"], Some("ReplicaSet")),
+                adopter,
+                BERTH
+            )
+            .is_empty()
+        );
     }
 }

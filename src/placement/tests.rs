@@ -408,7 +408,10 @@ fn daemonset_pods_get_tolerate_pool_tolerations_and_no_node_affinity() {
         required_terms(&pod),
         "its own per-node affinity is untouched"
     );
-    assert!(out.decision.denial.is_none(), "it is made for node2, not gpu's node3");
+    assert!(
+        out.decision.denial.is_none(),
+        "it is made for node2, not gpu's node3"
+    );
 }
 
 #[test]
@@ -418,11 +421,14 @@ fn a_daemonset_pod_that_tolerates_everything_is_refused_on_a_pool_that_does_not_
         json!({"pool": {"nodeNames": ["node3"], "daemonSets": "Exclude"}}),
     )]);
     let mut pod = daemonset_pod();
-    pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-        ["nodeSelectorTerms"][0]["matchFields"][0]["values"] = json!(["node3"]);
+    pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        [0]["matchFields"][0]["values"] = json!(["node3"]);
     let out = from_daemonset_controller(&pod, &NamespaceInfo::new("kube-logging"), &set);
     let denial = out.decision.denial.expect("refused");
-    assert!(denial.contains("node node3") && denial.contains("daemonSets: Exclude"), "{denial}");
+    assert!(
+        denial.contains("node node3") && denial.contains("daemonSets: Exclude"),
+        "{denial}"
+    );
 }
 
 #[test]
@@ -442,7 +448,11 @@ fn dedicated_pools_take_daemonsets_only_from_the_namespaces_they_select() {
     let mut pod = daemonset_pod();
     pod["spec"]["tolerations"] = json!([pool_toleration("cdn")]);
     let out = from_daemonset_controller(&pod, &NamespaceInfo::new("tenant"), &set);
-    assert_eq!(out.pod["spec"]["tolerations"], json!([]), "a forged toleration goes");
+    assert_eq!(
+        out.pod["spec"]["tolerations"],
+        json!([]),
+        "a forged toleration goes"
+    );
     assert_eq!(out.decision.stripped.len(), 1);
 }
 
@@ -458,7 +468,10 @@ fn an_owner_reference_a_user_wrote_makes_no_daemonset_pod() {
     assert!(denial.contains("dedicated pool cdn"), "{denial}");
     assert!(out.decision.grants.tolerations.is_empty());
     let exclusion = &out.decision.grants.required[0];
-    assert_eq!(exclusion.operator, "NotIn", "the wildcard is kept off the pool");
+    assert_eq!(
+        exclusion.operator, "NotIn",
+        "the wildcard is kept off the pool"
+    );
 }
 
 #[test]
@@ -601,7 +614,11 @@ fn an_empty_term_matches_nothing_and_stays_so() {
     ]}}});
     let out = admit(&pod, &opted_in("cdn"), &set);
     let terms = required_terms(&out.pod);
-    assert_eq!(terms[1], json!({"matchExpressions": []}), "not widened to every pool node");
+    assert_eq!(
+        terms[1],
+        json!({"matchExpressions": []}),
+        "not widened to every pool node"
+    );
     assert_eq!(terms[0]["matchExpressions"][1], pool_in(&["cdn"]));
     assert!(admit(&out.pod, &opted_in("cdn"), &set).patch.0.is_empty());
 }
@@ -623,13 +640,24 @@ fn labelled(role: &str) -> Value {
 fn avoid_is_symmetric_a_pod_the_policy_avoids_keeps_off_its_pods_nodes() {
     let set = masters_avoid_replicas();
     let out = admit(&labelled("replica"), &opted_in("masters"), &set);
-    assert!(out.decision.applied.is_empty(), "masters does not apply to a replica");
+    assert!(
+        out.decision.applied.is_empty(),
+        "masters does not apply to a replica"
+    );
     assert_eq!(
         required_terms(&out.pod)[0]["matchExpressions"],
         json!([{"key": "node-restriction.kubernetes.io/berth.placed.masters", "operator": "DoesNotExist"}])
     );
-    assert_eq!(out.pod["spec"]["schedulingGates"], json!([{"name": "berth.io/avoid"}]));
-    assert!(admit(&out.pod, &opted_in("masters"), &set).patch.0.is_empty());
+    assert_eq!(
+        out.pod["spec"]["schedulingGates"],
+        json!([{"name": "berth.io/avoid"}])
+    );
+    assert!(
+        admit(&out.pod, &opted_in("masters"), &set)
+            .patch
+            .0
+            .is_empty()
+    );
 }
 
 #[test]
@@ -655,11 +683,17 @@ fn a_pod_with_a_node_name_is_never_gated_and_is_refused_beside_a_pod_it_must_avo
     let mut nodes = NodeIndex::new();
     nodes.insert("node4".into(), NodeInfo::default());
     let out = admit_with(&pod, &opted_in("masters"), &set, Some(&nodes));
-    assert!(out.pod["spec"].get("schedulingGates").is_none(), "the apiserver refuses gates with a nodeName");
+    assert!(
+        out.pod["spec"].get("schedulingGates").is_none(),
+        "the apiserver refuses gates with a nodeName"
+    );
     assert!(out.decision.denial.is_none());
 
     let mut anchored = NodeInfo::default();
-    anchored.labels.insert("node-restriction.kubernetes.io/berth.runs.masters".into(), "true".into());
+    anchored.labels.insert(
+        "node-restriction.kubernetes.io/berth.runs.masters".into(),
+        "true".into(),
+    );
     nodes.insert("node4".into(), anchored);
     let out = admit_with(&pod, &opted_in("masters"), &set, Some(&nodes));
     let denial = out.decision.denial.expect("a replica runs on node4");

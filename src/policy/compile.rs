@@ -283,7 +283,10 @@ impl PolicyCompiler {
                         },
                     );
                     if let Some(last) = last {
-                        compiled.set.policies.insert(last.name.clone(), last.clone());
+                        compiled
+                            .set
+                            .policies
+                            .insert(last.name.clone(), last.clone());
                         seen.insert(key, last);
                     }
                 }
@@ -482,18 +485,31 @@ mod tests {
         let mut bad = good.clone();
         bad.spec.images = vec!["[cdn".into()];
         let compiled = compiler.compile([source(&bad)]);
-        let kept = compiled.set.get("cdn").expect("the last good version stays");
+        let kept = compiled
+            .set
+            .get("cdn")
+            .expect("the last good version stays");
         assert_eq!(kept.spec.pool.as_ref().unwrap().node_names, ["node2"]);
         assert!(kept.spec.images.is_empty());
         assert!(compiled.errors["cdn"].kept);
-        assert!(compiled.errors["cdn"].error.problem.contains("bad image glob"));
+        assert!(
+            compiled.errors["cdn"]
+                .error
+                .problem
+                .contains("bad image glob")
+        );
 
         // A spec this berth cannot read at all is treated the same way.
         let mut unreadable = source(&good);
         unreadable.policy = Err("unknown field `future`".into());
         let compiled = compiler.compile([unreadable]);
         assert!(compiled.set.get("cdn").is_some());
-        assert!(compiled.errors["cdn"].error.problem.contains("unknown field"));
+        assert!(
+            compiled.errors["cdn"]
+                .error
+                .problem
+                .contains("unknown field")
+        );
     }
 
     #[test]

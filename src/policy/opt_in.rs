@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::compile::{CompiledPolicy, Labels};
 use super::NamespaceConfig;
+use super::compile::{CompiledPolicy, Labels};
 
 /// What the controller asks of namespaces.
 pub trait OptIn {

@@ -122,31 +122,11 @@ impl TestCluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// A kubeconfig that acts as the ServiceAccount `berth-system/berth` with the
-    /// shipped `manifests/rbac.yaml` applied: berth started with it has exactly the
-    /// permissions an installation grants.
+    /// The kubeconfig berth-up wrote: it acts as the ServiceAccount
+    /// `berth-system/berth` with the shipped `manifests/rbac.yaml`, so berth started
+    /// with it has exactly the permissions an installation grants.
     pub fn berth_service_account_kubeconfig(&self) -> PathBuf {
-        let rbac = repo_root().join("manifests/rbac.yaml");
-        self.kubectl_ok(&["apply", "-f", rbac.to_str().expect("utf-8 path")]);
-        let token = self.kubectl_ok(&[
-            "create",
-            "token",
-            "berth",
-            "-n",
-            "berth-system",
-            "--duration",
-            "2h",
-        ]);
-        // The admin kubeconfig's cluster entry (server and CA), another user.
-        let admin = std::fs::read_to_string(self.kubeconfig()).expect("kubeconfig");
-        let cluster = admin.split("users:").next().expect("a clusters section");
-        let path = self.dir.join("berth-sa.kubeconfig");
-        let text = format!(
-            "{cluster}users:\n- name: berth\n  user:\n    token: {}\ncontexts:\n- name: berth\n  context: {{cluster: berth-test, user: berth}}\ncurrent-context: berth\n",
-            token.trim()
-        );
-        std::fs::write(&path, text).expect("write kubeconfig");
-        path
+        self.dir.join("berth.kubeconfig")
     }
 
     /// `kubectl apply -f -` of `yaml`, which must succeed.
@@ -157,6 +137,82 @@ impl TestCluster {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+}
+
+/// A tenant: a user with the built-in `edit` role in one namespace only, reached
+/// through impersonation. Attacks are tried as a tenant, never as cluster-admin.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub user: String,
+    pub namespace: String,
+}
+
+impl Tenant {
+    /// Binds `edit` in `namespace` to `user`, waiting until the apiserver's
+    /// authorizer says the tenant may create pods there.
+    pub async fn new(cluster: &TestCluster, user: &str, namespace: &str) -> Tenant {
+        let binding = format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {user}-edit, namespace: {namespace}}}\n\
+             roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: edit}}\n\
+             subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {user}}}]\n"
+        );
+        cluster.apply(&binding);
+        let tenant = Tenant {
+            user: user.into(),
+            namespace: namespace.into(),
+        };
+        eventually(
+            &format!("{user} may create pods in {namespace}"),
+            Duration::from_secs(30),
+            || async {
+                let out = tenant.kubectl(cluster, &["auth", "can-i", "create", "pods"]);
+                out.status.success().then_some(())
+            },
+        )
+        .await;
+        tenant
+    }
+
+    /// A client that acts as the tenant.
+    pub async fn client(&self, cluster: &TestCluster) -> Client {
+        let kubeconfig = Kubeconfig::read_from(cluster.kubeconfig()).expect("kubeconfig");
+        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("kubeconfig written by tests/cluster/up is usable");
+        config.auth_info.impersonate = Some(self.user.clone());
+        config.auth_info.impersonate_groups = Some(vec!["system:authenticated".into()]);
+        Client::try_from(config).expect("tenant client")
+    }
+
+    /// Our kubectl as the tenant, in its namespace.
+    pub fn kubectl(&self, cluster: &TestCluster, args: &[&str]) -> std::process::Output {
+        let mut all = vec![
+            "--as",
+            &self.user,
+            "--as-group",
+            "system:authenticated",
+            "-n",
+            &self.namespace,
+        ];
+        all.extend_from_slice(args);
+        cluster.kubectl(&all)
+    }
+
+    /// `kubectl create -f -` of `manifest` (YAML or JSON) as the tenant.
+    pub fn create(&self, cluster: &TestCluster, manifest: &str) -> std::process::Output {
+        let args = [
+            "--as",
+            &self.user,
+            "--as-group",
+            "system:authenticated",
+            "-n",
+            &self.namespace,
+            "create",
+            "-f",
+            "-",
+        ];
+        kubectl_with_input(&cluster.dir, &args, manifest)
     }
 }
 

@@ -1,0 +1,363 @@
+//! The structural rules of entitlement as ValidatingAdmissionPolicies: CEL that the
+//! apiserver runs in-process with `failurePolicy: Fail`, so they hold with berth
+//! down (SPEC "Enforcement that holds while berth is down").
+//!
+//! Three policies, generated here so their names and identities come from the same
+//! constants the webhook and controller use (`berth admission-policy` prints them;
+//! `manifests/admission-policy.yaml` is that output):
+//!
+//! - `berth-pools`, one evaluation per PlacementPolicy (its `paramKind`): a pod in a
+//!   namespace that does not opt into a dedicated pool gets no toleration of it, no
+//!   `spec.nodeName` on its nodes, and no wildcard toleration unless every required
+//!   term keeps it off the pool. DaemonSet pods of the namespaces the pool takes are
+//!   exempt. On UPDATE only what the update adds is refused.
+//! - `berth-bindings`: a Binding of a pod to a dedicated node is refused unless the
+//!   pod's namespace opts into the pool. kube-scheduler's own bindings are skipped by
+//!   a matchCondition, so the scheduler's hot path does not pay for this.
+//! - `berth-records`: on UPDATE, nobody but berth changes `berth.io/applied` or
+//!   removes a `berth.io/` scheduling gate, and nobody but Kubernetes' own
+//!   controllers changes a pod's controller ownerReference.
+//!
+//! What CEL cannot see, it does not judge: image globs (routing, not a boundary)
+//! and Node labels (pool membership comes from `spec.pool.nodeNames` and the
+//! controller's `status.nodeNames`). A missing PlacementPolicy never refuses a pod
+//! (`parameterNotFoundAction: Allow`).
+
+use serde_json::{Value, json};
+
+use crate::names::{
+    APPLIED_ANNOTATION, DAEMONSET_CONTROLLER_USERS, EXEMPT_NAMESPACES, GATE_PREFIX, GROUP,
+    POLICIES_ANNOTATION, POOL_LABEL, POOL_TAINT,
+};
+
+/// A CEL list of string literals.
+fn list(items: &[&str]) -> String {
+    let quoted: Vec<String> = items.iter().map(|i| format!("'{i}'")).collect();
+    format!("[{}]", quoted.join(", "))
+}
+
+/// Whether the LabelSelector `s` matches the string map `labels` (both CEL).
+fn selector_matches(s: &str, labels: &str) -> String {
+    format!(
+        "((!has({s}.matchLabels) || {s}.matchLabels.all(k, k in {labels} && {labels}[k] == {s}.matchLabels[k])) && \
+         (!has({s}.matchExpressions) || {s}.matchExpressions.all(e, \
+           e.operator == 'In' ? (e.key in {labels} && has(e.values) && {labels}[e.key] in e.values) : \
+           e.operator == 'NotIn' ? (!(e.key in {labels}) || !has(e.values) || !({labels}[e.key] in e.values)) : \
+           e.operator == 'Exists' ? e.key in {labels} : \
+           e.operator == 'DoesNotExist' ? !(e.key in {labels}) : false)))"
+    )
+}
+
+fn variable(name: &str, expression: String) -> Value {
+    json!({"name": name, "expression": expression})
+}
+
+/// The variables both pool policies use: the param policy's pool, and whether the
+/// request's namespace opts into it.
+fn pool_variables() -> Vec<Value> {
+    let labels = "namespaceObject.metadata.labels";
+    vec![
+        variable(
+            "dedicated",
+            "has(params.spec.pool) && (!has(params.spec.pool.dedicated) || params.spec.pool.dedicated)".into(),
+        ),
+        variable(
+            "poolNodes",
+            "(has(params.spec.pool) && has(params.spec.pool.nodeNames) ? params.spec.pool.nodeNames : []) + \
+             (has(params.status) && has(params.status.nodeNames) ? params.status.nodeNames : [])"
+                .into(),
+        ),
+        variable(
+            "named",
+            format!(
+                "namespaceObject != null && has(namespaceObject.metadata.annotations) && \
+                 '{POLICIES_ANNOTATION}' in namespaceObject.metadata.annotations ? \
+                 namespaceObject.metadata.annotations['{POLICIES_ANNOTATION}'].split(',').map(n, n.trim()) : []"
+            ),
+        ),
+        variable(
+            "optedIn",
+            format!(
+                "params.metadata.name in variables.named || (has(params.spec.namespaceSelector) && \
+                 namespaceObject != null && has({labels}) && {})",
+                selector_matches("params.spec.namespaceSelector", labels)
+            ),
+        ),
+    ]
+}
+
+/// `object` (or `oldObject`) tolerates the param pool's taint by name.
+fn pool_toleration(o: &str) -> String {
+    format!(
+        "(has({o}.spec.tolerations) && {o}.spec.tolerations.exists(t, has(t.key) && t.key == '{POOL_TAINT}' && \
+         ((has(t.operator) && t.operator == 'Exists') || (has(t.value) && t.value == params.metadata.name))))"
+    )
+}
+
+/// `o` tolerates every taint of the param pool's effect.
+fn wildcard(o: &str) -> String {
+    format!(
+        "(has({o}.spec.tolerations) && {o}.spec.tolerations.exists(t, (!has(t.key) || t.key == '') && \
+         has(t.operator) && t.operator == 'Exists' && (!has(t.effect) || t.effect == '' || \
+         t.effect == (has(params.spec.pool.effect) ? params.spec.pool.effect : 'NoSchedule'))))"
+    )
+}
+
+/// `o` cannot land on the param pool: it names another node, or every required
+/// term keeps off the pool (an empty term matches nothing; a term names only other
+/// nodes; or it excludes the pool's label).
+fn kept_off(o: &str) -> String {
+    let required =
+        format!("{o}.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution");
+    format!(
+        "((has({o}.spec.nodeName) && !({o}.spec.nodeName in variables.poolNodes)) || \
+         (has({o}.spec.affinity) && has({o}.spec.affinity.nodeAffinity) && has({required}) && \
+          size({required}.nodeSelectorTerms) > 0 && {required}.nodeSelectorTerms.all(t, \
+           ((!has(t.matchExpressions) || size(t.matchExpressions) == 0) && (!has(t.matchFields) || size(t.matchFields) == 0)) || \
+           (has(t.matchExpressions) && t.matchExpressions.exists(e, e.key == '{POOL_LABEL}' && has(e.values) && \
+             ((e.operator == 'NotIn' && params.metadata.name in e.values) || (e.operator == 'In' && !(params.metadata.name in e.values))))) || \
+           (has(t.matchFields) && t.matchFields.exists(f, f.key == 'metadata.name' && f.operator == 'In' && \
+             has(f.values) && f.values.all(v, !(v in variables.poolNodes)))))))"
+    )
+}
+
+/// A binding's `spec.paramRef` for every PlacementPolicy; none means no rule.
+fn every_policy() -> Value {
+    json!({"selector": {}, "parameterNotFoundAction": "Allow"})
+}
+
+/// Namespaces the shipped admission configurations leave alone.
+fn namespace_selector() -> Value {
+    json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+        "values": EXEMPT_NAMESPACES}]})
+}
+
+fn not_from_nodes() -> Value {
+    json!({"name": "not-from-nodes", "expression": "!('system:nodes' in request.userInfo.groups)"})
+}
+
+fn policy(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name}, "spec": spec})
+}
+
+fn binding(name: &str, param_ref: Option<Value>) -> Value {
+    let mut spec = json!({"policyName": name, "validationActions": ["Deny"]});
+    if let Some(param_ref) = param_ref {
+        spec["paramRef"] = param_ref;
+    }
+    json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name}, "spec": spec})
+}
+
+fn params() -> Value {
+    json!({"apiVersion": format!("{GROUP}/v1alpha1"), "kind": "PlacementPolicy"})
+}
+
+/// `berth-pools`.
+fn pools() -> Value {
+    let mut variables = pool_variables();
+    variables.extend([
+        variable(
+            "daemonSetPod",
+            format!(
+                "request.userInfo.username in {} && has(object.metadata.ownerReferences) && \
+                 object.metadata.ownerReferences.exists(o, has(o.controller) && o.controller && \
+                 o.kind == 'DaemonSet' && o.apiVersion == 'apps/v1')",
+                list(&DAEMONSET_CONTROLLER_USERS)
+            ),
+        ),
+        variable(
+            "takesDaemonSet",
+            format!(
+                "has(params.spec.pool) && (!has(params.spec.pool.daemonSets) || params.spec.pool.daemonSets == 'Tolerate') && \
+                 (!has(params.spec.pool.daemonSetNamespaces) || (namespaceObject != null && \
+                  has(namespaceObject.metadata.labels) && {}))",
+                selector_matches("params.spec.pool.daemonSetNamespaces", "namespaceObject.metadata.labels")
+            ),
+        ),
+        variable(
+            "bound",
+            "variables.dedicated && !(variables.optedIn || (variables.daemonSetPod && variables.takesDaemonSet))".into(),
+        ),
+        variable("create", "request.operation == 'CREATE'".into()),
+    ]);
+    let pool = "' + params.metadata.name + '";
+    let namespace = "' + request.namespace + '";
+    policy(
+        "berth-pools",
+        json!({
+            "failurePolicy": "Fail",
+            "paramKind": params(),
+            "matchConstraints": {
+                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}],
+                "namespaceSelector": namespace_selector(),
+            },
+            "matchConditions": [not_from_nodes()],
+            "variables": variables,
+            "validations": [
+                {
+                    "expression": format!(
+                        "!variables.bound || !{} || (!variables.create && {})",
+                        pool_toleration("object"), pool_toleration("oldObject")
+                    ),
+                    "messageExpression": format!(
+                        "'the pod tolerates {POOL_TAINT}={pool}, but namespace {namespace} does not opt into that pool'"
+                    ),
+                    "reason": "Forbidden",
+                },
+                {
+                    "expression": "!variables.bound || !variables.create || !has(object.spec.nodeName) || \
+                                   !(object.spec.nodeName in variables.poolNodes)",
+                    "messageExpression": format!(
+                        "'spec.nodeName ' + object.spec.nodeName + ' is in dedicated pool {pool}, which namespace {namespace} does not opt into'"
+                    ),
+                    "reason": "Forbidden",
+                },
+                {
+                    "expression": format!(
+                        "!variables.bound || !{w} || {k} || (!variables.create && (!{wo} || !{ko}))",
+                        w = wildcard("object"),
+                        k = kept_off("object"),
+                        wo = wildcard("oldObject"),
+                        ko = kept_off("oldObject"),
+                    ),
+                    "messageExpression": format!(
+                        "'the pod tolerates every taint but does not keep off dedicated pool {pool} \
+                         (a required {POOL_LABEL} NotIn term, which berth adds while it runs)'"
+                    ),
+                    "reason": "Forbidden",
+                },
+            ],
+        }),
+    )
+}
+
+/// `berth-bindings`.
+fn bindings() -> Value {
+    policy(
+        "berth-bindings",
+        json!({
+            "failurePolicy": "Fail",
+            "paramKind": params(),
+            "matchConstraints": {
+                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                    "operations": ["CREATE"], "resources": ["pods/binding"]}],
+                "namespaceSelector": namespace_selector(),
+            },
+            // kube-scheduler binds every pod: it never pays for this policy.
+            "matchConditions": [{"name": "not-the-scheduler",
+                "expression": "request.userInfo.username != 'system:kube-scheduler'"}],
+            "variables": pool_variables(),
+            "validations": [{
+                "expression": "!variables.dedicated || variables.optedIn || !(object.target.name in variables.poolNodes)",
+                "messageExpression": "'binding to ' + object.target.name + ' refused: it is in dedicated pool ' + \
+                    params.metadata.name + ', which namespace ' + request.namespace + ' does not opt into'",
+                "reason": "Forbidden",
+            }],
+        }),
+    )
+}
+
+/// `berth-records`: what only berth (or Kubernetes' controllers) changes on a pod.
+fn records(berth_user: &str) -> Value {
+    let applied = |o: &str| {
+        format!(
+            "(has({o}.metadata.annotations) && '{APPLIED_ANNOTATION}' in {o}.metadata.annotations ? \
+             {o}.metadata.annotations['{APPLIED_ANNOTATION}'] : '')"
+        )
+    };
+    let controllers = |o: &str| {
+        format!(
+            "(has({o}.metadata.ownerReferences) ? {o}.metadata.ownerReferences.filter(r, has(r.controller) && r.controller)\
+             .map(r, r.apiVersion + '/' + r.kind + '/' + r.name + '/' + r.uid) : [])"
+        )
+    };
+    policy(
+        "berth-records",
+        json!({
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                    "operations": ["UPDATE"], "resources": ["pods"]}],
+                "namespaceSelector": namespace_selector(),
+            },
+            "matchConditions": [
+                not_from_nodes(),
+                {"name": "not-berth", "expression": format!("request.userInfo.username != '{berth_user}'")},
+            ],
+            "validations": [
+                {
+                    "expression": format!("{} == {}", applied("object"), applied("oldObject")),
+                    "message": format!("{APPLIED_ANNOTATION} is berth's record of what it applied; only berth sets it"),
+                    "reason": "Forbidden",
+                },
+                {
+                    "expression": format!(
+                        "!has(oldObject.spec.schedulingGates) || oldObject.spec.schedulingGates.all(g, \
+                         !g.name.startsWith('{GATE_PREFIX}') || (has(object.spec.schedulingGates) && \
+                         object.spec.schedulingGates.exists(n, n.name == g.name)))"
+                    ),
+                    "message": format!("scheduling gates {GATE_PREFIX}* are berth's; only berth removes them"),
+                    "reason": "Forbidden",
+                },
+                {
+                    "expression": format!(
+                        "request.userInfo.username.startsWith('system:serviceaccount:kube-system:') || \
+                         request.userInfo.username == 'system:kube-controller-manager' || {} == {}",
+                        controllers("object"), controllers("oldObject")
+                    ),
+                    "message": "a pod's controller ownerReference is set by its controller, not changed afterwards",
+                    "reason": "Forbidden",
+                },
+            ],
+        }),
+    )
+}
+
+/// The ValidatingAdmissionPolicies and their bindings, as multi-document YAML.
+/// `berth_user` is berth's identity (its ServiceAccount's username).
+pub fn manifests(berth_user: &str) -> String {
+    let header = "# Generated by `berth admission-policy`; do not edit by hand (a test checks it).\n\
+                  # berth's structural rules as ValidatingAdmissionPolicies: CEL run in the\n\
+                  # apiserver with failurePolicy Fail, so they hold while berth is down.\n";
+    let documents = [
+        pools(),
+        binding("berth-pools", Some(every_policy())),
+        bindings(),
+        binding("berth-bindings", Some(every_policy())),
+        records(berth_user),
+        binding("berth-records", None),
+    ];
+    let yaml: Vec<String> = documents
+        .iter()
+        .map(|d| serde_yaml_ng::to_string(d).unwrap_or_default())
+        .collect();
+    format!("{header}{}", yaml.join("---\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rules_name_berths_identities_and_keys() {
+        let yaml = manifests("system:serviceaccount:berth-system:berth");
+        assert!(yaml.contains("system:serviceaccount:kube-system:daemon-set-controller"));
+        assert!(
+            yaml.contains(
+                "request.userInfo.username != 'system:serviceaccount:berth-system:berth'"
+            )
+        );
+        assert!(yaml.contains(POOL_LABEL) && yaml.contains(POOL_TAINT));
+        assert_eq!(
+            yaml.matches("kind: ValidatingAdmissionPolicyBinding")
+                .count(),
+            3
+        );
+        for document in yaml.split("---\n") {
+            let _: Value = serde_yaml_ng::from_str(document).expect("each document is YAML");
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! With berth stopped, no tenant pod reaches a dedicated node: the shipped
+//! ValidatingAdmissionPolicies run in the apiserver (`failurePolicy: Fail`) and keep
+//! the structural rules with no webhook at all. Each attempt is made as a tenant.
+//!
+//! Also here, since they need berth's webhook out of the way: a policy that stops
+//! compiling keeps its last good version, and a pod naming thousands of unknown
+//! policies stalls no controller pass.
+
+mod support;
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+use support::{Berth, Nodes, Replica, Tenant, eventually, fresh_namespace, wait_for};
+
+const NODES: Nodes = Nodes {
+    count: 4,
+    prefix: "node",
+};
+const WAIT: Duration = Duration::from_secs(60);
+
+const POLICIES: &str = r#"
+apiVersion: berth.io/v1alpha1
+kind: PlacementPolicy
+metadata: {name: cdn}
+spec:
+  images: ["*cdn*"]
+  pool: {nodeNames: [node2]}
+---
+apiVersion: berth.io/v1alpha1
+kind: PlacementPolicy
+metadata: {name: gpu}
+spec:
+  pool: {nodeSelector: {matchLabels: {gpu: "true"}}}
+"#;
+
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// berth set up the pools (taints, and `status.nodeNames` for the selector pool)
+/// and was then stopped: from here on no webhook answers.
+fn berth_stopped() -> &'static Berth {
+    static STOPPED: OnceLock<()> = OnceLock::new();
+    let berth = Berth::shared(NODES);
+    STOPPED.get_or_init(|| {
+        berth
+            .cluster
+            .kubectl_ok(&["label", "node", "node3", "gpu=true"]);
+        berth.cluster.apply(POLICIES);
+        let deadline = Instant::now() + WAIT;
+        while !berth
+            .cluster
+            .kubectl_ok(&["get", "bpp", "gpu", "-o", "jsonpath={.status.nodeNames}"])
+            .contains("node3")
+        {
+            assert!(Instant::now() < deadline, "the gpu pool never listed node3");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let pid = berth.pid();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        while running(pid) {
+            assert!(Instant::now() < deadline, "berth did not stop");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    berth
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+async fn tenant(client: &Client, purpose: &str) -> Tenant {
+    let ns = fresh_namespace(client, purpose).await;
+    Tenant::new(berth_stopped().cluster, &format!("tenant-{ns}"), &ns).await
+}
+
+fn pod(name: &str, spec: Value) -> String {
+    let mut pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "example/cdn-uploader:1"}]}});
+    if let (Some(map), Some(extra)) = (pod["spec"].as_object_mut(), spec.as_object()) {
+        map.extend(extra.clone());
+    }
+    pod.to_string()
+}
+
+fn cdn_toleration() -> Value {
+    json!([{"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}])
+}
+
+#[tokio::test]
+async fn with_berth_stopped_no_tenant_pod_reaches_a_dedicated_node() {
+    let cluster = berth_stopped().cluster;
+    let client = cluster.client().await;
+    let tenant = tenant(&client, "down").await;
+    let refused = |manifest: String, reason: &str| {
+        let out = tenant.create(cluster, &manifest);
+        assert!(!out.status.success(), "admitted: {}", text(&out.stdout));
+        let error = text(&out.stderr);
+        assert!(
+            error.contains("ValidatingAdmissionPolicy") && error.contains(reason),
+            "{error}"
+        );
+    };
+    refused(
+        pod("forged", json!({"tolerations": cdn_toleration()})),
+        "berth.io/pool=cdn",
+    );
+    refused(
+        pod("named", json!({"nodeName": "node2"})),
+        "dedicated pool cdn",
+    );
+    refused(
+        pod("selected", json!({"nodeName": "node3"})),
+        "dedicated pool gpu",
+    );
+    refused(
+        pod("wildcard", json!({"tolerations": [{"operator": "Exists"}]})),
+        "does not keep off dedicated pool",
+    );
+
+    // What breaks no rule goes on: berth down never blocks the cluster.
+    let excluded = json!({"tolerations": [{"operator": "Exists"}], "affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "node-restriction.kubernetes.io/berth.pool", "operator": "NotIn", "values": ["cdn", "gpu", "edge"]}]}]}}}});
+    for (name, spec) in [
+        ("plain", json!({})),
+        ("elsewhere", json!({"nodeName": "node1"})),
+        ("excluded", excluded),
+    ] {
+        let out = tenant.create(cluster, &pod(name, spec));
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+    }
+
+    // A namespace that opts in keeps its pool, berth or no berth.
+    let team = fresh_namespace(&client, "team").await;
+    support::annotate(&client, &team, "berth.io/policies", "cdn").await;
+    let team = Tenant::new(cluster, &format!("tenant-{team}"), &team).await;
+    let out = team.create(
+        cluster,
+        &pod("entitled", json!({"tolerations": cdn_toleration()})),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[tokio::test]
+async fn with_berth_stopped_records_gates_and_bindings_hold() {
+    let cluster = berth_stopped().cluster;
+    let client = cluster.client().await;
+    let tenant = tenant(&client, "down-records").await;
+    let gated = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "gated", "annotations": {"berth.io/applied": "cdn"}},
+        "spec": {"schedulingGates": [{"name": "berth.io/avoid"}], "containers": [{"name": "c", "image": "nginx"}]}});
+    assert!(tenant.create(cluster, &gated.to_string()).status.success());
+    for (args, reason) in [
+        (
+            vec![
+                "annotate",
+                "pod",
+                "gated",
+                "berth.io/applied=gpu",
+                "--overwrite",
+            ],
+            "only berth sets it",
+        ),
+        (
+            vec![
+                "patch",
+                "pod",
+                "gated",
+                "--type=json",
+                "-p",
+                r#"[{"op":"remove","path":"/spec/schedulingGates/0"}]"#,
+            ],
+            "only berth removes",
+        ),
+    ] {
+        let out = tenant.kubectl(cluster, &args);
+        assert!(!out.status.success(), "{args:?} went through");
+        assert!(text(&out.stderr).contains(reason), "{}", text(&out.stderr));
+    }
+
+    // A CI identity allowed to bind pods, binding one to the pool.
+    let role = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: binder, namespace: {ns}}}\n\
+         rules: [{{apiGroups: [\"\"], resources: [pods/binding], verbs: [create]}}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: binder, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: binder}}\n\
+         subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {user}}}]\n",
+        ns = tenant.namespace,
+        user = tenant.user
+    );
+    cluster.apply(&role);
+    assert!(
+        tenant
+            .create(
+                cluster,
+                &pod("waiting", json!({"nodeSelector": {"no-such": "node"}}))
+            )
+            .status
+            .success()
+    );
+    let pods: Api<Pod> = Api::namespaced(tenant.client(cluster).await, &tenant.namespace);
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "waiting"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "node3"}});
+    let error = pods
+        .create_subresource::<Value, Value>("binding", "waiting", &PostParams::default(), &binding)
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("dedicated pool gpu"), "{error}");
+}
+
+#[tokio::test]
+async fn a_controller_keeps_a_policy_that_stops_compiling_and_no_pod_stalls_it() {
+    let berth = berth_stopped();
+    let client = berth.cluster.client().await;
+    // A controller-only replica, as the shipped ServiceAccount; the webhook stays down.
+    let _replica = Replica::start(
+        berth,
+        "standby",
+        &berth.cluster.berth_service_account_kubeconfig(),
+    );
+    berth.cluster.apply(
+        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: edge}\nspec:\n  pool: {nodeNames: [node4]}\n",
+    );
+    let taint = || {
+        berth
+            .cluster
+            .kubectl_ok(&["get", "node", "node4", "-o", "jsonpath={.spec.taints}"])
+    };
+    eventually("node4 in pool edge", WAIT, || async {
+        taint().contains("edge").then_some(())
+    })
+    .await;
+
+    // A bad glob, applied while /validate is down (failurePolicy Ignore lets it in).
+    berth.cluster.apply(
+        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: edge}\nspec:\n  images: [\"[edge\"]\n  pool: {nodeNames: [node4]}\n",
+    );
+    let ready = eventually("Ready=False on edge", WAIT, || async {
+        let out = berth
+            .cluster
+            .kubectl_ok(&["get", "bpp", "edge", "-o", "json"]);
+        let policy: Value = serde_json::from_str(&out).ok()?;
+        policy["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Ready" && c["status"] == "False")
+            .cloned()
+    })
+    .await;
+    let message = ready["message"].as_str().unwrap();
+    assert!(
+        message.contains("bad image glob") && message.contains("last good version stays in force"),
+        "{message}"
+    );
+    assert!(taint().contains("edge"), "the pool's taint is kept");
+    let status =
+        berth
+            .cluster
+            .kubectl_ok(&["get", "bpp", "edge", "-o", "jsonpath={.status.nodeNames}"]);
+    assert!(status.contains("node4"), "{status}");
+
+    // A pod that names thousands of policies its namespace never opted into (berth
+    // was down, so its forged gate and record survived): the pass that releases it
+    // asks the apiserver about none of them, and it goes at once.
+    let tenant = tenant(&client, "flood").await;
+    let names: Vec<String> = (0..3000).map(|i| format!("p{i}")).collect();
+    let forged = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "flood", "annotations": {"berth.io/applied": names.join(",")}},
+        "spec": {"schedulingGates": [{"name": "berth.io/avoid"}], "containers": [{"name": "c", "image": "nginx"}]}});
+    let out = tenant.create(berth.cluster, &forged.to_string());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &tenant.namespace);
+    wait_for(
+        &pods,
+        "flood",
+        |p: Option<&Pod>| {
+            p.and_then(|p| p.spec.as_ref())
+                .is_some_and(|s| s.scheduling_gates.as_deref().unwrap_or_default().is_empty())
+        },
+        WAIT,
+    )
+    .await;
+    let log =
+        std::fs::read_to_string(berth.cluster.dir.join("logs/standby.log")).unwrap_or_default();
+    assert!(!log.contains("cannot look up policy"), "{log}");
+}
