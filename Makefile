@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo demo-down test lint bench fuzz static control-plane
+.PHONY: demo demo-down test lint bench bench-admission fuzz static control-plane
 
 ## demo: start a local control plane with four nodes and show berth at work; leaves it running
 demo: control-plane
@@ -21,6 +21,11 @@ test: lint control-plane static
 ## bench: criterion benchmark of decision + patch with 1, 20 and 200 policies
 bench:
 	cargo bench --locked --bench decision
+
+## bench-admission: pod creates/s through the apiserver with and without each part of
+## berth's admission, and berth's memory under a flood of 2 MB dry-run pods
+bench-admission: control-plane
+	cargo bench --locked --bench admission
 
 ## fuzz: run the decision fuzz target for FUZZ_SECONDS (needs nightly and cargo-fuzz)
 FUZZ_SECONDS ?= 600

@@ -391,7 +391,8 @@ fn pod_update(user: &str, change: impl Fn(&mut Value)) -> Value {
 #[tokio::test]
 async fn only_berth_changes_its_record_and_gates_and_only_kubernetes_controllers_a_pods_controller()
 {
-    let forgeries: [(&str, fn(&mut Value)); 3] = [
+    type Forge = fn(&mut Value);
+    let forgeries: [(&str, Forge); 3] = [
         ("berth.io/applied", |pod| {
             pod["metadata"]["annotations"]["berth.io/applied"] = json!("cdn")
         }),

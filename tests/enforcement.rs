@@ -780,14 +780,18 @@ async fn a_policys_finalizer_waits_for_its_own_nodes_only() {
     );
     // Once the apiserver enforces it (a policy takes effect a moment after it is
     // written), a pool claims node6.
+    let tries = std::sync::atomic::AtomicU32::new(0);
     eventually("node6 frozen for berth", WAIT, || async {
+        // A new value each time: a label already set is no request at all.
+        let n = tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let label = format!("probe={n}");
         let out = berth.cluster.kubectl(&[
             "--as",
             "system:serviceaccount:berth-system:berth",
             "label",
             "node",
             "node6",
-            "probe=1",
+            &label,
             "--overwrite",
         ]);
         text(&out.stderr).contains("node6 is frozen").then_some(())
@@ -838,6 +842,19 @@ async fn a_pod_still_terminating_counts_for_avoid() {
     first.metadata.finalizers = Some(vec!["test.berth.io/hold".into()]);
     pods.create(&PostParams::default(), &first).await.unwrap();
     wait_for(&pods, "a1", is_bound, WAIT).await;
+    // a1 has run a while: node4 carries its anchor label.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let label = "node-restriction.kubernetes.io/berth.runs.apart";
+    wait_for(
+        &nodes,
+        "node4",
+        |n: Option<&k8s_openapi::api::core::v1::Node>| {
+            n.and_then(|n| n.metadata.labels.as_ref())
+                .is_some_and(|l| l.contains_key(label))
+        },
+        WAIT,
+    )
+    .await;
     pods.delete("a1", &now()).await.unwrap();
 
     // A surge: the replacement arrives while a1 is still terminating on node4.

@@ -205,12 +205,14 @@ async fn seed_000_a_daemonset_runs_on_all_four_nodes_including_node2() {
     let client = berth().cluster.client().await;
     policy("cdn.yaml");
     cdn_pool_on_node2(&client).await;
-    let ns = fresh_namespace(&client, "agents").await;
-    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &ns);
+    // The example policy takes DaemonSets of the platform's namespaces only.
+    berth().cluster.kubectl(&["create", "namespace", "logging"]);
+    let agent = format!("agent-{}", std::process::id());
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "logging");
     let ds: DaemonSet = serde_json::from_value(json!({
-        "metadata": {"name": "agent"},
-        "spec": {"selector": {"matchLabels": {"app": "agent"}},
-                 "template": {"metadata": {"labels": {"app": "agent"}},
+        "metadata": {"name": agent},
+        "spec": {"selector": {"matchLabels": {"app": agent}},
+                 "template": {"metadata": {"labels": {"app": agent}},
                               "spec": {"containers": [{"name": "a", "image": "fluent-bit:3"}]}}}
     }))
     .unwrap();
@@ -218,10 +220,20 @@ async fn seed_000_a_daemonset_runs_on_all_four_nodes_including_node2() {
         .create(&PostParams::default(), &ds)
         .await
         .expect("create daemonset");
-    let nodes = placed(&client, &ns, "app=agent", 4, WAIT).await;
+    let nodes = placed(&client, "logging", &format!("app={agent}"), 4, WAIT).await;
     let mut on: Vec<&String> = nodes.values().collect();
     on.sort();
     assert_eq!(on, ["node1", "node2", "node3", "node4"]);
+
+    // A tenant's DaemonSet is not one of them: it stays off node2.
+    let tenant_ns = fresh_namespace(&client, "tenant-agents").await;
+    let theirs: Api<DaemonSet> = Api::namespaced(client.clone(), &tenant_ns);
+    theirs
+        .create(&PostParams::default(), &ds)
+        .await
+        .expect("create daemonset");
+    let nodes = placed(&client, &tenant_ns, &format!("app={agent}"), 3, WAIT).await;
+    assert!(!nodes.values().any(|n| n == "node2"), "{nodes:?}");
 }
 
 #[tokio::test]

@@ -13,7 +13,9 @@
 //!   odd.
 //!
 //! Checked for every input:
-//! - nothing panics (`decide` promises it never does, whatever the JSON);
+//! - nothing panics (`decide` promises it never does, whatever the JSON), nor do
+//!   the readers in front of it: the AdmissionReview parser, the lenient object
+//!   reader and the uid scanner for bodies too large to read, all fed the raw bytes;
 //! - every warning is under 120 characters;
 //! - the patch applies to the pod it was built from;
 //! - when the decision has neither `unreadable` nor `denial`, the patched pod is
@@ -253,6 +255,12 @@ fn warnings_are_short(warnings: &[String]) {
 }
 
 fuzz_target!(|data: &[u8]| {
+    // The admission edge sees the bytes first.
+    let _ = berth::admission::review::parse(data);
+    let _ = berth::admission::review::uid_from_prefix(data);
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = berth::objects::read_json(text, berth::objects::Skip::Status);
+    }
     let (pod_bytes, config) = match data.iter().rposition(|&b| b == 0) {
         Some(i) => (&data[..i], Some(&data[i + 1..])),
         None => (data, None),

@@ -194,7 +194,11 @@ fn pools() -> Value {
                     "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}],
                 "namespaceSelector": namespace_selector(),
             },
-            "matchConditions": [not_from_nodes()],
+            // Most pods carry neither a pool or wildcard toleration nor a node name:
+            // they skip the rules at the cost of one short expression.
+            "matchConditions": [not_from_nodes(), {"name": "could-reach-a-pool", "expression": format!(
+                "has(object.spec.nodeName) || (has(object.spec.tolerations) && object.spec.tolerations.exists(t, \
+                 !has(t.key) || t.key == '' || t.key == '{POOL_TAINT}'))")}],
             "variables": variables,
             "validations": [
                 {

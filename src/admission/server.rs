@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -17,6 +17,12 @@ use tokio_util::sync::CancellationToken;
 
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an HTTP/1 client may take to send a request's headers; the body has a
+/// bound of its own (`BodyLimits`).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 connections are pinged this often, and closed when a ping goes
+/// unanswered as long: a peer that vanished does not hold a connection open.
+const KEEP_ALIVE: Duration = Duration::from_secs(20);
 
 /// Serves `app` over TLS on `listener` until `shutdown` is cancelled, then waits
 /// up to `grace` for open connections to finish.
@@ -57,7 +63,17 @@ pub async fn serve_tls(
                     return;
                 }
             };
-            let connection = auto::Builder::new(TokioExecutor::new())
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .keep_alive_interval(KEEP_ALIVE)
+                .keep_alive_timeout(KEEP_ALIVE);
+            let connection = builder
                 .serve_connection(TokioIo::new(stream), service)
                 .into_owned();
             if let Err(e) = watcher.watch(connection).await {

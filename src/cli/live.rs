@@ -231,7 +231,10 @@ fn standing(
 /// Why a pod with berth's gate is still held: the same plan the controller makes.
 fn held(pod: &PodObject, pods: &[PodObject], policies: &PolicySet, opt_in: &dyn OptIn) -> String {
     let all: Vec<ExclusionPod> = pods.iter().filter_map(ExclusionPod::from_pod).collect();
-    let plan = exclusion::plan(&all, policies, opt_in, &BTreeSet::new());
+    // Which pods wait and why does not depend on node labels (they only decide
+    // where a released pod is narrowed): none are given.
+    let no_labels = exclusion::NodeLabels::new();
+    let plan = exclusion::plan(&all, policies, opt_in, &BTreeSet::new(), &no_labels);
     let is_this = |p: &ExclusionPod| {
         Some(p.namespace.as_str()) == pod.metadata.namespace.as_deref()
             && Some(p.name.as_str()) == pod.metadata.name.as_deref()

@@ -40,7 +40,7 @@ pub struct ServeArgs {
     /// Memory, in MiB, that the request bodies being decided at once may take;
     /// a request that finds no room within a second is denied, so memory stays
     /// bounded under a flood of large pods.
-    #[arg(long, env = "BERTH_REQUEST_MEMORY_MIB", default_value_t = 256)]
+    #[arg(long, env = "BERTH_REQUEST_MEMORY_MIB", default_value_t = 128)]
     pub request_memory_mib: usize,
     /// Requests handled at once; more wait their turn.
     #[arg(long, env = "BERTH_MAX_IN_FLIGHT", default_value_t = 256)]

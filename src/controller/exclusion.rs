@@ -21,7 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
 
 use super::desired::{anchors, applied_policies, entitled_policies};
-use crate::names::AVOID_GATE;
+use crate::names::{AVOID_GATE, anchor_label, placed_label};
 use crate::objects::PodObject;
 use crate::placement::pod::is_empty_term;
 use crate::policy::compile::Labels;
@@ -51,20 +51,18 @@ pub struct ExclusionPod {
     /// Index of the `berth.io/avoid` gate in `spec.schedulingGates`, if held.
     pub gate: Option<usize>,
     pub node: Option<String>,
+    /// Being deleted, and still on its node.
+    pub terminating: bool,
     /// The required nodeSelectorTerms, by shape.
     pub terms: Vec<Term>,
 }
 
 impl ExclusionPod {
-    /// A pod as exclusion sees it; `None` for finished pods and pods being deleted.
-    ///
-    /// A pod still terminating on a node keeps others off it through the node's
-    /// anchor label, which stays until the pod is gone (see
-    /// [`super::desired`]) and which the scheduler has long seen: narrowing a new
-    /// pod off that node would keep it off for good, where native anti-affinity
-    /// lets it in once the old pod has gone.
+    /// A pod as exclusion sees it; `None` for finished pods and for pods being
+    /// deleted that hold no node. A pod still terminating on a node counts until it
+    /// is gone, as native anti-affinity counts it.
     pub fn from_pod(pod: &PodObject) -> Option<ExclusionPod> {
-        if pod.is_terminated() || pod.is_terminating() {
+        if pod.is_terminated() || (pod.is_terminating() && pod.spec.node_name.is_none()) {
             return None;
         }
         let meta = &pod.metadata;
@@ -87,6 +85,7 @@ impl ExclusionPod {
             applied: applied_policies(meta.annotations.as_ref()),
             gate: pod.gate(AVOID_GATE),
             node: pod.spec.node_name.clone(),
+            terminating: pod.is_terminating(),
             terms,
         })
     }
@@ -140,6 +139,15 @@ pub struct Plan<'a> {
     pub waiting: Vec<Waiting<'a>>,
 }
 
+/// Why two pods must avoid each other.
+struct Conflict<'p> {
+    policy: &'p CompiledPolicy,
+    /// The node label that keeps `a` off the node of `b`: the policy's anchor
+    /// label when `a` is one of its pods, its placed label when `a` is a pod it
+    /// avoids.
+    keep_off: String,
+}
+
 /// The policy through which `a` and `b` must avoid each other, if any: one of
 /// them is a pod an avoid policy applies to (in a namespace that opts into it),
 /// and the other is one that policy avoids.
@@ -148,15 +156,27 @@ fn conflict<'p>(
     b: &ExclusionPod,
     policies: &'p PolicySet,
     opt_in: &dyn OptIn,
-) -> Option<&'p CompiledPolicy> {
+) -> Option<Conflict<'p>> {
     let one_way = |x: &ExclusionPod, y: &ExclusionPod| {
         entitled_policies(&x.applied, &x.namespace, policies, opt_in)
             .into_iter()
             .filter(|p| p.spec.avoid.is_some())
             .find(|p| anchors(p, &y.labels, &y.namespace, opt_in))
     };
-    one_way(a, b).or_else(|| one_way(b, a))
+    if let Some(policy) = one_way(a, b) {
+        return Some(Conflict {
+            policy,
+            keep_off: anchor_label(&policy.name),
+        });
+    }
+    one_way(b, a).map(|policy| Conflict {
+        policy,
+        keep_off: placed_label(&policy.name),
+    })
 }
+
+/// The labels the controller's cache shows on each node.
+pub type NodeLabels = BTreeMap<String, Labels>;
 
 /// What this controller has released. Pods stay in `uncached` until the cache
 /// shows them released: the watch event trails the write, and a pod that still
@@ -216,17 +236,40 @@ fn in_flight(pod: &ExclusionPod) -> bool {
     pod.gate.is_none() && pod.node.is_none()
 }
 
+/// Whether the held `pod` must be narrowed off the node of `other`, bound there,
+/// with which it conflicts. Always, unless `other` is terminating and its node
+/// already carries the label that keeps `pod` off: that label stays until `other`
+/// is gone and the scheduler has seen it, and a pod narrowed off the node would be
+/// kept off it for good, where native anti-affinity lets it in once the old pod has
+/// left. A pod bound and deleted a moment ago, before its node was labelled, is
+/// still narrowed against.
+fn narrow_off(other: &ExclusionPod, conflict: &Conflict, nodes: &NodeLabels) -> bool {
+    let labelled = || {
+        other
+            .node
+            .as_ref()
+            .and_then(|n| nodes.get(n))
+            .is_some_and(|labels| labels.contains_key(&conflict.keep_off))
+    };
+    !other.terminating || !labelled()
+}
+
 /// Which held pods to release now, oldest first, with the nodes each must keep
 /// off, and why the others wait. `unseen` names policies that exist but are not in
 /// `policies` yet; a pod the webhook admitted with one of them waits for it. (A
 /// policy that is gone is simply absent: its pods no longer avoid anything.)
+/// `nodes` are the node labels the controller's cache holds.
 pub fn plan<'a>(
     pods: &'a [ExclusionPod],
     policies: &PolicySet,
     opt_in: &dyn OptIn,
     unseen: &BTreeSet<String>,
+    nodes: &NodeLabels,
 ) -> Plan<'a> {
-    let mut flying: Vec<&ExclusionPod> = pods.iter().filter(|p| in_flight(p)).collect();
+    let mut flying: Vec<&ExclusionPod> = pods
+        .iter()
+        .filter(|p| in_flight(p) && !p.terminating)
+        .collect();
     let bound: Vec<&ExclusionPod> = pods.iter().filter(|p| p.node.is_some()).collect();
     let mut held: Vec<&ExclusionPod> = pods.iter().filter(|p| p.gate.is_some()).collect();
     held.sort_by(|a, b| {
@@ -246,8 +289,8 @@ pub fn plan<'a>(
         // target and stall every pod of the policy, in every namespace.
         let blocker = flying.iter().find_map(|other| {
             conflict(pod, other, policies, opt_in)
-                .filter(|p| opt_in.opts_in(p, &other.namespace))
-                .map(|policy| (*other, policy.name.clone()))
+                .filter(|c| opt_in.opts_in(c.policy, &other.namespace))
+                .map(|c| (*other, c.policy.name.clone()))
         });
         if let Some((behind, policy)) = blocker {
             plan.waiting.push(Waiting {
@@ -261,7 +304,9 @@ pub fn plan<'a>(
         }
         let mut avoid_nodes: Vec<String> = bound
             .iter()
-            .filter(|other| conflict(pod, other, policies, opt_in).is_some())
+            .filter(|other| {
+                conflict(pod, other, policies, opt_in).is_some_and(|c| narrow_off(other, &c, nodes))
+            })
             .filter_map(|other| other.node.clone())
             .collect();
         avoid_nodes.sort();
@@ -311,6 +356,7 @@ mod tests {
             applied: applied.iter().map(|a| a.to_string()).collect(),
             gate: gate.then_some(0),
             node: node.map(Into::into),
+            terminating: false,
             terms: vec![Term::Expressions],
         }
     }
@@ -326,6 +372,10 @@ mod tests {
         BTreeSet::new()
     }
 
+    fn no_labels() -> NodeLabels {
+        NodeLabels::new()
+    }
+
     fn names<'a>(releases: &[Release<'a>]) -> Vec<&'a str> {
         releases.iter().map(|r| r.pod.name.as_str()).collect()
     }
@@ -337,7 +387,7 @@ mod tests {
             pod("m2", "master", &["masters"], true, None),
             pod("m3", "master", &["masters"], true, None),
         ];
-        let plan = plan(&pods, &masters(), &Everyone, &none());
+        let plan = plan(&pods, &masters(), &Everyone, &none(), &no_labels());
         assert_eq!(names(&plan.release), ["m1"]);
         assert_eq!(plan.waiting.len(), 2);
         assert!(
@@ -353,13 +403,13 @@ mod tests {
             pod("web", "web", &[], false, Some("n9")),
         ];
         assert!(
-            plan(&pods, &masters(), &Everyone, &none())
+            plan(&pods, &masters(), &Everyone, &none(), &no_labels())
                 .release
                 .is_empty(),
             "m1 released but unbound"
         );
         pods[0].node = Some("n1".into());
-        let plan = plan(&pods, &masters(), &Everyone, &none());
+        let plan = plan(&pods, &masters(), &Everyone, &none(), &no_labels());
         assert_eq!(names(&plan.release), ["m2"]);
         assert_eq!(
             plan.release[0].avoid_nodes,
@@ -386,7 +436,7 @@ mod tests {
             pod("d2", "data", &["data"], true, None),
         ];
         assert_eq!(
-            names(&plan(&pods, &set, &Everyone, &none()).release),
+            names(&plan(&pods, &set, &Everyone, &none(), &no_labels()).release),
             ["d1", "m1"]
         );
     }
@@ -407,7 +457,7 @@ mod tests {
             pod("m1", "master", &["masters"], true, None),
             pod("r1", "replica", &["replicas"], true, None),
         ];
-        let plan = plan(&pods, &set, &Everyone, &none());
+        let plan = plan(&pods, &set, &Everyone, &none(), &no_labels());
         assert_eq!(names(&plan.release), ["m1"]);
         assert_eq!(plan.waiting[0].pod.name, "r1");
     }
@@ -419,7 +469,7 @@ mod tests {
             pod("m2", "master", &["deleted"], true, None),
         ];
         assert_eq!(
-            names(&plan(&pods, &masters(), &Everyone, &none()).release),
+            names(&plan(&pods, &masters(), &Everyone, &none(), &no_labels()).release),
             ["m1", "m2"]
         );
     }
@@ -431,7 +481,13 @@ mod tests {
             pod("m2", "master", &["masters"], true, None),
         ];
         let unseen = BTreeSet::from(["masters".to_string()]);
-        let plan = plan(&pods, &PolicySet::default(), &Everyone, &unseen);
+        let plan = plan(
+            &pods,
+            &PolicySet::default(),
+            &Everyone,
+            &unseen,
+            &no_labels(),
+        );
         assert!(plan.release.is_empty(), "both would be released at once");
         assert_eq!(
             plan.waiting[1].reason,
@@ -448,7 +504,7 @@ mod tests {
         let mut released = Released::default();
         released.record(&pods[0], Instant::now());
         released.overlay(&mut pods);
-        let plan = plan(&pods, &masters(), &Everyone, &none());
+        let plan = plan(&pods, &masters(), &Everyone, &none(), &no_labels());
         assert!(plan.release.is_empty(), "m1 is in flight, m2 must wait");
         // The cache catches up: m1's gate is gone there too, and it is forgotten.
         pods[0].gate = None;
@@ -481,15 +537,15 @@ mod tests {
         foreign.namespace = "legacy".into();
         let pods = vec![foreign, pod("m1", "master", &["masters"], true, None)];
         let all = policies(&[("masters", spec("All"))]);
-        let plan_all = plan(&pods, &all, &Only("db"), &none());
+        let plan_all = plan(&pods, &all, &Only("db"), &none(), &no_labels());
         assert_eq!(plan_all.release[0].avoid_nodes, ["n5"]);
         let same = policies(&[("masters", spec("Same"))]);
-        let plan_same = plan(&pods, &same, &Only("db"), &none());
+        let plan_same = plan(&pods, &same, &Only("db"), &none(), &no_labels());
         assert!(plan_same.release[0].avoid_nodes.is_empty());
         // Nothing counts from a namespace that opts into nothing, not even the
         // pod's own annotation.
         assert!(
-            plan(&pods, &all, &Nobody, &none()).release[0]
+            plan(&pods, &all, &Nobody, &none(), &no_labels()).release[0]
                 .avoid_nodes
                 .is_empty()
         );
@@ -504,7 +560,7 @@ mod tests {
         forged.namespace = "tenant".into();
         let pods = vec![forged, pod("m1", "master", &["masters"], true, None)];
         let set = policies(&[("masters", spec)]);
-        let plan = plan(&pods, &set, &Only("db"), &none());
+        let plan = plan(&pods, &set, &Only("db"), &none(), &no_labels());
         assert_eq!(names(&plan.release), ["m1"]);
     }
 
@@ -518,22 +574,34 @@ mod tests {
             pod("m1", "master", &["masters"], false, Some("n1")),
             pod("r1", "replica", &[], true, None),
         ];
-        let plan = plan(&pods, &set, &Everyone, &none());
+        let plan = plan(&pods, &set, &Everyone, &none(), &no_labels());
         assert_eq!(plan.release[0].avoid_nodes, ["n1"]);
     }
 
     #[test]
-    fn a_pod_being_deleted_is_left_to_its_node_label() {
+    fn a_pod_still_terminating_counts_by_narrowing_until_its_node_is_labelled() {
         let leaving: PodObject = serde_json::from_value(json!({
             "metadata": {"name": "m0", "namespace": "db", "labels": {"role": "master"},
                 "annotations": {"berth.io/applied": "masters"}, "deletionTimestamp": "2026-01-01T00:00:00Z"},
             "spec": {"nodeName": "n3"}, "status": {"phase": "Running"}}))
         .unwrap();
-        assert!(
-            ExclusionPod::from_pod(&leaving).is_none(),
-            "narrowing off n3 would strand the next pod once m0 is gone"
-        );
+        let leaving = ExclusionPod::from_pod(&leaving).expect("it still holds n3");
+        assert!(leaving.terminating);
+        let pods = vec![leaving, pod("m1", "master", &["masters"], true, None)];
+        let set = masters();
+        // Bound and deleted before n3 was labelled: narrowing is all there is.
+        let unlabelled = plan(&pods, &set, &Everyone, &none(), &no_labels());
+        assert_eq!(unlabelled.release[0].avoid_nodes, ["n3"]);
+        // n3 carries the anchor label: it keeps m1 off while m0 is there, and lets it
+        // in once m0 is gone, where narrowing would keep it off for good.
+        let labelled = NodeLabels::from([(
+            "n3".to_string(),
+            Labels::from([(anchor_label("masters"), "true".to_string())]),
+        )]);
+        let plan = plan(&pods, &set, &Everyone, &none(), &labelled);
+        assert!(plan.release[0].avoid_nodes.is_empty());
     }
+
     #[test]
     fn the_controller_hurries_only_behind_a_pod_it_released_a_moment_ago() {
         let pods = vec![
@@ -541,7 +609,7 @@ mod tests {
             pod("m2", "master", &["masters"], true, None),
         ];
         let set = masters();
-        let plan = plan(&pods, &set, &Everyone, &none());
+        let plan = plan(&pods, &set, &Everyone, &none(), &no_labels());
         let window = Duration::from_secs(5);
         let start = Instant::now();
         let mut released = Released::default();

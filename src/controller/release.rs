@@ -97,6 +97,7 @@ pub async fn release_held_pods(
     pass: &Pass<'_>,
     snapshot: &Snapshot,
     pods: &[std::sync::Arc<PodObject>],
+    nodes: &exclusion::NodeLabels,
     released: &mut exclusion::Released,
     reported: &mut super::events::Reported,
 ) -> bool {
@@ -107,7 +108,7 @@ pub async fn release_held_pods(
     released.overlay(&mut all);
     let unseen = unseen_policies(pass, snapshot, &all).await;
     let policies = &snapshot.compiled.set;
-    let plan = exclusion::plan(&all, policies, &snapshot.namespaces, &unseen);
+    let plan = exclusion::plan(&all, policies, &snapshot.namespaces, &unseen, nodes);
     let held = all.iter().filter(|p| p.gate.is_some()).count();
     pass.metrics
         .gated_pods

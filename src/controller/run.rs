@@ -242,11 +242,18 @@ pub async fn run(
         // applied to a pod in the cache must not look deleted because the snapshot
         // predates it (that would release every pod of it at once).
         let pods = stores.pods.state();
+        let nodes: exclusion::NodeLabels = stores
+            .nodes
+            .state()
+            .iter()
+            .map(|n| (n.name_any(), n.labels().clone()))
+            .collect();
         let snapshot = Snapshot::take(&stores, &mut compiler);
         let hurry = super::release::release_held_pods(
             &pass,
             &snapshot,
             &pods,
+            &nodes,
             &mut released,
             &mut reported,
         )

@@ -1,0 +1,344 @@
+//! The admission path on a real control plane, side by side in one run:
+//!
+//! 1. pod creates per second through the apiserver with berth's admission as
+//!    shipped (the mutating webhook; the ValidatingAdmissionPolicies check pods),
+//!    with a validating webhook entry for pods added (what berth shipped before the
+//!    policies), with the policies only, and with nothing; ratios to the shipped
+//!    set-up;
+//! 2. berth's resident memory under a flood of 2 MB dry-run pods whose reviews
+//!    are 12 MB each (the apiserver escapes every `<` to six bytes), and the
+//!    latency of ordinary creates beside the flood.
+//!
+//! `make bench-admission`. Absolute figures depend on the machine; the ratios are
+//! what to compare.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::{Value, json};
+use support::{Berth, Nodes};
+
+const NODES: Nodes = Nodes {
+    count: 20,
+    prefix: "node",
+};
+const CONCURRENCY: usize = 8;
+const ROUND: Duration = Duration::from_secs(15);
+const FLOOD: Duration = Duration::from_secs(20);
+
+fn pod(name: &str, image: &str) -> Pod {
+    serde_json::from_value(json!({"metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": image, "resources": {"requests": {"cpu": "1m"}}}]}}))
+    .unwrap()
+}
+
+/// Creates pods in `namespaces`, `CONCURRENCY` at a time, until `length` is up; the
+/// successful creates and their latencies in milliseconds.
+async fn create_for(
+    client: &Client,
+    namespaces: &[String],
+    tag: &str,
+    length: Duration,
+) -> (u64, Vec<f64>) {
+    let deadline = Instant::now() + length;
+    let stream = futures::stream::iter(0u64..)
+        .take_while(|_| futures::future::ready(Instant::now() < deadline))
+        .map(|i| {
+            let ns = &namespaces[i as usize % namespaces.len()];
+            let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+            let image = if i % 2 == 0 {
+                "example/cdn-uploader:1"
+            } else {
+                "nginx:1.27"
+            };
+            let pod = pod(&format!("{tag}-{i}"), image);
+            async move {
+                let started = Instant::now();
+                let ok = api.create(&PostParams::default(), &pod).await.is_ok();
+                (ok, started.elapsed().as_secs_f64() * 1000.0)
+            }
+        })
+        .buffer_unordered(CONCURRENCY);
+    let results: Vec<(bool, f64)> = stream.collect().await;
+    let created = results.iter().filter(|(ok, _)| *ok).count() as u64;
+    (
+        created,
+        results
+            .into_iter()
+            .filter(|(ok, _)| *ok)
+            .map(|(_, ms)| ms)
+            .collect(),
+    )
+}
+
+async fn clear(client: &Client, namespaces: &[String]) {
+    for ns in namespaces {
+        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        let _ = api.delete_collection(&now, &ListParams::default()).await;
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The configuration objects as they are now, to put back later.
+fn saved(berth: &Berth, kind: &str) -> Value {
+    let out = berth.cluster.kubectl_ok(&["get", kind, "-o", "json"]);
+    let mut list: Value = serde_json::from_str(&out).unwrap();
+    for item in list["items"].as_array_mut().unwrap() {
+        let meta = item["metadata"].as_object_mut().unwrap();
+        for key in [
+            "resourceVersion",
+            "uid",
+            "creationTimestamp",
+            "generation",
+            "managedFields",
+        ] {
+            meta.remove(key);
+        }
+    }
+    list
+}
+
+fn put_back(berth: &Berth, list: &Value) {
+    let out =
+        support::kubectl_with_input(&berth.cluster.dir, &["apply", "-f", "-"], &list.to_string());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let berth = Berth::shared(NODES);
+    let client = berth.cluster.client().await;
+    berth
+        .cluster
+        .apply(&std::fs::read_to_string(support::repo_root().join("policies/cdn.yaml")).unwrap());
+    let opted = support::fresh_namespace(&client, "bench-opted").await;
+    let probe = pod("probe", "example/cdn-uploader:1");
+    support::opt_in(&client, &opted, "cdn", &probe, Duration::from_secs(60)).await;
+    let plain = support::fresh_namespace(&client, "bench-plain").await;
+    let namespaces = vec![opted, plain];
+
+    let webhooks = [
+        (
+            "mutatingwebhookconfiguration",
+            saved(berth, "mutatingwebhookconfiguration"),
+        ),
+        (
+            "validatingwebhookconfiguration",
+            saved(berth, "validatingwebhookconfiguration"),
+        ),
+    ];
+    let policies = saved(berth, "validatingadmissionpolicybinding");
+    // The pods entry berth's validating configuration had: the namespaces entry's
+    // client config, for pods.
+    let add_pods_entry = || {
+        let mut entry = webhooks[1].1["items"][0]["webhooks"][0].clone();
+        entry["name"] = json!("pods.validate.berth.io");
+        entry["rules"] = json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+            "resources": ["pods"], "scope": "Namespaced"}]);
+        entry["matchConditions"] = json!([{"name": "not-from-nodes",
+            "expression": "!('system:nodes' in request.userInfo.groups)"}]);
+        let patch = json!([{"op": "add", "path": "/webhooks/0", "value": entry}]).to_string();
+        berth.cluster.kubectl_ok(&[
+            "patch",
+            "validatingwebhookconfiguration",
+            "berth",
+            "--type=json",
+            "-p",
+            &patch,
+        ]);
+    };
+    let delete = |kind: &str, name: &str| {
+        berth.cluster.kubectl_ok(&["delete", kind, name]);
+    };
+
+    type Step<'a> = Box<dyn Fn() + 'a>;
+    let rounds: Vec<(&str, Step)> = vec![
+        (
+            "mutating webhook + admission policies (shipped)",
+            Box::new(|| {}),
+        ),
+        (
+            "the same + a validating webhook entry for pods",
+            Box::new(add_pods_entry),
+        ),
+        (
+            "admission policies only",
+            Box::new(|| {
+                delete("mutatingwebhookconfiguration", "berth");
+                delete("validatingwebhookconfiguration", "berth");
+            }),
+        ),
+        (
+            "nothing (no webhook, no policy)",
+            Box::new(|| {
+                for binding in ["berth-pools", "berth-bindings", "berth-records"] {
+                    delete("validatingadmissionpolicybinding", binding);
+                }
+            }),
+        ),
+    ];
+    let mut rates = Vec::new();
+    for (i, (name, step)) in rounds.iter().enumerate() {
+        step();
+        // Configuration reaches the apiserver's admission chain within a moment.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        create_for(
+            &client,
+            &namespaces,
+            &format!("warm{i}"),
+            Duration::from_secs(2),
+        )
+        .await;
+        let (created, mut latencies) =
+            create_for(&client, &namespaces, &format!("r{i}"), ROUND).await;
+        latencies.sort_by(f64::total_cmp);
+        let rate = created as f64 / ROUND.as_secs_f64();
+        eprintln!("{name}: {rate:.0} creates/s");
+        rates.push((
+            name.to_string(),
+            rate,
+            percentile(&latencies, 0.5),
+            percentile(&latencies, 0.99),
+        ));
+        clear(&client, &namespaces).await;
+    }
+    for (_, list) in &webhooks {
+        put_back(berth, list);
+    }
+    put_back(berth, &policies);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // The flood: 2 MB dry-run pods of '<', 32 at a time, beside ordinary creates.
+    let pid = berth.pid();
+    let baseline = rss_kib(pid);
+    let peak = Arc::new(AtomicU64::new(baseline));
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (peak, done) = (peak.clone(), done.clone());
+        tokio::spawn(async move {
+            while !done.load(Ordering::Relaxed) {
+                peak.fetch_max(rss_kib(pid), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let flood_api: Api<Pod> = Api::namespaced(client.clone(), &namespaces[1]);
+    let big = {
+        let mut p = pod("flood", "nginx:1.27");
+        let env = json!([{"name": "X", "value": "<".repeat(2_000_000)}]);
+        p.spec.as_mut().unwrap().containers[0].env = Some(serde_json::from_value(env).unwrap());
+        p
+    };
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let flood_deadline = Instant::now() + FLOOD;
+    let answered = Arc::new(AtomicU64::new(0));
+    let refused = Arc::new(AtomicU64::new(0));
+    let flood = futures::stream::iter(0u64..)
+        .take_while(|_| futures::future::ready(Instant::now() < flood_deadline))
+        .map(|i| {
+            let (api, dry, answered, refused) = (
+                flood_api.clone(),
+                dry.clone(),
+                answered.clone(),
+                refused.clone(),
+            );
+            let mut pod = big.clone();
+            pod.metadata.name = Some(format!("flood-{i}"));
+            async move {
+                match api.create(&dry, &pod).await {
+                    Ok(_) => answered.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => refused.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<()>>();
+    let (_, (created, mut latencies)) =
+        tokio::join!(flood, create_for(&client, &namespaces, "beside", FLOOD));
+    done.store(true, Ordering::Relaxed);
+    let _ = sampler.await;
+    latencies.sort_by(f64::total_cmp);
+    clear(&client, &namespaces).await;
+
+    let shipped = rates[0].1;
+    println!(
+        "\nPod creates through the apiserver, {CONCURRENCY} at a time for {}s each (berth release build):",
+        ROUND.as_secs()
+    );
+    println!("| admission | creates/s | vs shipped | p50 ms | p99 ms |");
+    println!("|---|---:|---:|---:|---:|");
+    for (name, rate, p50, p99) in &rates {
+        println!(
+            "| {name} | {rate:.0} | {:.2}x | {p50:.1} | {p99:.1} |",
+            rate / shipped
+        );
+    }
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let (shipped_p50, shipped_p99) = (rates[0].2, rates[0].3);
+    println!(
+        "\nFlood of 2 MB dry-run pods ('<' x 2,000,000: 12 MB reviews), 32 at a time for {}s:",
+        FLOOD.as_secs()
+    );
+    println!("| what | figure |");
+    println!("|---|---:|");
+    println!(
+        "| dry-run pods answered (allowed or denied by berth) | {} |",
+        answered.load(Ordering::Relaxed)
+    );
+    println!(
+        "| dry-run creates that failed | {} |",
+        refused.load(Ordering::Relaxed)
+    );
+    println!("| berth RSS before | {:.1} MiB |", mib(baseline));
+    println!(
+        "| berth RSS peak during the flood | {:.1} MiB |",
+        mib(peak.load(Ordering::Relaxed))
+    );
+    println!(
+        "| ordinary creates beside the flood | {:.0}/s |",
+        created as f64 / FLOOD.as_secs_f64()
+    );
+    println!(
+        "| their p50 / p99 latency | {:.1} / {:.1} ms (without the flood {:.1} / {:.1} ms) |",
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+        shipped_p50,
+        shipped_p99
+    );
+}
