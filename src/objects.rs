@@ -278,30 +278,77 @@ impl PolicyObject {
                 status: None,
             })
             .map_err(|e| e.to_string());
+        let last_good = self
+            .status
+            .as_ref()
+            .and_then(|s| s.get("lastGoodSpec"))
+            .and_then(|spec| PlacementPolicySpec::deserialize(spec).ok())
+            .map(|spec| PlacementPolicy {
+                metadata: self.metadata.clone(),
+                spec,
+                status: None,
+            });
         PolicySource {
             name: self.metadata.name.clone().unwrap_or_default(),
             uid: self.metadata.uid.clone(),
             deleting: self.metadata.deletion_timestamp.is_some(),
             policy,
+            last_good,
         }
     }
 }
 
-/// A DaemonSet, its spec raw: the controller brings its pod template in line.
+/// A DaemonSet, as far as the controller brings its pod template in line: the
+/// template's tolerations, node affinity and scheduling gates, raw. The rest of the
+/// spec (a tenant writes it) is skipped unparsed.
 #[derive(Debug, Clone, Deserialize)]
 pub struct DaemonSetObject {
     #[serde(default, deserialize_with = "lenient_meta")]
     pub metadata: ObjectMeta,
+    #[serde(default, deserialize_with = "nullable")]
+    spec: DaemonSetSpec,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+struct DaemonSetSpec {
+    #[serde(default, deserialize_with = "nullable")]
+    template: Template,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+struct Template {
+    #[serde(default, deserialize_with = "nullable")]
+    spec: TemplateSpec,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TemplateSpec {
     #[serde(default)]
-    pub spec: Value,
+    tolerations: Option<Value>,
+    #[serde(default)]
+    affinity: Option<Value>,
+    #[serde(default)]
+    scheduling_gates: Option<Value>,
 }
 
 stands_for!(DaemonSetObject, DaemonSet, metadata_api: false,);
 
 impl DaemonSetObject {
-    /// The DaemonSet as JSON with its spec, as the template patch reads it.
+    /// The DaemonSet as JSON, with the part of its template the patch reads.
     pub fn as_json(&self) -> Value {
-        serde_json::json!({"spec": self.spec})
+        let t = &self.spec.template.spec;
+        let mut spec = Map::new();
+        for (key, value) in [
+            ("tolerations", &t.tolerations),
+            ("affinity", &t.affinity),
+            ("schedulingGates", &t.scheduling_gates),
+        ] {
+            if let Some(value) = value {
+                spec.insert(key.into(), value.clone());
+            }
+        }
+        serde_json::json!({"spec": {"template": {"spec": spec}}})
     }
 }
 
@@ -421,6 +468,21 @@ mod tests {
         let source = object.source();
         assert_eq!(source.name, "cdn");
         assert!(source.policy.unwrap_err().contains("fromTheFuture"));
+    }
+
+    #[test]
+    fn a_daemonset_is_read_only_as_far_as_its_template_patch_goes() {
+        let deep = format!("{}{{}}{}", "{\"f:x\":".repeat(300), "}".repeat(300));
+        let text = format!(
+            r#"{{"metadata":{{"name":"agent","namespace":"logs","resourceVersion":"9"}},
+            "spec":{{"selector":{{}},"template":{{"metadata":{{"managedFields":[{{"time":"9999-12-31T23:59:59Z","fieldsV1":{deep}}}],
+            "annotations":{{"x":{deep}}}}},"spec":{{"tolerations":[{{"operator":"Exists"}}],"containers":[{{"name":"c"}}]}}}}}}}}"#
+        );
+        let daemonset: DaemonSetObject = serde_json::from_str(&text).expect("lenient read");
+        assert_eq!(
+            daemonset.as_json(),
+            serde_json::json!({"spec": {"template": {"spec": {"tolerations": [{"operator": "Exists"}]}}}})
+        );
     }
 
     #[test]

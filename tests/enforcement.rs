@@ -26,6 +26,9 @@ const NODES: Nodes = Nodes {
     prefix: "node",
 };
 const WAIT: Duration = Duration::from_secs(60);
+/// berth's own denial of `spec.nodeName node2` (the admission policy's says the
+/// namespace does not opt in): it shows berth read and decided the pod.
+const BERTH_DENIED_NODE2: &str = "\"pods.mutate.berth.io\" denied the request: spec.nodeName node2 is in dedicated pool cdn, which this pod is not entitled to";
 
 /// Fake nodes have no kubelet to finish a graceful deletion: delete at once.
 fn now() -> DeleteParams {
@@ -175,12 +178,12 @@ async fn attack_1_a_forged_daemonset_owner_gets_no_pool_at_create_or_update() {
         json!({"nodeName": "node2",
         "tolerations": [{"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]}),
     );
-    refused(&tenant, &forged.to_string(), "is in dedicated pool cdn");
+    refused(&tenant, &forged.to_string(), BERTH_DENIED_NODE2);
     // Even an apps/v1 DaemonSet owner: only the DaemonSet controller makes
     // DaemonSet pods.
     let mut apps = forged.clone();
     apps["metadata"]["ownerReferences"][0]["apiVersion"] = json!("apps/v1");
-    refused(&tenant, &apps.to_string(), "is in dedicated pool cdn");
+    refused(&tenant, &apps.to_string(), BERTH_DENIED_NODE2);
 
     // UPDATE: a pending pod gets the owner and the toleration in one JSON patch.
     let pending = pod(
@@ -217,6 +220,44 @@ async fn attack_1_a_forged_daemonset_owner_gets_no_pool_at_create_or_update() {
     );
 }
 
+#[tokio::test]
+async fn a_wildcard_toleration_added_by_update_is_refused() {
+    let client = berth().cluster.client().await;
+    let tenant = tenant(&client, "late-wildcard").await;
+    // Held by a gate of the tenant's own, then given a wildcard toleration, the
+    // gate to be removed after: the webhook sees only CREATE, so the admission
+    // policy must refuse the UPDATE.
+    let held = pod(
+        "held",
+        json!({}),
+        json!({"schedulingGates": [{"name": "example.com/hold"}], "nodeSelector": {"kubernetes.io/hostname": "node2"}}),
+    );
+    assert!(
+        tenant
+            .create(berth().cluster, &held.to_string())
+            .status
+            .success()
+    );
+    let patch =
+        r#"[{"op": "add", "path": "/spec/tolerations/-", "value": {"operator": "Exists"}}]"#;
+    let out = tenant.kubectl(
+        berth().cluster,
+        &["patch", "pod", "held", "--type=json", "-p", patch],
+    );
+    assert!(!out.status.success(), "the wildcard went in");
+    assert!(
+        text(&out.stderr).contains("does not keep off dedicated pool"),
+        "{}",
+        text(&out.stderr)
+    );
+    let harmless = r#"[{"op": "add", "path": "/spec/tolerations/-", "value": {"key": "example.com/gpu", "operator": "Exists"}}]"#;
+    let out = tenant.kubectl(
+        berth().cluster,
+        &["patch", "pod", "held", "--type=json", "-p", harmless],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
 /// A pod manifest whose managedFields berth's old reader choked on.
 fn poisoned(name: &str, fields: Value, spec: Value) -> Value {
     let managed = json!([{"manager": "redteam", "operation": "Apply", "apiVersion": "v1",
@@ -242,15 +283,16 @@ async fn attacks_2_and_3_managed_fields_out_of_range_or_too_deep_hide_nothing() 
     let client = berth.cluster.client().await;
     let tenant = tenant(&client, "poison").await;
     let wildcard = json!({"nodeName": "node2", "tolerations": [{"operator": "Exists"}]});
+    // berth's own answer, not only the admission policy's: berth read the pod.
     refused(
         &tenant,
         &poisoned("late", json!({"f:metadata": {}}), wildcard.clone()).to_string(),
-        "is in dedicated pool cdn",
+        BERTH_DENIED_NODE2,
     );
     refused(
         &tenant,
         &poisoned("deep", nested(140), wildcard).to_string(),
-        "is in dedicated pool cdn",
+        BERTH_DENIED_NODE2,
     );
 
     // The tenant poisons two stored pods through an update of their managedFields
@@ -368,10 +410,7 @@ async fn attack_4_a_review_of_many_megabytes_is_read_and_decided() {
         .create(&PostParams::default(), &large("big", 1_150_000, spec))
         .await
         .unwrap_err();
-    assert!(
-        error.to_string().contains("is in dedicated pool cdn"),
-        "{error}"
-    );
+    assert!(error.to_string().contains(BERTH_DENIED_NODE2), "{error}");
 
     // UPDATE: two objects of 600 kB each, then a toleration added.
     pods.create(
@@ -659,7 +698,7 @@ async fn attack_10_a_binding_to_a_pool_node_is_refused_unless_the_namespace_opts
     let tenant = tenant(&client, "binder").await;
     let role = format!(
         "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: binder, namespace: {ns}}}\n\
-         rules: [{{apiGroups: [\"\"], resources: [pods/binding], verbs: [create]}}]\n---\n\
+         rules: [{{apiGroups: [\"\"], resources: [pods/binding, bindings], verbs: [create]}}]\n---\n\
          apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: binder, namespace: {ns}}}\n\
          roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: binder}}\n\
          subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {user}}}]\n",
@@ -696,6 +735,12 @@ async fn attack_10_a_binding_to_a_pool_node_is_refused_unless_the_namespace_opts
         )
         .await
         .unwrap_err();
+    assert!(error.to_string().contains("dedicated pool cdn"), "{error}");
+    // The older `bindings` resource binds just the same.
+    let legacy: Api<k8s_openapi::api::core::v1::Binding> =
+        Api::namespaced(tenant.client(berth().cluster).await, &tenant.namespace);
+    let binding = serde_json::from_value(bind("to-pool", "node2")).unwrap();
+    let error = legacy.create(&params, &binding).await.unwrap_err();
     assert!(error.to_string().contains("dedicated pool cdn"), "{error}");
     pods.create_subresource::<Value, Value>(
         "binding",

@@ -9,12 +9,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use axum::body::{Body, Bytes, HttpBody};
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How much of an unread body is kept to find the uid in.
 const PREFIX: usize = 64 * 1024;
+/// Bodies up to this size (most pods: a few kB) take nothing from the budget, so a
+/// flood of large ones never makes an ordinary pod wait for room.
+const SMALL: usize = 64 * 1024;
 /// The budget is counted in KiB.
 const UNIT: usize = 1024;
 /// A body held in memory costs about this many times its size while it is
@@ -31,7 +34,6 @@ pub struct BodyLimits {
     /// How long a request waits for room in the budget.
     pub budget_wait: Duration,
     budget: Arc<Semaphore>,
-    budget_units: usize,
 }
 
 impl BodyLimits {
@@ -44,13 +46,7 @@ impl BodyLimits {
             read_timeout,
             budget_wait: Duration::from_secs(1),
             budget: Arc::new(Semaphore::new(budget_units)),
-            budget_units,
         }
-    }
-
-    /// Bytes of the budget in use now.
-    pub fn budget_in_use(&self) -> usize {
-        (self.budget_units - self.budget.available_permits()) * UNIT
     }
 }
 
@@ -69,42 +65,56 @@ pub enum ReadBody {
 
 impl BodyLimits {
     /// Reads `body` within the bounds.
+    ///
+    /// A body whose length is announced takes its whole share of the budget before
+    /// it is read: taken piece by piece, many large bodies could each hold part of
+    /// the budget and wait on one another. Refused or not, the first bytes are read,
+    /// since the request's uid is there.
     pub async fn read(&self, body: Body) -> ReadBody {
         let mut bytes: Vec<u8> = Vec::new();
         let mut held: Option<OwnedSemaphorePermit> = None;
+        let announced = HttpBody::size_hint(&body)
+            .exact()
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| *n <= self.max_bytes);
         let read = tokio::time::timeout(self.read_timeout, async {
+            let mut refused = None;
+            if let Some(length) = announced {
+                if self.reserve(&mut held, Self::units(length)).await {
+                    bytes.reserve(length);
+                } else {
+                    refused = Some(Unread::Busy);
+                }
+            }
             let mut body = body;
             while let Some(frame) = body.frame().await {
                 let frame = frame.map_err(|e| e.to_string())?;
                 let Ok(data) = frame.into_data() else {
                     continue;
                 };
-                if bytes.len() + data.len() > self.max_bytes {
+                if refused.is_none() && bytes.len() + data.len() > self.max_bytes {
+                    refused = Some(Unread::TooLarge);
+                }
+                if refused.is_none()
+                    && announced.is_none()
+                    && !self
+                        .reserve(&mut held, Self::units(bytes.len() + data.len()))
+                        .await
+                {
+                    refused = Some(Unread::Busy);
+                }
+                if refused.is_some() {
                     // Keep what the prefix still has room for: the uid is there.
                     let room = PREFIX.saturating_sub(bytes.len()).min(data.len());
                     bytes.extend_from_slice(&data[..room]);
-                    return Ok(Some(Unread::TooLarge));
-                }
-                let units =
-                    u32::try_from((bytes.len() + data.len()) * COST / UNIT + 1).unwrap_or(u32::MAX);
-                let have = held.as_ref().map_or(0, |p| p.num_permits() as u32);
-                if units > have {
-                    let more = self.budget.clone().acquire_many_owned(units - have);
-                    match tokio::time::timeout(self.budget_wait, more).await {
-                        Ok(Ok(permit)) => match held.as_mut() {
-                            Some(h) => h.merge(permit),
-                            None => held = Some(permit),
-                        },
-                        _ => {
-                            let room = PREFIX.saturating_sub(bytes.len()).min(data.len());
-                            bytes.extend_from_slice(&data[..room]);
-                            return Ok(Some(Unread::Busy));
-                        }
+                    if bytes.len() >= PREFIX {
+                        break;
                     }
+                    continue;
                 }
                 bytes.extend_from_slice(&data);
             }
-            Ok::<_, String>(None)
+            Ok::<_, String>(refused)
         })
         .await;
         let prefix = |bytes: &[u8]| Bytes::copy_from_slice(&bytes[..bytes.len().min(PREFIX)]);
@@ -117,6 +127,33 @@ impl BodyLimits {
                 prefix(&bytes),
                 format!("the body did not arrive within {:?}", self.read_timeout),
             ),
+        }
+    }
+
+    /// Budget units for `bytes` of body: none for a small body.
+    fn units(bytes: usize) -> u32 {
+        if bytes <= SMALL {
+            return 0;
+        }
+        u32::try_from(bytes * COST / UNIT + 1).unwrap_or(u32::MAX)
+    }
+
+    /// Holds at least `units` of the budget, waiting at most `budget_wait` for more.
+    async fn reserve(&self, held: &mut Option<OwnedSemaphorePermit>, units: u32) -> bool {
+        let have = held.as_ref().map_or(0, |p| p.num_permits() as u32);
+        if units <= have {
+            return true;
+        }
+        let more = self.budget.clone().acquire_many_owned(units - have);
+        match tokio::time::timeout(self.budget_wait, more).await {
+            Ok(Ok(permit)) => {
+                match held.as_mut() {
+                    Some(h) => h.merge(permit),
+                    None => *held = Some(permit),
+                }
+                true
+            }
+            _ => false,
         }
     }
 }
@@ -132,33 +169,46 @@ mod tests {
 
     #[tokio::test]
     async fn bodies_are_read_within_the_limit_and_the_budget() {
-        let limits = BodyLimits::new(1000, 4000, Duration::from_secs(5));
-        let ReadBody::Whole(bytes, held) = limits.read(Body::from(vec![b'x'; 1000])).await else {
+        let limits = BodyLimits::new(200_000, 800_000, Duration::from_secs(5));
+        let total = limits.budget.available_permits();
+        let ReadBody::Whole(bytes, held) = limits.read(Body::from(vec![b'x'; 200_000])).await
+        else {
             panic!("a body at the limit is read");
         };
-        assert_eq!(bytes.len(), 1000);
-        assert!(limits.budget_in_use() >= 2000);
+        assert_eq!(bytes.len(), 200_000);
+        assert!(total - limits.budget.available_permits() >= 400_000 / UNIT);
         drop(held);
-        assert_eq!(limits.budget_in_use(), 0, "the budget comes back");
+        assert_eq!(
+            limits.budget.available_permits(),
+            total,
+            "the budget comes back"
+        );
 
-        let ReadBody::TooLarge(prefix) = limits.read(Body::from(vec![b'x'; 1001])).await else {
+        let ReadBody::TooLarge(prefix) = limits.read(Body::from(vec![b'x'; 200_001])).await else {
             panic!("a body over the limit is not read whole");
         };
-        assert_eq!(prefix.len(), 1001, "its first bytes are kept");
+        assert_eq!(prefix.len(), PREFIX, "its first bytes are kept");
     }
 
     #[tokio::test]
-    async fn a_spent_budget_refuses_instead_of_waiting_for_ever() {
-        let mut limits = BodyLimits::new(100_000, 0, Duration::from_secs(5));
+    async fn a_spent_budget_refuses_large_bodies_but_never_small_ones() {
+        let mut limits = BodyLimits::new(200_000, 0, Duration::from_secs(5));
         limits.budget_wait = Duration::from_millis(50);
-        let ReadBody::Whole(_, held) = limits.read(Body::from(vec![b'x'; 100_000])).await else {
+        let ReadBody::Whole(_, held) = limits.read(Body::from(vec![b'x'; 200_000])).await else {
             panic!("read");
         };
-        // The first body holds the whole budget: the second cannot be read now.
-        let second = limits.read(Body::from(vec![b'y'; 60_000])).await;
-        assert!(matches!(second, ReadBody::Busy(_)), "{second:?}");
+        // The first body holds the whole budget: the second cannot be read now, but
+        // its first bytes are, to answer by its uid.
+        let second = limits.read(Body::from(vec![b'y'; 100_000])).await;
+        let ReadBody::Busy(prefix) = second else {
+            panic!("{second:?}");
+        };
+        assert_eq!(prefix.len(), PREFIX);
+        // An ordinary pod is never kept waiting by the large ones.
+        let small = limits.read(Body::from(vec![b'z'; 6_000])).await;
+        assert!(matches!(small, ReadBody::Whole(..)), "{small:?}");
         drop(held);
-        let third = limits.read(Body::from(vec![b'y'; 60_000])).await;
+        let third = limits.read(Body::from(vec![b'y'; 100_000])).await;
         assert!(matches!(third, ReadBody::Whole(..)));
     }
 }

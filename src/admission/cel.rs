@@ -126,10 +126,17 @@ fn every_policy() -> Value {
     json!({"selector": {}, "parameterNotFoundAction": "Allow"})
 }
 
-/// Namespaces the shipped admission configurations leave alone.
-fn namespace_selector() -> Value {
+/// Namespaces the shipped admission configurations leave alone: the system's and
+/// berth's own (from its ServiceAccount's username).
+fn namespace_selector(berth_user: &str) -> Value {
+    let own = berth_user
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or(EXEMPT_NAMESPACES[2]);
+    let mut exempt: Vec<&str> = EXEMPT_NAMESPACES[..2].to_vec();
+    exempt.push(own);
     json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
-        "values": EXEMPT_NAMESPACES}]})
+        "values": exempt}]})
 }
 
 fn not_from_nodes() -> Value {
@@ -155,7 +162,7 @@ fn params() -> Value {
 }
 
 /// `berth-pools`.
-fn pools() -> Value {
+fn pools(berth_user: &str) -> Value {
     let mut variables = pool_variables();
     variables.extend([
         variable(
@@ -192,7 +199,7 @@ fn pools() -> Value {
             "matchConstraints": {
                 "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
                     "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}],
-                "namespaceSelector": namespace_selector(),
+                "namespaceSelector": namespace_selector(berth_user),
             },
             // Most pods carry neither a pool or wildcard toleration nor a node name:
             // they skip the rules at the cost of one short expression.
@@ -221,7 +228,7 @@ fn pools() -> Value {
                 },
                 {
                     "expression": format!(
-                        "!variables.bound || !{w} || {k} || (!variables.create && (!{wo} || !{ko}))",
+                        "!variables.bound || !{w} || {k} || (!variables.create && {wo} && !{ko})",
                         w = wildcard("object"),
                         k = kept_off("object"),
                         wo = wildcard("oldObject"),
@@ -239,16 +246,17 @@ fn pools() -> Value {
 }
 
 /// `berth-bindings`.
-fn bindings() -> Value {
+fn bindings(berth_user: &str) -> Value {
     policy(
         "berth-bindings",
         json!({
             "failurePolicy": "Fail",
             "paramKind": params(),
             "matchConstraints": {
+                // `pods/binding` and the older `bindings` resource bind alike.
                 "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                    "operations": ["CREATE"], "resources": ["pods/binding"]}],
-                "namespaceSelector": namespace_selector(),
+                    "operations": ["CREATE"], "resources": ["pods/binding", "bindings"]}],
+                "namespaceSelector": namespace_selector(berth_user),
             },
             // kube-scheduler binds every pod: it never pays for this policy.
             "matchConditions": [{"name": "not-the-scheduler",
@@ -285,7 +293,7 @@ fn records(berth_user: &str) -> Value {
             "matchConstraints": {
                 "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
                     "operations": ["UPDATE"], "resources": ["pods"]}],
-                "namespaceSelector": namespace_selector(),
+                "namespaceSelector": namespace_selector(berth_user),
             },
             "matchConditions": [
                 not_from_nodes(),
@@ -327,9 +335,9 @@ pub fn manifests(berth_user: &str) -> String {
                   # berth's structural rules as ValidatingAdmissionPolicies: CEL run in the\n\
                   # apiserver with failurePolicy Fail, so they hold while berth is down.\n";
     let documents = [
-        pools(),
+        pools(berth_user),
         binding("berth-pools", Some(every_policy())),
-        bindings(),
+        bindings(berth_user),
         binding("berth-bindings", Some(every_policy())),
         records(berth_user),
         binding("berth-records", None),
@@ -360,6 +368,8 @@ mod tests {
                 .count(),
             3
         );
+        let elsewhere = manifests("system:serviceaccount:platform:placer");
+        assert!(elsewhere.contains("- platform") && !elsewhere.contains("- berth-system"));
         for document in yaml.split("---\n") {
             let _: Value = serde_yaml_ng::from_str(document).expect("each document is YAML");
         }

@@ -33,18 +33,20 @@ pub struct AppState {
     pub berth_user: String,
 }
 
-/// The webhook's routes, with at most `max_in_flight` requests handled at once
-/// (more wait their turn).
+/// The webhook's routes, with at most `max_in_flight` admission requests handled
+/// at once (more wait their turn).
 pub fn router(state: Arc<AppState>, max_in_flight: usize) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .route("/validate", post(validate))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
         // Bodies are bounded by `BodyLimits`, which answers a body it cannot read
         // with a denial rather than axum's 413.
         .layer(DefaultBodyLimit::disable())
-        .layer(GlobalConcurrencyLimitLayer::new(max_in_flight.max(1)))
+        // Only admission waits its turn: health probes answer at once under a
+        // flood, so the pod is neither restarted nor dropped from the Service.
+        .route_layer(GlobalConcurrencyLimitLayer::new(max_in_flight.max(1)))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
         .with_state(state)
 }
 

@@ -32,7 +32,6 @@ pub struct AdmissionRequest {
     /// The object, read leniently (see the module comment).
     pub object: Option<Value>,
     pub old_object: Option<Value>,
-    pub dry_run: Option<bool>,
     /// Why the object (or the old object) could not be read; berth then refuses.
     pub unreadable: Option<String>,
 }
@@ -93,8 +92,6 @@ struct RawRequest<'a> {
     object: Option<&'a RawValue>,
     #[serde(default, borrow)]
     old_object: Option<&'a RawValue>,
-    #[serde(default)]
-    dry_run: Option<bool>,
 }
 
 /// Reads a request body; the error is the reason for a 400.
@@ -133,7 +130,6 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest, String> {
         user_info: raw.user_info,
         object,
         old_object,
-        dry_run: raw.dry_run,
         unreadable,
     })
 }

@@ -3,7 +3,6 @@
 //! where the pod stands: bound, held by berth's gate (and behind which pod), or
 //! waiting for the scheduler (with the scheduler's last word).
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -234,7 +233,7 @@ fn held(pod: &PodObject, pods: &[PodObject], policies: &PolicySet, opt_in: &dyn 
     // Which pods wait and why does not depend on node labels (they only decide
     // where a released pod is narrowed): none are given.
     let no_labels = exclusion::NodeLabels::new();
-    let plan = exclusion::plan(&all, policies, opt_in, &BTreeSet::new(), &no_labels);
+    let plan = exclusion::plan(&all, policies, opt_in, &Default::default(), &no_labels);
     let is_this = |p: &ExclusionPod| {
         Some(p.namespace.as_str()) == pod.metadata.namespace.as_deref()
             && Some(p.name.as_str()) == pod.metadata.name.as_deref()

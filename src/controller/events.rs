@@ -32,13 +32,10 @@ impl Reported {
         self.seen = std::mem::take(&mut self.current);
     }
 
-    /// How many causes are remembered.
-    pub fn len(&self) -> usize {
-        self.seen.len() + self.current.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// Whether no cause is remembered.
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.seen.is_empty() && self.current.is_empty()
     }
 
     /// Publishes an Event for `key`'s cause unless it was published while the cause

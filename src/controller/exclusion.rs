@@ -91,6 +91,15 @@ impl ExclusionPod {
     }
 }
 
+impl ExclusionPod {
+    /// The pod's uid, or its namespace and name.
+    pub fn key(&self) -> String {
+        self.uid
+            .clone()
+            .unwrap_or_else(|| format!("{}/{}", self.namespace, self.name))
+    }
+}
+
 fn term_shape(term: &Value) -> Term {
     if is_empty_term(term) {
         Term::Empty
@@ -148,20 +157,32 @@ struct Conflict<'p> {
     keep_off: String,
 }
 
+/// A pod in a plan, with the avoid policies that apply to it (those its namespace
+/// opts into), worked out once per plan.
+struct Entry<'a, 'p> {
+    pod: &'a ExclusionPod,
+    avoids: Vec<&'p CompiledPolicy>,
+}
+
+impl<'a, 'p> Entry<'a, 'p> {
+    fn new(pod: &'a ExclusionPod, policies: &'p PolicySet, opt_in: &dyn OptIn) -> Self {
+        let avoids = entitled_policies(&pod.applied, &pod.namespace, policies, opt_in)
+            .into_iter()
+            .filter(|p| p.spec.avoid.is_some())
+            .collect();
+        Entry { pod, avoids }
+    }
+}
+
 /// The policy through which `a` and `b` must avoid each other, if any: one of
 /// them is a pod an avoid policy applies to (in a namespace that opts into it),
 /// and the other is one that policy avoids.
-fn conflict<'p>(
-    a: &ExclusionPod,
-    b: &ExclusionPod,
-    policies: &'p PolicySet,
-    opt_in: &dyn OptIn,
-) -> Option<Conflict<'p>> {
-    let one_way = |x: &ExclusionPod, y: &ExclusionPod| {
-        entitled_policies(&x.applied, &x.namespace, policies, opt_in)
-            .into_iter()
-            .filter(|p| p.spec.avoid.is_some())
-            .find(|p| anchors(p, &y.labels, &y.namespace, opt_in))
+fn conflict<'p>(a: &Entry<'_, 'p>, b: &Entry<'_, 'p>, opt_in: &dyn OptIn) -> Option<Conflict<'p>> {
+    let one_way = |x: &Entry<'_, 'p>, y: &Entry| {
+        x.avoids
+            .iter()
+            .copied()
+            .find(|p| anchors(p, &y.pod.labels, &y.pod.namespace, opt_in))
     };
     if let Some(policy) = one_way(a, b) {
         return Some(Conflict {
@@ -190,9 +211,7 @@ pub struct Released {
 
 impl Released {
     fn key(pod: &ExclusionPod) -> String {
-        pod.uid
-            .clone()
-            .unwrap_or_else(|| format!("{}/{}", pod.namespace, pod.name))
+        pod.key()
     }
 
     /// Notes that `pod`'s gate was removed at `now`.
@@ -255,29 +274,36 @@ fn narrow_off(other: &ExclusionPod, conflict: &Conflict, nodes: &NodeLabels) -> 
 }
 
 /// Which held pods to release now, oldest first, with the nodes each must keep
-/// off, and why the others wait. `unseen` names policies that exist but are not in
-/// `policies` yet; a pod the webhook admitted with one of them waits for it. (A
-/// policy that is gone is simply absent: its pods no longer avoid anything.)
+/// off, and why the others wait. `unseen` holds, by pod key, held pods the webhook
+/// admitted with a policy that exists but is not in `policies` yet: each waits for
+/// its policy. (A policy that is gone is simply absent: its pods no longer avoid
+/// anything.)
 /// `nodes` are the node labels the controller's cache holds.
 pub fn plan<'a>(
     pods: &'a [ExclusionPod],
     policies: &PolicySet,
     opt_in: &dyn OptIn,
-    unseen: &BTreeSet<String>,
+    unseen: &BTreeMap<String, String>,
     nodes: &NodeLabels,
 ) -> Plan<'a> {
-    let mut flying: Vec<&ExclusionPod> = pods
+    let entries: Vec<Entry> = pods
         .iter()
-        .filter(|p| in_flight(p) && !p.terminating)
+        .map(|p| Entry::new(p, policies, opt_in))
         .collect();
-    let bound: Vec<&ExclusionPod> = pods.iter().filter(|p| p.node.is_some()).collect();
-    let mut held: Vec<&ExclusionPod> = pods.iter().filter(|p| p.gate.is_some()).collect();
+    let mut flying: Vec<&Entry> = entries
+        .iter()
+        .filter(|e| in_flight(e.pod) && !e.pod.terminating)
+        .collect();
+    let bound: Vec<&Entry> = entries.iter().filter(|e| e.pod.node.is_some()).collect();
+    let mut held: Vec<&Entry> = entries.iter().filter(|e| e.pod.gate.is_some()).collect();
     held.sort_by(|a, b| {
+        let (a, b) = (a.pod, b.pod);
         (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
     });
     let mut plan = Plan::default();
-    for pod in held {
-        if let Some(policy) = pod.applied.iter().find(|p| unseen.contains(*p)) {
+    for entry in held {
+        let pod = entry.pod;
+        if let Some(policy) = unseen.get(&pod.key()) {
             plan.waiting.push(Waiting {
                 pod,
                 reason: Hold::PolicyNotSeen(policy.clone()),
@@ -288,9 +314,9 @@ pub fn plan<'a>(
         // any tenant could otherwise label a pod that never schedules like a
         // target and stall every pod of the policy, in every namespace.
         let blocker = flying.iter().find_map(|other| {
-            conflict(pod, other, policies, opt_in)
-                .filter(|c| opt_in.opts_in(c.policy, &other.namespace))
-                .map(|c| (*other, c.policy.name.clone()))
+            conflict(entry, other, opt_in)
+                .filter(|c| opt_in.opts_in(c.policy, &other.pod.namespace))
+                .map(|c| (other.pod, c.policy.name.clone()))
         });
         if let Some((behind, policy)) = blocker {
             plan.waiting.push(Waiting {
@@ -305,14 +331,14 @@ pub fn plan<'a>(
         let mut avoid_nodes: Vec<String> = bound
             .iter()
             .filter(|other| {
-                conflict(pod, other, policies, opt_in).is_some_and(|c| narrow_off(other, &c, nodes))
+                conflict(entry, other, opt_in).is_some_and(|c| narrow_off(other.pod, &c, nodes))
             })
-            .filter_map(|other| other.node.clone())
+            .filter_map(|other| other.pod.node.clone())
             .collect();
         avoid_nodes.sort();
         avoid_nodes.dedup();
         plan.release.push(Release { pod, avoid_nodes });
-        flying.push(pod);
+        flying.push(entry);
     }
     plan
 }
@@ -368,8 +394,8 @@ mod tests {
         )])
     }
 
-    fn none() -> BTreeSet<String> {
-        BTreeSet::new()
+    fn none() -> BTreeMap<String, String> {
+        BTreeMap::new()
     }
 
     fn no_labels() -> NodeLabels {
@@ -480,7 +506,10 @@ mod tests {
             pod("m1", "master", &["masters"], true, None),
             pod("m2", "master", &["masters"], true, None),
         ];
-        let unseen = BTreeSet::from(["masters".to_string()]);
+        let unseen = pods
+            .iter()
+            .map(|p| (p.key(), "masters".to_string()))
+            .collect();
         let plan = plan(
             &pods,
             &PolicySet::default(),

@@ -2,11 +2,11 @@
 //! when): one test-guarded JSON Patch per pod that narrows its node affinity and
 //! removes the gate.
 
-use std::collections::BTreeSet;
-use std::time::Instant;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use serde_json::{Value, json};
 
@@ -14,8 +14,8 @@ use super::events::event;
 use super::exclusion::{self, ExclusionPod, Hold, Term};
 use super::run::{Pass, Snapshot};
 use crate::names::{AVOID_GATE, FIELD_MANAGER};
-use crate::objects::{PodObject, PolicyObject};
-use crate::policy::OptIn;
+use crate::objects::{MetaOnly, PodObject};
+use crate::policy::PlacementPolicy;
 
 /// The JSON Patch that releases a held pod: the gate must still be where we saw it
 /// (so a stale cache cannot remove another gate, and no pod is released twice),
@@ -52,42 +52,102 @@ pub fn release_patch(release: &exclusion::Release, gate: usize) -> Value {
     Value::Array(ops)
 }
 
-/// Policies that held pods were admitted with, that `snapshot` does not hold, and
-/// that exist. The webhook's and the controller's watches lag independently, so a
-/// pod may name a policy created a moment ago; one GET tells that apart from a
-/// deleted policy. Only names the pod's namespace opts into by annotation are
-/// asked about: a pod can name thousands of policies, a namespace only what its
-/// administrator wrote.
-async fn unseen_policies(
-    pass: &Pass<'_>,
-    snapshot: &Snapshot,
-    pods: &[ExclusionPod],
-) -> BTreeSet<String> {
-    let missing: BTreeSet<&String> = pods
-        .iter()
-        .filter(|p| p.gate.is_some())
-        .flat_map(|p| {
-            let named = snapshot.namespaces.named(&p.namespace);
-            p.applied.iter().filter(move |name| named.contains(name))
-        })
-        .filter(|name| !snapshot.has(name))
-        .collect();
-    let api: Api<PolicyObject> = Api::all(pass.client.clone());
-    let mut unseen = BTreeSet::new();
-    for name in missing {
-        match api.get_opt(name).await {
-            Ok(None) => {}
-            Ok(Some(_)) => {
-                unseen.insert(name.clone());
-            }
-            Err(e) => {
-                // Unknown either way: keep the pod held, the next pass asks again.
-                tracing::warn!(policy = %name, error = %e, "cannot look up policy");
-                unseen.insert(name.clone());
+/// How often the controller lists policies at most, to tell a policy its cache has
+/// not seen yet from one that is gone.
+const LIST_EVERY: Duration = Duration::from_secs(1);
+
+/// Held pods that name policies the controller's cache does not hold. The webhook's
+/// and the controller's watches lag independently, so a pod may name a policy
+/// created a moment ago; releasing it as if the policy were gone would ignore what
+/// the policy avoids. A pod names only policies that existed when it was admitted,
+/// so one missing from a list taken after the controller first saw the pod is gone.
+/// One list of names answers for every pod, at most every [`LIST_EVERY`], however
+/// many names pods carry: a tenant's pod naming thousands costs nothing more.
+#[derive(Debug, Default)]
+pub struct PolicyLookups {
+    /// When the controller first saw each held pod naming a policy it lacks.
+    first_seen: BTreeMap<String, Instant>,
+    /// The last list of policy names, and when it came back.
+    listed: Option<(Instant, BTreeSet<String>)>,
+}
+
+impl PolicyLookups {
+    /// The held pods that must wait for a policy the cache has not seen, by pod key,
+    /// with the policy.
+    async fn waits(
+        &mut self,
+        client: &kube::Client,
+        snapshot: &Snapshot,
+        pods: &[ExclusionPod],
+    ) -> BTreeMap<String, String> {
+        let now = Instant::now();
+        let missing: Vec<(&ExclusionPod, Vec<&String>)> = pods
+            .iter()
+            .filter(|p| p.gate.is_some())
+            .map(|p| {
+                (
+                    p,
+                    p.applied
+                        .iter()
+                        .filter(|n| !snapshot.has(n))
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .filter(|(_, names)| !names.is_empty())
+            .collect();
+        let keys: BTreeSet<String> = missing.iter().map(|(p, _)| p.key()).collect();
+        self.first_seen.retain(|key, _| keys.contains(key));
+        for key in keys {
+            self.first_seen.entry(key).or_insert(now);
+        }
+        let listed_since =
+            |at: &Instant| missing.iter().all(|(p, _)| self.first_seen[&p.key()] < *at);
+        let fresh_enough = self.listed.as_ref().is_some_and(|(at, _)| listed_since(at));
+        let may_list = self
+            .listed
+            .as_ref()
+            .is_none_or(|(at, _)| now.duration_since(*at) >= LIST_EVERY);
+        if !missing.is_empty() && !fresh_enough && may_list {
+            let api: Api<MetaOnly<PlacementPolicy>> = Api::all(client.clone());
+            match api.list(&ListParams::default()).await {
+                Ok(list) => {
+                    let names = list
+                        .items
+                        .iter()
+                        .filter_map(|p| p.metadata.name.clone())
+                        .collect();
+                    self.listed = Some((Instant::now(), names));
+                }
+                // Unknown either way: the pods wait, a later pass asks again.
+                Err(e) => tracing::warn!(error = %e, "cannot list policies"),
             }
         }
+        let mut waits = BTreeMap::new();
+        for (pod, names) in missing {
+            let first = self.first_seen[&pod.key()];
+            if let Some(name) = waiting_for(&names, first, self.listed.as_ref()) {
+                waits.insert(pod.key(), name.clone());
+            }
+        }
+        waits
     }
-    unseen
+}
+
+/// Which of `names` (policies a held pod names, missing from the cache) the pod
+/// waits for, given when the controller first saw it and the last list of policies.
+/// A list taken since settles it: a name listed exists and is waited for, one not
+/// listed is gone. With no list since, the pod waits for the first.
+fn waiting_for<'n>(
+    names: &[&'n String],
+    first_seen: Instant,
+    listed: Option<&(Instant, BTreeSet<String>)>,
+) -> Option<&'n String> {
+    match listed {
+        Some((at, listed)) if *at > first_seen => {
+            names.iter().copied().find(|n| listed.contains(*n))
+        }
+        _ => names.first().copied(),
+    }
 }
 
 /// Releases the held pods that may go now and tells the others, with an Event,
@@ -98,6 +158,7 @@ pub async fn release_held_pods(
     snapshot: &Snapshot,
     pods: &[std::sync::Arc<PodObject>],
     nodes: &exclusion::NodeLabels,
+    lookups: &mut PolicyLookups,
     released: &mut exclusion::Released,
     reported: &mut super::events::Reported,
 ) -> bool {
@@ -106,7 +167,7 @@ pub async fn release_held_pods(
         .filter_map(|p| ExclusionPod::from_pod(p))
         .collect();
     released.overlay(&mut all);
-    let unseen = unseen_policies(pass, snapshot, &all).await;
+    let unseen = lookups.waits(pass.client, snapshot, &all).await;
     let policies = &snapshot.compiled.set;
     let plan = exclusion::plan(&all, policies, &snapshot.namespaces, &unseen, nodes);
     let held = all.iter().filter(|p| p.gate.is_some()).count();
@@ -140,8 +201,8 @@ pub async fn release_held_pods(
                     .created
                     .as_ref()
                     .map(|t| {
-                        (k8s_openapi::jiff::Timestamp::now() - t.0).get_milliseconds() as f64
-                            / 1000.0
+                        let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+                        (now - t.0.as_millisecond()) as f64 / 1000.0
                     })
                     .unwrap_or_default();
                 pass.metrics.gated_seconds.observe(held_for.max(0.0));
@@ -184,4 +245,33 @@ pub async fn release_held_pods(
             .await;
     }
     released.hurry(&plan, Instant::now(), super::run::HURRY_WINDOW)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_is_gone_only_when_a_list_taken_after_the_pod_lacks_it() {
+        let (fresh, forged) = ("fresh".to_string(), "p17".to_string());
+        let names = [&fresh, &forged];
+        let seen = Instant::now();
+        let later = seen + Duration::from_millis(5);
+        let listed = BTreeSet::from(["fresh".to_string()]);
+        // No list yet, or only one from before the pod: it waits.
+        assert_eq!(waiting_for(&names, seen, None), Some(&fresh));
+        let earlier = (seen - Duration::from_secs(2), BTreeSet::new());
+        assert_eq!(waiting_for(&names, seen, Some(&earlier)), Some(&fresh));
+        // Listed since: fresh exists (the cache lags), p17 is gone.
+        assert_eq!(
+            waiting_for(&names, seen, Some(&(later, listed))),
+            Some(&fresh)
+        );
+        let none = (later, BTreeSet::new());
+        assert_eq!(
+            waiting_for(&names, seen, Some(&none)),
+            None,
+            "all gone: released"
+        );
+    }
 }

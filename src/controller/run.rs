@@ -108,23 +108,10 @@ fn strip_pod(pod: &mut PodObject) {
     pod.status.conditions.clear();
 }
 
-/// Keeps only what the template patch reads of a DaemonSet: its template's
-/// tolerations, node affinity and scheduling gates.
+/// A DaemonSet's annotations are not needed (its type reads only what the
+/// template patch needs of the rest).
 fn strip_daemonset(daemonset: &mut DaemonSetObject) {
-    let spec = daemonset.spec.pointer("/template/spec");
-    let keep = |key: &str| {
-        spec.and_then(|s| s.get(key))
-            .map(|v| (key.to_owned(), v.clone()))
-    };
-    let kept: serde_json::Map<String, serde_json::Value> =
-        ["tolerations", "affinity", "schedulingGates"]
-            .into_iter()
-            .filter_map(keep)
-            .collect();
-    daemonset.spec = serde_json::json!({"template": {"spec": kept}});
-    if let Some(annotations) = daemonset.metadata.annotations.as_mut() {
-        annotations.clear();
-    }
+    daemonset.metadata.annotations = None;
 }
 
 fn keep_all<K>(_: &mut K) {}
@@ -210,6 +197,7 @@ pub async fn run(
     let limit = Arc::new(RateLimit::new(options.writes_per_second));
     let mut reported = Reported::default();
     let mut released = exclusion::Released::default();
+    let mut lookups = super::release::PolicyLookups::default();
     let mut compiler = PolicyCompiler::default();
     let mut debounce = DEBOUNCE;
     loop {
@@ -254,14 +242,14 @@ pub async fn run(
             &snapshot,
             &pods,
             &nodes,
+            &mut lookups,
             &mut released,
             &mut reported,
         )
         .await;
         debounce = if hurry { HURRIED_DEBOUNCE } else { DEBOUNCE };
-        if let Err(e) = reconcile(&pass, &stores, &snapshot, &limit, &mut reported).await {
-            tracing::warn!(error = %e, "reconcile pass failed; retrying on the next change");
-        }
+        reconcile(&pass, &stores, &snapshot, &limit, &mut reported).await;
+        // Every cause of an Event was looked at in this pass, whatever failed.
         reported.end_pass();
     }
     // Dropping the receiver makes the lease task release the Lease.
@@ -310,20 +298,21 @@ pub struct Pass<'a> {
 }
 
 /// One pass over every node, the policies' status and finalizers, and the
-/// DaemonSets that predate a pool.
+/// DaemonSets that predate a pool. A write that fails is logged and tried again on
+/// the next pass, without holding back the others.
 async fn reconcile(
     pass: &Pass<'_>,
     stores: &Stores,
     snapshot: &Snapshot,
     limit: &Arc<RateLimit>,
     reported: &mut Reported,
-) -> kube::Result<()> {
+) {
     let Pass {
         client, metrics, ..
     } = *pass;
     metrics.reconciles.inc();
-    super::status::add_finalizers(pass, snapshot).await?;
-    let policies = &snapshot.compiled.set;
+    let finalized = super::status::add_finalizers(pass, snapshot).await;
+    let policies = &snapshot.compiled.set.only(&finalized);
     let daemonsets: BTreeSet<(String, String)> = stores
         .daemonsets
         .state()
@@ -400,10 +389,9 @@ async fn reconcile(
         }
     }
 
-    super::status::update_statuses(pass, snapshot, &plans, reported).await?;
-    super::status::release_deleted(pass, snapshot, &nodes, &failed).await?;
+    super::status::update_statuses(pass, snapshot, &plans, reported).await;
+    super::status::release_deleted(pass, snapshot, &nodes, &failed).await;
     bring_daemonsets_in_line(pass, stores, snapshot, limit).await;
-    Ok(())
 }
 
 /// Patches the templates of DaemonSets that miss a pool's toleration or exclusion.

@@ -2,7 +2,7 @@
 //! deleted policy's nodes, and `status` (nodes, conditions) with Events for new
 //! problems.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -42,9 +42,12 @@ async fn set_finalizers(
         .map(|_| ())
 }
 
-/// Live policies get the finalizer before they have any effect on nodes.
-pub async fn add_finalizers(pass: &Pass<'_>, snapshot: &Snapshot) -> kube::Result<()> {
+/// Live policies get the finalizer before they have any effect on nodes. Returns
+/// the policies that have it: one whose finalizer could not be added (it changed a
+/// moment ago: a 409) is left out of this pass's node work and tried again next.
+pub async fn add_finalizers(pass: &Pass<'_>, snapshot: &Snapshot) -> BTreeSet<String> {
     let api: Api<PolicyObject> = Api::all(pass.client.clone());
+    let mut finalized = BTreeSet::new();
     for policy in snapshot
         .objects
         .iter()
@@ -54,10 +57,14 @@ pub async fn add_finalizers(pass: &Pass<'_>, snapshot: &Snapshot) -> kube::Resul
             let mut finalizers: Vec<&String> = policy.finalizers().iter().collect();
             let ours = FINALIZER.to_string();
             finalizers.push(&ours);
-            set_finalizers(&api, policy, finalizers).await?;
+            if let Err(e) = set_finalizers(&api, policy, finalizers).await {
+                tracing::warn!(policy = %policy.name_any(), error = %e, "cannot add the finalizer; retrying on the next pass");
+                continue;
+            }
         }
+        finalized.insert(policy.name_any());
     }
-    Ok(())
+    finalized
 }
 
 /// Whether `node` still carries anything of `policy`: its pool label, an anchor or
@@ -79,8 +86,8 @@ pub async fn release_deleted(
     pass: &Pass<'_>,
     snapshot: &Snapshot,
     nodes: &[Arc<NodeObject>],
-    failed: &std::collections::BTreeSet<String>,
-) -> kube::Result<()> {
+    failed: &BTreeSet<String>,
+) {
     let api: Api<PolicyObject> = Api::all(pass.client.clone());
     for policy in snapshot
         .objects
@@ -98,10 +105,11 @@ pub async fn release_deleted(
                 .iter()
                 .filter(|f| *f != FINALIZER)
                 .collect();
-            set_finalizers(&api, policy, rest).await?;
+            if let Err(e) = set_finalizers(&api, policy, rest).await {
+                tracing::warn!(policy = %name, error = %e, "cannot remove the finalizer; retrying on the next pass");
+            }
         }
     }
-    Ok(())
 }
 
 fn condition(
@@ -162,7 +170,7 @@ pub async fn update_statuses(
     snapshot: &Snapshot,
     plans: &[(Arc<NodeObject>, DesiredNode)],
     reported: &mut Reported,
-) -> kube::Result<()> {
+) {
     let api: Api<PolicyObject> = Api::all(pass.client.clone());
     let mut owned: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (node, desired) in plans {
@@ -220,9 +228,15 @@ pub async fn update_statuses(
                 names.join(", ")
             )
         };
+        // The spec in force, recorded while it compiles, kept while it does not.
+        let last_good_spec = match snapshot.compiled.errors.get(&name) {
+            None => snapshot.compiled.set.get(&name).map(|p| p.spec.clone()),
+            Some(_) => current.as_ref().and_then(|s| s.last_good_spec.clone()),
+        };
         let status = PlacementPolicyStatus {
             nodes: Some(node_names.len() as i32),
             node_names,
+            last_good_spec,
             conditions: vec![
                 ready(snapshot, &name, previous),
                 condition(
@@ -243,8 +257,12 @@ pub async fn update_statuses(
         };
         if current.as_ref() != Some(&status) {
             let patch = json!({"status": status});
-            api.patch_status(&name, &params(), &Patch::Merge(&patch))
-                .await?;
+            if let Err(e) = api
+                .patch_status(&name, &params(), &Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(policy = %name, error = %e, "cannot write the status; retrying on the next pass");
+            }
         }
 
         let reference = policy.object_ref(&());
@@ -284,5 +302,4 @@ pub async fn update_statuses(
                 .await;
         }
     }
-    Ok(())
 }

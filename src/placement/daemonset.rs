@@ -11,13 +11,16 @@
 //! makes no pod for those nodes; a pod it makes anyway (its template predates the
 //! pool and the controller has not brought it in line yet) is refused.
 
-use json_patch::{Patch, PatchOperation};
+use std::collections::BTreeSet;
+
+use json_patch::Patch;
 use serde_json::Value;
 
-use super::entitlement::wildcard_exclusion;
+use super::entitlement::{is_owned_toleration, wildcard_exclusion};
 use super::grants::{Grants, pool_toleration};
 use super::pod::{PodView, is_wildcard_for};
 use super::{NamespaceInfo, NodeIndex};
+use crate::names::POOL_LABEL;
 use crate::policy::PolicySet;
 use crate::policy::crd::DaemonSets;
 
@@ -82,15 +85,43 @@ pub fn daemonset_grants(
     decision
 }
 
-/// A DaemonSet's pod template, as a pod, to decide on.
-fn template_pod(daemonset: &Value) -> Option<Value> {
+/// A DaemonSet's pod template, as a pod, raw and read.
+fn template_pod(daemonset: &Value) -> Option<(Value, PodView)> {
     let template = daemonset.pointer("/spec/template")?;
-    Some(serde_json::json!({
+    let pod = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": template.get("metadata").cloned().unwrap_or_else(|| serde_json::json!({})),
         "spec": template.get("spec").cloned().unwrap_or_else(|| serde_json::json!({})),
-    }))
+    });
+    let view = PodView::read(&pod).ok()?;
+    Some((pod, view))
+}
+
+/// What a DaemonSet's template should carry: the tolerations of the pools that take
+/// it and, when its pods tolerate every taint, the exclusion of the dedicated pools
+/// that do not. Returns the grants and the names of both sets of pools.
+fn template_grants(
+    view: &PodView,
+    policies: &PolicySet,
+    namespace: &NamespaceInfo,
+) -> (Grants, BTreeSet<String>, BTreeSet<String>) {
+    let mut grants = Grants::default();
+    let mut allowed = BTreeSet::new();
+    for policy in policies.iter() {
+        if policy.takes_daemonsets_from(&namespace.labels)
+            && let Some(toleration) = pool_toleration(policy)
+        {
+            grants.tolerate(toleration);
+            allowed.insert(policy.name.clone());
+        }
+    }
+    let mut excluded = BTreeSet::new();
+    if let Some(exclusion) = wildcard_exclusion(view, policies, &allowed) {
+        excluded.extend(exclusion.values.clone().unwrap_or_default());
+        grants.require(exclusion);
+    }
+    (grants, allowed, excluded)
 }
 
 /// The patch that brings a DaemonSet's pod template in line: the tolerations of
@@ -101,25 +132,10 @@ fn template_pod(daemonset: &Value) -> Option<Value> {
 /// tolerates the node's taints and its node affinity admits the node, so pools are
 /// opened and closed to a DaemonSet here, not on its pods.
 pub fn template_patch(daemonset: &Value, policies: &PolicySet, namespace: &NamespaceInfo) -> Patch {
-    let Some(pod) = template_pod(daemonset) else {
+    let Some((pod, view)) = template_pod(daemonset) else {
         return Patch(Vec::new());
     };
-    let Ok(view) = PodView::read(&pod) else {
-        return Patch(Vec::new());
-    };
-    let mut grants = Grants::default();
-    let mut allowed = std::collections::BTreeSet::new();
-    for policy in policies.iter() {
-        if policy.takes_daemonsets_from(&namespace.labels)
-            && let Some(toleration) = pool_toleration(policy)
-        {
-            grants.tolerate(toleration);
-            allowed.insert(policy.name.clone());
-        }
-    }
-    if let Some(exclusion) = wildcard_exclusion(&view, policies, &allowed) {
-        grants.require(exclusion);
-    }
+    let (grants, _, _) = template_grants(&view, policies, namespace);
     let mut patch = super::patch::build_patch(&pod, &grants);
     // A template's annotations are the user's: leave them alone.
     patch
@@ -129,31 +145,129 @@ pub fn template_patch(daemonset: &Value, policies: &PolicySet, namespace: &Names
 }
 
 /// The template patch, when the controller should apply it to a DaemonSet that
-/// exists already: when it adds a toleration or an exclusion, or removes one that
-/// names a policy in force. Stale tolerations of pools that are gone are left for
-/// the DaemonSet's next update: each template change rolls every pod of it.
+/// exists already: when the pools in force that the template tolerates or excludes
+/// are not the ones it should. Each template change rolls every pod of the
+/// DaemonSet, so what concerns only pools that are gone (a stale toleration, a
+/// stale name in an exclusion) is left for the DaemonSet's next update.
 pub fn template_drift(
     daemonset: &Value,
     policies: &PolicySet,
     namespace: &NamespaceInfo,
 ) -> Option<Patch> {
-    let patch = template_patch(daemonset, policies, namespace);
-    let matters = patch.0.iter().any(|op| match op {
-        PatchOperation::Add(_) => true,
-        PatchOperation::Remove(remove) => daemonset
-            .pointer(remove.path.as_str())
-            .is_some_and(|removed| names_a_policy(removed, policies)),
-        _ => false,
-    });
-    matters.then_some(patch)
+    let (_, view) = template_pod(daemonset)?;
+    let (_, allowed, excluded) = template_grants(&view, policies, namespace);
+    let in_force = |name: &str| policies.get(name).is_some();
+    // A berth toleration without a value (operator Exists) tolerates every pool.
+    let tolerated: BTreeSet<String> = view
+        .tolerations()
+        .iter()
+        .filter(|t| is_owned_toleration(t))
+        .flat_map(|t| {
+            match t
+                .value
+                .as_deref()
+                .filter(|_| t.operator.as_deref() != Some("Exists"))
+            {
+                Some(pool) => vec![pool.to_owned()],
+                None => policies.iter().map(|p| p.name.clone()).collect(),
+            }
+        })
+        .filter(|name| in_force(name))
+        .collect();
+    let kept_off = excluded_pools(&view)
+        .into_iter()
+        .filter(|name| in_force(name))
+        .collect::<BTreeSet<_>>();
+    (tolerated != allowed || kept_off != excluded)
+        .then(|| template_patch(daemonset, policies, namespace))
 }
 
-/// Whether any string in `value` is the name of a policy in force.
-fn names_a_policy(value: &Value, policies: &PolicySet) -> bool {
-    match value {
-        Value::String(s) => policies.get(s).is_some(),
-        Value::Array(items) => items.iter().any(|v| names_a_policy(v, policies)),
-        Value::Object(map) => map.values().any(|v| names_a_policy(v, policies)),
-        _ => false,
+/// The pools every non-empty required term of the template excludes by name.
+fn excluded_pools(view: &PodView) -> BTreeSet<String> {
+    let mut terms = view.required_terms().iter().filter(|t| {
+        t.match_expressions.as_ref().is_some_and(|e| !e.is_empty())
+            || t.match_fields.as_ref().is_some_and(|f| !f.is_empty())
+    });
+    let excluded = |term: &k8s_openapi::api::core::v1::NodeSelectorTerm| -> BTreeSet<String> {
+        term.match_expressions
+            .iter()
+            .flatten()
+            .filter(|e| e.key == POOL_LABEL && e.operator == "NotIn")
+            .flat_map(|e| e.values.clone().unwrap_or_default())
+            .collect()
+    };
+    let Some(first) = terms.next() else {
+        return BTreeSet::new();
+    };
+    terms.fold(excluded(first), |all, term| {
+        all.intersection(&excluded(term)).cloned().collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::PlacementPolicy;
+    use serde_json::json;
+
+    fn policies(specs: &[(&str, Value)]) -> PolicySet {
+        let list: Vec<PlacementPolicy> = specs
+            .iter()
+            .map(|(name, spec)| {
+                serde_json::from_value(
+                    json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+                    "metadata": {"name": name}, "spec": spec}),
+                )
+                .unwrap()
+            })
+            .collect();
+        PolicySet::compile(&list).0
+    }
+
+    fn daemonset(spec: Value) -> Value {
+        json!({"spec": {"template": {"spec": spec}}})
+    }
+
+    fn toleration(pool: &str) -> Value {
+        json!({"key": "berth.io/pool", "operator": "Equal", "value": pool, "effect": "NoSchedule"})
+    }
+
+    fn exclusion(pools: &[&str]) -> Value {
+        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": POOL_LABEL, "operator": "NotIn", "values": pools}]}]}}})
+    }
+
+    #[test]
+    fn a_daemonset_is_changed_only_for_pools_in_force() {
+        let set = policies(&[
+            ("cdn", json!({"pool": {"nodeNames": ["node2"]}})),
+            (
+                "edge",
+                json!({"pool": {"nodeNames": ["node3"], "daemonSets": "Exclude"}}),
+            ),
+        ]);
+        let ns = NamespaceInfo::new("logging");
+        let drift = |spec: Value| template_drift(&daemonset(spec), &set, &ns).is_some();
+        assert!(drift(json!({})), "cdn's toleration is missing");
+        assert!(!drift(json!({"tolerations": [toleration("cdn")]})));
+        assert!(
+            !drift(json!({"tolerations": [toleration("cdn"), toleration("gone")]})),
+            "a pool that is gone is no reason to roll the DaemonSet"
+        );
+        assert!(
+            drift(json!({"tolerations": [toleration("cdn"), toleration("edge")]})),
+            "edge does not take it"
+        );
+        let wildcard = json!({"operator": "Exists"});
+        assert!(
+            drift(json!({"tolerations": [wildcard]})),
+            "edge's exclusion is missing"
+        );
+        assert!(!drift(
+            json!({"tolerations": [toleration("cdn"), wildcard], "affinity": exclusion(&["edge", "gone"])})
+        ));
+        assert!(drift(
+            json!({"tolerations": [toleration("cdn"), wildcard], "affinity": exclusion(&["cdn", "edge"])})
+        ));
     }
 }

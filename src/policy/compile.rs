@@ -1,7 +1,7 @@
 //! Policies compiled for decisions: globs and selectors parsed once, and every
 //! rule the CRD schema cannot express checked with a message that names the field.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
@@ -210,6 +210,9 @@ pub struct PolicySource {
     pub uid: Option<String>,
     pub deleting: bool,
     pub policy: Result<PlacementPolicy, String>,
+    /// The policy at its last good spec as the controller recorded it
+    /// (`status.lastGoodSpec`), for when `policy` does not compile.
+    pub last_good: Option<PlacementPolicy>,
 }
 
 impl From<&PlacementPolicy> for PolicySource {
@@ -219,6 +222,7 @@ impl From<&PlacementPolicy> for PolicySource {
             uid: policy.metadata.uid.clone(),
             deleting: policy.metadata.deletion_timestamp.is_some(),
             policy: Ok(policy.clone()),
+            last_good: None,
         }
     }
 }
@@ -241,7 +245,8 @@ pub struct Invalid {
 }
 
 /// Compiles policies as the watches deliver them, remembering the last good version
-/// of each (by uid).
+/// of each (by uid), or, in a berth that has not seen one compile, taking the one
+/// the controller recorded in the policy's status.
 ///
 /// A policy that stops compiling (a bad glob applied while `/validate` was down, a
 /// field this berth does not know) keeps its last good version in force, so its
@@ -261,6 +266,7 @@ impl PolicyCompiler {
             if source.deleting {
                 continue;
             }
+            let recorded = source.last_good.clone();
             let result = source
                 .policy
                 .map_err(|problem| PolicyError {
@@ -274,7 +280,11 @@ impl PolicyCompiler {
                     compiled.set.policies.insert(policy.name.clone(), policy);
                 }
                 Err(error) => {
-                    let last = self.last_good.get(&key).cloned();
+                    let last = self
+                        .last_good
+                        .get(&key)
+                        .cloned()
+                        .or_else(|| recorded.and_then(|p| CompiledPolicy::compile(&p).ok()));
                     compiled.errors.insert(
                         source.name.clone(),
                         Invalid {
@@ -361,6 +371,18 @@ impl PolicySet {
 
     pub fn get(&self, name: &str) -> Option<&CompiledPolicy> {
         self.policies.get(name)
+    }
+
+    /// The policies of this set named in `names`.
+    pub fn only(&self, names: &BTreeSet<String>) -> PolicySet {
+        PolicySet {
+            policies: self
+                .policies
+                .iter()
+                .filter(|(name, _)| names.contains(*name))
+                .map(|(name, p)| (name.clone(), p.clone()))
+                .collect(),
+        }
     }
 
     /// All policies, ordered by name.
@@ -502,7 +524,7 @@ mod tests {
         // A spec this berth cannot read at all is treated the same way.
         let mut unreadable = source(&good);
         unreadable.policy = Err("unknown field `future`".into());
-        let compiled = compiler.compile([unreadable]);
+        let compiled = compiler.compile([unreadable.clone()]);
         assert!(compiled.set.get("cdn").is_some());
         assert!(
             compiled.errors["cdn"]
@@ -510,6 +532,14 @@ mod tests {
                 .problem
                 .contains("unknown field")
         );
+
+        // A berth that starts afresh takes the version recorded in the status.
+        let mut fresh = PolicyCompiler::default();
+        assert!(fresh.compile([unreadable.clone()]).set.is_empty());
+        unreadable.last_good = Some(good.clone());
+        let compiled = fresh.compile([unreadable]);
+        assert_eq!(compiled.set.get("cdn").unwrap().spec, good.spec);
+        assert!(compiled.errors["cdn"].kept);
     }
 
     #[test]

@@ -187,6 +187,10 @@ pub struct PlacementPolicyStatus {
     /// them (it cannot see Node labels) to refuse `spec.nodeName` on a pool node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub node_names: Vec<String>,
+    /// The last spec that compiled, written by the controller: a policy that stops
+    /// compiling keeps it in force, also in a berth that starts afresh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_good_spec: Option<PlacementPolicySpec>,
     /// `Ready` (False while the spec does not compile; the last good version stays
     /// in force); `Conflict` when a node is claimed by two pools (the older one wins);
     /// `UnentitledPods`.
