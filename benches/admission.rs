@@ -15,6 +15,7 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -268,23 +269,35 @@ async fn main() {
     };
     let flood_deadline = Instant::now() + FLOOD;
     let answered = Arc::new(AtomicU64::new(0));
-    let refused = Arc::new(AtomicU64::new(0));
+    let busy = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(std::sync::Mutex::new(BTreeMap::<String, u64>::new()));
     let flood = futures::stream::iter(0u64..)
         .take_while(|_| futures::future::ready(Instant::now() < flood_deadline))
         .map(|i| {
-            let (api, dry, answered, refused) = (
+            let (api, dry, answered, busy, failed) = (
                 flood_api.clone(),
                 dry.clone(),
                 answered.clone(),
-                refused.clone(),
+                busy.clone(),
+                failed.clone(),
             );
             let mut pod = big.clone();
             pod.metadata.name = Some(format!("flood-{i}"));
             async move {
                 match api.create(&dry, &pod).await {
-                    Ok(_) => answered.fetch_add(1, Ordering::Relaxed),
-                    Err(_) => refused.fetch_add(1, Ordering::Relaxed),
-                };
+                    Ok(_) => {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) if e.to_string().contains("memory bound") => {
+                        busy.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        // Counted by the first 100 characters, so that a reason
+                        // repeated with different names is one row.
+                        let reason: String = e.to_string().chars().take(100).collect();
+                        *failed.lock().unwrap().entry(reason).or_default() += 1;
+                    }
+                }
             }
         })
         .buffer_unordered(32)
@@ -318,13 +331,15 @@ async fn main() {
     println!("| what | figure |");
     println!("|---|---:|");
     println!(
-        "| dry-run pods answered (allowed or denied by berth) | {} |",
+        "| dry-run pods checked and allowed by berth | {} |",
         answered.load(Ordering::Relaxed)
     );
     println!(
-        "| dry-run creates that failed | {} |",
-        refused.load(Ordering::Relaxed)
+        "| denied by berth at its memory bound (fail closed) | {} |",
+        busy.load(Ordering::Relaxed)
     );
+    let failed = failed.lock().unwrap();
+    println!("| failed otherwise | {} |", failed.values().sum::<u64>());
     println!("| berth RSS before | {:.1} MiB |", mib(baseline));
     println!(
         "| berth RSS peak during the flood | {:.1} MiB |",
@@ -341,4 +356,7 @@ async fn main() {
         shipped_p50,
         shipped_p99
     );
+    for (reason, count) in failed.iter() {
+        println!("failed {count}x: {reason}");
+    }
 }

@@ -105,6 +105,7 @@ fn bench(c: &mut Criterion) {
             policies: set,
             nodes: None,
             requester: Requester::Other,
+            groups: Default::default(),
         };
         let decision = decide(black_box(&input));
         black_box(build_patch(&pod, &decision.grants))

@@ -12,4 +12,5 @@ pub mod names;
 pub mod objects;
 pub mod placement;
 pub mod policy;
+pub mod quantity;
 pub mod telemetry;

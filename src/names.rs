@@ -30,6 +30,15 @@ pub const APPLIED_ANNOTATION: &str = "berth.io/applied";
 /// Scheduling gate on pods of `avoid` policies, removed by the controller when the
 /// pod may be placed without racing another pod it must avoid.
 pub const AVOID_GATE: &str = "berth.io/avoid";
+/// Scheduling gate on members of a gang (gate mode), removed from every member of a
+/// group together once the group is complete and fits.
+pub const GANG_GATE: &str = "berth.io/gang";
+/// Scheduling gate on ranked pods, removed once every lower rank is Ready.
+pub const RANK_GATE: &str = "berth.io/rank";
+/// Prefix of the PriorityClasses berth keeps for queue order: `berth-queue-<value>`.
+pub const QUEUE_CLASS_PREFIX: &str = "berth-queue-";
+/// Label on the objects berth creates (PriorityClasses, PodGroups).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Scheduling gates whose name starts with this are berth's: only berth's own
 /// ServiceAccount may remove them.
 pub const GATE_PREFIX: &str = "berth.io/";
@@ -85,6 +94,30 @@ pub fn is_berth_gate(name: &str) -> bool {
     name.starts_with(GATE_PREFIX)
 }
 
+/// The PriorityClass of queue value `value`.
+pub fn queue_class(value: i32) -> String {
+    format!("{QUEUE_CLASS_PREFIX}{value}")
+}
+
+/// Whether `key` is a Kubernetes label key: an optional DNS subdomain prefix and
+/// `/`, then a name of at most 63 alphanumerics, `-`, `_` or `.`, starting and
+/// ending alphanumeric.
+pub fn is_label_key(key: &str) -> bool {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    let bytes = name.as_bytes();
+    prefix.is_none_or(is_dns_subdomain)
+        && !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
 /// Whether `username` is the DaemonSet controller.
 pub fn is_daemonset_controller(username: &str) -> bool {
     DAEMONSET_CONTROLLER_USERS.contains(&username)
@@ -121,6 +154,31 @@ mod tests {
         assert!(!is_valid_policy_name(&"a".repeat(51)));
         for bad in ["", "CDN", "-cdn", "cdn-", "cdn_x", "cdn gpu", "cdn/x"] {
             assert!(!is_valid_policy_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn label_keys_have_an_optional_prefix_and_a_short_name() {
+        for good in [
+            "podGroup",
+            "berth.io/rank",
+            "a",
+            "x_y.z-1",
+            "example.com/A9",
+        ] {
+            assert!(is_label_key(good), "{good:?}");
+        }
+        for bad in [
+            "",
+            "/x",
+            "berth.io/",
+            "-x",
+            "x-",
+            "a/b/c",
+            "Ex.com/x",
+            &"a".repeat(64),
+        ] {
+            assert!(!is_label_key(bad), "{bad:?}");
         }
     }
 

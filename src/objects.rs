@@ -11,6 +11,7 @@
 //! not parse, and read nothing else berth does not need.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -154,6 +155,15 @@ pub struct NodeObject {
     pub metadata: ObjectMeta,
     #[serde(default, deserialize_with = "nullable")]
     pub spec: NodeSpec,
+    #[serde(default, deserialize_with = "nullable")]
+    pub status: NodeStatus,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct NodeStatus {
+    /// What pods may request of the node, raw quantities.
+    #[serde(default, deserialize_with = "nullable")]
+    pub allocatable: BTreeMap<String, Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -187,6 +197,32 @@ pub struct PodSpec {
     /// `spec.affinity`, raw: a held pod's required terms are narrowed on release.
     #[serde(default)]
     pub affinity: Option<Value>,
+    /// The rest of what a gang's fit check needs of a held pod, raw.
+    #[serde(default)]
+    pub node_selector: Option<Value>,
+    #[serde(default)]
+    pub tolerations: Option<Value>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub containers: Vec<Container>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub init_containers: Vec<Container>,
+    #[serde(default)]
+    pub priority_class_name: Option<String>,
+    #[serde(default)]
+    pub scheduling_group: Option<Value>,
+}
+
+/// A container, as far as its resource requests.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Container {
+    #[serde(default, deserialize_with = "nullable")]
+    pub resources: ContainerResources,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ContainerResources {
+    #[serde(default, deserialize_with = "nullable")]
+    pub requests: BTreeMap<String, Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -244,6 +280,72 @@ impl PodObject {
             })
     }
 
+    /// The pod's uid, or its namespace and name: how held pods are told apart.
+    pub fn key(&self) -> String {
+        let meta = &self.metadata;
+        meta.uid.clone().unwrap_or_else(|| {
+            format!(
+                "{}/{}",
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default()
+            )
+        })
+    }
+
+    /// What the pod requests of its node: per resource, the larger of its
+    /// containers' sum and its largest init container (they run one at a time
+    /// before the others). Quantities berth cannot read count as nothing.
+    pub fn requests(&self) -> BTreeMap<String, f64> {
+        let mut total: BTreeMap<String, f64> = BTreeMap::new();
+        for container in &self.spec.containers {
+            for (key, value) in &container.resources.requests {
+                *total.entry(key.clone()).or_default() +=
+                    crate::quantity::from_json(value).unwrap_or_default();
+            }
+        }
+        for container in &self.spec.init_containers {
+            for (key, value) in &container.resources.requests {
+                let value = crate::quantity::from_json(value).unwrap_or_default();
+                let slot = total.entry(key.clone()).or_default();
+                *slot = slot.max(value);
+            }
+        }
+        total
+    }
+
+    /// Whether the pod's Ready condition is True.
+    pub fn is_ready(&self) -> bool {
+        self.status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    }
+
+    /// The Kubernetes PodGroup the pod belongs to (`spec.schedulingGroup`).
+    pub fn pod_group_name(&self) -> Option<&str> {
+        self.spec
+            .scheduling_group
+            .as_ref()?
+            .get("podGroupName")?
+            .as_str()
+    }
+
+    /// The pod as placement reads it, from what the controller keeps of a held
+    /// pod: labels, node selector, affinity, tolerations.
+    pub fn placement_view(&self) -> Option<crate::placement::pod::PodView> {
+        let spec = &self.spec;
+        let raw = serde_json::json!({
+            "kind": "Pod",
+            "metadata": {"labels": self.metadata.labels},
+            "spec": {
+                "nodeSelector": spec.node_selector,
+                "affinity": spec.affinity,
+                "tolerations": spec.tolerations,
+            }
+        });
+        crate::placement::pod::PodView::read(&raw).ok()
+    }
+
     /// The index of the scheduling gate `name`, if the pod is held by it.
     pub fn gate(&self, name: &str) -> Option<usize> {
         self.spec
@@ -252,6 +354,109 @@ impl PodObject {
             .position(|g| g.name == name)
     }
 }
+
+/// A Deployment or StatefulSet (`K`), as far as ordered start looks at it: desired
+/// and Ready replicas, and its pod template's labels and images (to tell which
+/// policy ranks it). The rest is skipped unparsed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(bound = "")]
+pub struct WorkloadObject<K> {
+    #[serde(default, deserialize_with = "lenient_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default, deserialize_with = "nullable")]
+    pub spec: WorkloadSpec,
+    #[serde(default, deserialize_with = "nullable")]
+    pub status: WorkloadStatus,
+    #[serde(skip)]
+    kind: PhantomData<K>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct WorkloadSpec {
+    /// Absent means 1, as in Kubernetes.
+    #[serde(default)]
+    pub replicas: Option<i32>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub template: WorkloadTemplate,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct WorkloadTemplate {
+    #[serde(default, deserialize_with = "lenient_meta")]
+    pub metadata: ObjectMeta,
+    #[serde(default, deserialize_with = "nullable")]
+    pub spec: WorkloadPodSpec,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadPodSpec {
+    #[serde(default, deserialize_with = "nullable")]
+    pub containers: Vec<ImageOnly>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub init_containers: Vec<ImageOnly>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ImageOnly {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub image: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadStatus {
+    #[serde(default)]
+    pub observed_generation: Option<i64>,
+    #[serde(default)]
+    pub ready_replicas: Option<i32>,
+    #[serde(default)]
+    pub updated_replicas: Option<i32>,
+}
+
+stands_for!(WorkloadObject<K>, K, metadata_api: false, <K: Resource<DynamicType = ()>>);
+
+impl<K> WorkloadObject<K> {
+    pub fn desired(&self) -> i32 {
+        self.spec.replicas.unwrap_or(1)
+    }
+
+    pub fn ready(&self) -> i32 {
+        self.status.ready_replicas.unwrap_or(0)
+    }
+
+    /// Its controller has seen the latest spec and every desired replica runs it.
+    pub fn rolled_out(&self) -> bool {
+        let observed = self.status.observed_generation.unwrap_or(0);
+        observed >= self.metadata.generation.unwrap_or(0)
+            && self.status.updated_replicas.unwrap_or(0) >= self.desired()
+    }
+
+    /// The pod template as a pod, for policy matching.
+    pub fn template_pod(&self) -> Value {
+        let template = &self.spec.template;
+        let images = |list: &[ImageOnly]| -> Vec<Value> {
+            list.iter()
+                .map(|c| serde_json::json!({"name": c.name, "image": c.image}))
+                .collect()
+        };
+        serde_json::json!({
+            "kind": "Pod",
+            "metadata": {"labels": template.metadata.labels},
+            "spec": {
+                "containers": images(&template.spec.containers),
+                "initContainers": images(&template.spec.init_containers),
+            }
+        })
+    }
+}
+
+/// A Deployment, for ordered start.
+pub type DeploymentObject = WorkloadObject<k8s_openapi::api::apps::v1::Deployment>;
+/// A StatefulSet, for ordered start.
+pub type StatefulSetObject = WorkloadObject<k8s_openapi::api::apps::v1::StatefulSet>;
 
 /// A PlacementPolicy, its spec raw: read into berth's types one object at a time,
 /// so a spec this berth cannot read (a field from a newer berth) is one policy

@@ -26,6 +26,17 @@ pub struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GateLabels {
+    pub gate: String,
+}
+
+impl GateLabels {
+    pub fn new(gate: &str) -> Self {
+        GateLabels { gate: gate.into() }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PolicyLabels {
     pub policy: String,
 }
@@ -61,10 +72,10 @@ pub struct Metrics {
     pub unentitled_pods: Family<PolicyLabels, Gauge>,
     /// 1 while this replica holds the controller Lease.
     pub leader: Gauge,
-    /// Pods held by the `berth.io/avoid` scheduling gate now.
-    pub gated_pods: Gauge,
-    /// Seconds from creation to release of gated pods.
-    pub gated_seconds: Histogram,
+    /// Pods held by each of berth's scheduling gates now.
+    pub gated_pods: Family<GateLabels, Gauge>,
+    /// Seconds from creation to release, by the gate released.
+    pub gated_seconds: Family<GateLabels, Histogram>,
     /// DaemonSet templates the controller brought in line with the pools.
     pub daemonset_updates: Counter,
 }
@@ -106,16 +117,18 @@ impl Default for Metrics {
             "1 while this replica holds the controller Lease",
             leader.clone(),
         );
-        let gated_pods = Gauge::default();
-        let gated_seconds = Histogram::new(exponential_buckets(0.05, 2.0, 14));
+        let gated_pods = Family::<GateLabels, Gauge>::default();
+        let gated_seconds = Family::<GateLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.05, 2.0, 16))) as fn() -> Histogram,
+        );
         registry.register(
             "gated_pods",
-            "Pods held by the berth.io/avoid scheduling gate",
+            "Pods held by each of berth's scheduling gates",
             gated_pods.clone(),
         );
         registry.register(
             "gated_seconds",
-            "Seconds from creation to release of gated pods",
+            "Seconds from creation to release, by the gate released",
             gated_seconds.clone(),
         );
         let daemonset_updates = Counter::default();

@@ -49,6 +49,7 @@ fn view() -> FixedView {
         policies: Arc::new(policies),
         nodes: Arc::default(),
         namespaces: BTreeMap::from([("default".to_string(), default)]),
+        groups: Arc::default(),
     }
 }
 
@@ -497,6 +498,7 @@ async fn a_daemonset_that_tolerates_everything_is_kept_off_pools_that_do_not_tak
         policies: Arc::new(policies),
         nodes: Arc::default(),
         namespaces: BTreeMap::from([("default".to_string(), NamespaceInfo::new("default"))]),
+        groups: Arc::default(),
     };
     let mut request = fixture("pod-create.json");
     request["request"]["kind"] = json!({"group": "apps", "version": "v1", "kind": "DaemonSet"});

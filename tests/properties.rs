@@ -154,6 +154,7 @@ fn admit(pod: &Value, ns: &NamespaceInfo, set: &PolicySet) -> (Value, Vec<String
         policies: set,
         nodes: None,
         requester: Requester::Other,
+        groups: Default::default(),
     });
     let patch = build_patch(pod, &decision.grants);
     let mut out = pod.clone();

@@ -328,6 +328,7 @@ fuzz_target!(|data: &[u8]| {
         } else {
             Requester::DaemonSetController
         },
+        groups: Default::default(),
     };
 
     let decision = decide(&input);

@@ -147,13 +147,37 @@ async fn admit(state: &AppState, path: &str, decide: Decide, body: Body) -> Resp
     };
     let policies = state.view.policies();
     let nodes = state.view.nodes();
+    let groups = state.view.groups();
     let snapshot = Snapshot {
         policies: &policies,
         namespace: &namespace,
         nodes: Some(&nodes),
         berth_user: &state.berth_user,
+        groups: &groups,
     };
-    let (mut response, verdict) = decide(&request, &snapshot);
+    let (mut response, mut verdict) = decide(&request, &snapshot);
+    // A queue class seen for the first time is made, then the pod decided again
+    // (never on a dry run, which must write nothing).
+    if let Some(class) = verdict.missing_class.as_ref().filter(|_| !request.dry_run) {
+        match state
+            .view
+            .create_queue_class(&class.class, class.value)
+            .await
+        {
+            Ok(()) => {
+                let groups = state.view.groups();
+                let snapshot = Snapshot {
+                    groups: &groups,
+                    ..snapshot
+                };
+                (response, verdict) = decide(&request, &snapshot);
+            }
+            Err(e) => {
+                state.metrics.error("queue_class");
+                warnings.push(bounded(e));
+            }
+        }
+    }
     response.warnings.splice(0..0, warnings);
     record(state, path, &response, &verdict, started);
     axum::Json(response.into_review()).into_response()

@@ -29,6 +29,8 @@ pub struct AdmissionRequest {
     pub name: Option<String>,
     /// Who sends the object.
     pub user_info: UserInfo,
+    /// A server-side dry run: berth then writes nothing to the cluster.
+    pub dry_run: bool,
     /// The object, read leniently (see the module comment).
     pub object: Option<Value>,
     pub old_object: Option<Value>,
@@ -87,6 +89,8 @@ struct RawRequest<'a> {
     name: Option<String>,
     #[serde(default)]
     user_info: UserInfo,
+    #[serde(default)]
+    dry_run: Option<bool>,
     // Raw: read on its own, so that its depth or content cannot hide the uid.
     #[serde(default, borrow)]
     object: Option<&'a RawValue>,
@@ -128,6 +132,7 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest, String> {
         namespace: raw.namespace,
         name: raw.name,
         user_info: raw.user_info,
+        dry_run: raw.dry_run.unwrap_or(false),
         object,
         old_object,
         unreadable,

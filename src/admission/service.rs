@@ -8,7 +8,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::review::{AdmissionRequest, AdmissionResponse};
+use super::state::GroupState;
 use crate::names::{POOL_LABEL, POOL_TAINT, is_owned_node_key};
+use crate::placement::grants::QueuePriority;
+use crate::placement::groups::GroupContext;
 use crate::placement::pod::{PodView, is_empty_term};
 use crate::placement::records::forbidden_changes;
 use crate::placement::warning::bounded;
@@ -23,6 +26,8 @@ pub struct Snapshot<'a> {
     pub nodes: Option<&'a NodeIndex>,
     /// berth's own identity: only it may release its gates.
     pub berth_user: &'a str,
+    /// The gang mode and the PriorityClasses.
+    pub groups: &'a GroupState,
 }
 
 /// How an admission ended, for metrics and logs.
@@ -34,6 +39,9 @@ pub struct Verdict {
     pub applied: Vec<String>,
     /// Whether the namespace's berth annotations could not be read.
     pub broken_annotation: bool,
+    /// A queue PriorityClass the pod should get that does not exist yet: the
+    /// handler creates it and decides again.
+    pub missing_class: Option<QueuePriority>,
 }
 
 impl Verdict {
@@ -42,6 +50,7 @@ impl Verdict {
             outcome,
             applied: Vec::new(),
             broken_annotation: false,
+            missing_class: None,
         }
     }
 }
@@ -53,6 +62,10 @@ fn run(object: &Value, request: &AdmissionRequest, snapshot: &Snapshot) -> Decis
         policies: snapshot.policies,
         nodes: snapshot.nodes,
         requester: Requester::from_username(&request.user_info.username),
+        groups: GroupContext {
+            gang_mode: snapshot.groups.gang_mode,
+            default_class: snapshot.groups.default_class.as_deref(),
+        },
     })
 }
 
@@ -109,11 +122,23 @@ pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResp
     ) else {
         return (AdmissionResponse::allow(request), Verdict::new("unchanged"));
     };
-    let decision = run(object, request, snapshot);
+    let mut decision = run(object, request, snapshot);
+    // The apiserver refuses a pod naming a PriorityClass that does not exist.
+    let missing_class = decision
+        .grants
+        .priority
+        .take_if(|p| !snapshot.groups.queue_classes.contains(&p.class));
+    if let Some(missing) = &missing_class {
+        decision.warnings.push(bounded(format!(
+            "PriorityClass {} does not exist yet; the pod is not queued",
+            missing.class
+        )));
+    }
     let verdict = |outcome| Verdict {
         outcome,
         applied: decision.grants.applied.clone(),
         broken_annotation: decision.namespace_error.is_some(),
+        missing_class: missing_class.clone(),
     };
     if let Some(reason) = &decision.denial {
         let verdict = verdict(if decision.unreadable.is_some() {

@@ -3,7 +3,7 @@
 //! namespace missing from the cache gets one direct GET; if that fails too, the
 //! pod gets the safe answer (no grant).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +17,12 @@ use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, ResourceExt};
 
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::api::PostParams;
+
+use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL, QUEUE_CLASS_PREFIX};
 use crate::objects::{NamespaceMeta, NodeMeta, PolicyObject};
+use crate::placement::groups::GangMode;
 use crate::placement::{NamespaceInfo, NodeIndex, NodeInfo};
 use crate::policy::PolicySet;
 use crate::policy::compile::PolicyCompiler;
@@ -37,6 +42,47 @@ pub trait ClusterView: Send + Sync {
     fn namespace<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Option<NamespaceInfo>>;
     /// Whether every cache has finished its first list.
     fn synced(&self) -> bool;
+    /// What group decisions need: the gang mode and the PriorityClasses.
+    fn groups(&self) -> Arc<GroupState>;
+    /// Creates the PriorityClass `class` of queue value `value` (it exists
+    /// already: fine).
+    fn create_queue_class<'a>(
+        &'a self,
+        class: &'a str,
+        value: i32,
+    ) -> BoxFuture<'a, Result<(), String>>;
+}
+
+/// What the webhook knows for group decisions.
+#[derive(Debug, Clone, Default)]
+pub struct GroupState {
+    pub gang_mode: GangMode,
+    /// The global-default PriorityClass, if the cluster has one.
+    pub default_class: Option<String>,
+    /// The `berth-queue-` PriorityClasses that exist.
+    pub queue_classes: BTreeSet<String>,
+}
+
+/// The PriorityClass berth keeps for queue value `value`: it orders the queue and
+/// never preempts.
+pub fn queue_class_object(class: &str, value: i32) -> PriorityClass {
+    PriorityClass {
+        metadata: kube::api::ObjectMeta {
+            name: Some(class.to_owned()),
+            labels: Some(BTreeMap::from([(
+                MANAGED_BY_LABEL.to_owned(),
+                FIELD_MANAGER.to_owned(),
+            )])),
+            ..Default::default()
+        },
+        value: Some(value),
+        preemption_policy: Some("Never".into()),
+        global_default: Some(false),
+        description: Some(
+            "berth queue order: 3 x the pod's queue priority label + its QoS rank; never preempts"
+                .into(),
+        ),
+    }
 }
 
 /// A view that never changes, for tests and offline use.
@@ -45,6 +91,7 @@ pub struct FixedView {
     pub policies: Arc<PolicySet>,
     pub nodes: Arc<NodeIndex>,
     pub namespaces: BTreeMap<String, NamespaceInfo>,
+    pub groups: Arc<GroupState>,
 }
 
 impl ClusterView for FixedView {
@@ -60,6 +107,16 @@ impl ClusterView for FixedView {
     fn synced(&self) -> bool {
         true
     }
+    fn groups(&self) -> Arc<GroupState> {
+        self.groups.clone()
+    }
+    fn create_queue_class<'a>(
+        &'a self,
+        class: &'a str,
+        _value: i32,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move { Err(format!("no cluster to create PriorityClass {class} in")) })
+    }
 }
 
 /// The cluster as three watch caches, each read leniently (see [`crate::objects`]):
@@ -69,6 +126,8 @@ pub struct WatchedCluster {
     namespaces: Store<NamespaceMeta>,
     policies: RwLock<Arc<PolicySet>>,
     nodes: RwLock<Arc<NodeIndex>>,
+    groups: RwLock<Arc<GroupState>>,
+    gang_mode_known: AtomicBool,
     namespaces_synced: AtomicBool,
     policies_synced: AtomicBool,
     nodes_synced: AtomicBool,
@@ -97,6 +156,8 @@ impl WatchedCluster {
             namespaces,
             policies: RwLock::new(Arc::new(PolicySet::default())),
             nodes: RwLock::new(Arc::new(NodeIndex::new())),
+            groups: RwLock::new(Arc::new(GroupState::default())),
+            gang_mode_known: AtomicBool::new(false),
             namespaces_synced: AtomicBool::new(false),
             policies_synced: AtomicBool::new(false),
             nodes_synced: AtomicBool::new(false),
@@ -125,7 +186,68 @@ impl WatchedCluster {
         tokio::spawn(async move { this.watch_policies(metrics).await });
         let this = cluster.clone();
         tokio::spawn(async move { this.watch_nodes().await });
+        let this = cluster.clone();
+        tokio::spawn(async move { this.watch_priority_classes().await });
+        let this = cluster.clone();
+        tokio::spawn(async move { this.discover_gang_mode().await });
         cluster
+    }
+
+    /// Changes the group state under its lock.
+    fn update_groups(&self, change: impl FnOnce(&mut GroupState)) {
+        let mut next = (*read(&self.groups)).clone();
+        change(&mut next);
+        write(&self.groups, Arc::new(next));
+    }
+
+    /// Keeps the global-default PriorityClass and berth's queue classes current.
+    async fn watch_priority_classes(self: Arc<Self>) {
+        let (store, writer) = reflector::store::<PriorityClass>();
+        let api = Api::<PriorityClass>::all(self.client.clone());
+        let mut events = reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff()
+            .boxed();
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(Event::Init | Event::InitApply(_)) => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "PriorityClass watch failed; retrying");
+                    continue;
+                }
+            }
+            let classes = store.state();
+            let default_class = classes
+                .iter()
+                .find(|c| c.global_default == Some(true))
+                .map(|c| c.name_any());
+            let queue_classes = classes
+                .iter()
+                .map(|c| c.name_any())
+                .filter(|n| n.starts_with(QUEUE_CLASS_PREFIX))
+                .collect();
+            self.update_groups(|groups| {
+                groups.default_class = default_class;
+                groups.queue_classes = queue_classes;
+            });
+        }
+    }
+
+    /// Finds the gang mode now and every minute: a feature turned on in the
+    /// apiserver is picked up without a restart.
+    async fn discover_gang_mode(self: Arc<Self>) {
+        let mut every = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            every.tick().await;
+            let previous = read(&self.groups).gang_mode;
+            let mode =
+                crate::controller::podgroups::discover_gang_mode(&self.client, previous).await;
+            if mode != previous {
+                tracing::info!(mode = mode.as_str(), "gang mode");
+                self.update_groups(|groups| groups.gang_mode = mode);
+            }
+            self.gang_mode_known.store(true, Ordering::Release);
+        }
     }
 
     /// Keeps the compiled policy set current; an unusable policy is logged and
@@ -245,5 +367,36 @@ impl ClusterView for WatchedCluster {
         self.namespaces_synced.load(Ordering::Acquire)
             && self.policies_synced.load(Ordering::Acquire)
             && self.nodes_synced.load(Ordering::Acquire)
+            && self.gang_mode_known.load(Ordering::Acquire)
+    }
+
+    fn groups(&self) -> Arc<GroupState> {
+        read(&self.groups)
+    }
+
+    fn create_queue_class<'a>(
+        &'a self,
+        class: &'a str,
+        value: i32,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let api = Api::<PriorityClass>::all(self.client.clone());
+            let params = PostParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PostParams::default()
+            };
+            let object = queue_class_object(class, value);
+            let create = api.create(&params, &object);
+            match tokio::time::timeout(Duration::from_secs(1), create).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(kube::Error::Api(status))) if status.code == 409 => {}
+                Ok(Err(e)) => return Err(format!("cannot create PriorityClass {class}: {e}")),
+                Err(_) => return Err(format!("creating PriorityClass {class} timed out")),
+            }
+            self.update_groups(|groups| {
+                groups.queue_classes.insert(class.to_owned());
+            });
+            Ok(())
+        })
     }
 }

@@ -169,6 +169,7 @@ async fn explain_pod(target: &PodTarget) -> Result<String, String> {
         policies: &cluster.policies,
         nodes: Some(&cluster.nodes),
         requester: cluster.requester,
+        groups: Default::default(),
     };
     let decision = decide(&input);
     let patch = build_patch(&cluster.raw, &decision.grants);

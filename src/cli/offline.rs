@@ -122,6 +122,7 @@ fn admit_all(loaded: &Loaded, nodes: Option<&NodeIndex>) -> Vec<Admitted> {
                 policies: &loaded.policies,
                 nodes,
                 requester: offline_requester(raw),
+                groups: Default::default(),
             };
             let decision = decide(&input);
             let patch = build_patch(raw, &decision.grants);
@@ -234,6 +235,7 @@ pub fn explain_offline(
                 policies: &loaded.policies,
                 nodes: nodes.as_ref(),
                 requester: offline_requester(&a.raw),
+                groups: Default::default(),
             };
             explain(&input, &a.name, &a.decision, a.patch.0.len())
         })

@@ -50,6 +50,9 @@ pub struct ExclusionPod {
     pub applied: Vec<String>,
     /// Index of the `berth.io/avoid` gate in `spec.schedulingGates`, if held.
     pub gate: Option<usize>,
+    /// Held by another gate too (a gang, a rank, another controller's): the avoid
+    /// gate goes last, so such a pod is neither released nor in flight.
+    pub other_gates: bool,
     pub node: Option<String>,
     /// Being deleted, and still on its node.
     pub terminating: bool,
@@ -84,6 +87,11 @@ impl ExclusionPod {
             labels: meta.labels.clone().unwrap_or_default(),
             applied: applied_policies(meta.annotations.as_ref()),
             gate: pod.gate(AVOID_GATE),
+            other_gates: pod
+                .spec
+                .scheduling_gates
+                .iter()
+                .any(|g| g.name != AVOID_GATE),
             node: pod.spec.node_name.clone(),
             terminating: pod.is_terminating(),
             terms,
@@ -252,7 +260,7 @@ impl Released {
 
 /// Released but not bound yet.
 fn in_flight(pod: &ExclusionPod) -> bool {
-    pod.gate.is_none() && pod.node.is_none()
+    pod.gate.is_none() && pod.node.is_none() && !pod.other_gates
 }
 
 /// Whether the held `pod` must be narrowed off the node of `other`, bound there,
@@ -295,7 +303,12 @@ pub fn plan<'a>(
         .filter(|e| in_flight(e.pod) && !e.pod.terminating)
         .collect();
     let bound: Vec<&Entry> = entries.iter().filter(|e| e.pod.node.is_some()).collect();
-    let mut held: Vec<&Entry> = entries.iter().filter(|e| e.pod.gate.is_some()).collect();
+    // A pod held by another gate as well waits for that gate first; that gate's
+    // own Event says why.
+    let mut held: Vec<&Entry> = entries
+        .iter()
+        .filter(|e| e.pod.gate.is_some() && !e.pod.other_gates)
+        .collect();
     held.sort_by(|a, b| {
         let (a, b) = (a.pod, b.pod);
         (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
@@ -384,6 +397,7 @@ mod tests {
             node: node.map(Into::into),
             terminating: false,
             terms: vec![Term::Expressions],
+            other_gates: false,
         }
     }
 
@@ -419,6 +433,26 @@ mod tests {
         assert!(
             matches!(&plan.waiting[0].reason, Hold::Behind { pod, policy } if pod.name == "m1" && policy == "masters")
         );
+    }
+
+    #[test]
+    fn the_avoid_gate_goes_last_and_a_pod_held_by_another_gate_is_not_in_flight() {
+        let mut pods = vec![
+            pod("m1", "master", &["masters"], true, None),
+            pod("m2", "master", &["masters"], true, None),
+        ];
+        pods[0].other_gates = true;
+        let first = plan(&pods, &masters(), &Everyone, &none(), &no_labels());
+        assert_eq!(names(&first.release), ["m2"], "m1 waits for its other gate");
+        // Released from avoid before its gang let go (an older berth): still
+        // held, so m2 does not wait behind it.
+        let mut pods = vec![
+            pod("m1", "master", &["masters"], false, None),
+            pod("m2", "master", &["masters"], true, None),
+        ];
+        pods[0].other_gates = true;
+        let second = plan(&pods, &masters(), &Everyone, &none(), &no_labels());
+        assert_eq!(names(&second.release), ["m2"]);
     }
 
     #[test]

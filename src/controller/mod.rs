@@ -6,6 +6,8 @@ pub mod daemonsets;
 pub mod desired;
 pub mod events;
 pub mod exclusion;
+pub mod groups;
+pub mod podgroups;
 pub mod release;
 pub mod run;
 pub mod status;

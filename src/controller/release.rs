@@ -13,9 +13,12 @@ use serde_json::{Value, json};
 use super::events::event;
 use super::exclusion::{self, ExclusionPod, Hold, Term};
 use super::run::{Pass, Snapshot};
-use crate::names::{AVOID_GATE, FIELD_MANAGER};
+use futures::StreamExt;
+
+use crate::names::{AVOID_GATE, FIELD_MANAGER, GANG_GATE, RANK_GATE};
 use crate::objects::{MetaOnly, PodObject};
 use crate::policy::PlacementPolicy;
+use crate::telemetry::GateLabels;
 
 /// The JSON Patch that releases a held pod: the gate must still be where we saw it
 /// (so a stale cache cannot remove another gate, and no pod is released twice),
@@ -52,6 +55,15 @@ pub fn release_patch(release: &exclusion::Release, gate: usize) -> Value {
     Value::Array(ops)
 }
 
+/// Seconds since `created`, for the held-time histogram.
+pub fn held_seconds(created: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> f64 {
+    let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
+    created
+        .map(|t| (now - t.0.as_millisecond()) as f64 / 1000.0)
+        .unwrap_or_default()
+        .max(0.0)
+}
+
 /// How often the controller lists policies at most, to tell a policy its cache has
 /// not seen yet from one that is gone.
 const LIST_EVERY: Duration = Duration::from_secs(1);
@@ -73,21 +85,21 @@ pub struct PolicyLookups {
 
 impl PolicyLookups {
     /// The held pods that must wait for a policy the cache has not seen, by pod key,
-    /// with the policy.
-    async fn waits(
+    /// with the policy. `held` is every pod a berth gate holds: its key and the
+    /// policies it names.
+    pub async fn waits(
         &mut self,
         client: &kube::Client,
         snapshot: &Snapshot,
-        pods: &[ExclusionPod],
+        held: &[(String, Vec<String>)],
     ) -> BTreeMap<String, String> {
         let now = Instant::now();
-        let missing: Vec<(&ExclusionPod, Vec<&String>)> = pods
+        let missing: Vec<(&String, Vec<&String>)> = held
             .iter()
-            .filter(|p| p.gate.is_some())
-            .map(|p| {
+            .map(|(key, applied)| {
                 (
-                    p,
-                    p.applied
+                    key,
+                    applied
                         .iter()
                         .filter(|n| !snapshot.has(n))
                         .collect::<Vec<_>>(),
@@ -95,13 +107,13 @@ impl PolicyLookups {
             })
             .filter(|(_, names)| !names.is_empty())
             .collect();
-        let keys: BTreeSet<String> = missing.iter().map(|(p, _)| p.key()).collect();
+        let keys: BTreeSet<String> = missing.iter().map(|(key, _)| (*key).clone()).collect();
         self.first_seen.retain(|key, _| keys.contains(key));
         for key in keys {
             self.first_seen.entry(key).or_insert(now);
         }
         let listed_since =
-            |at: &Instant| missing.iter().all(|(p, _)| self.first_seen[&p.key()] < *at);
+            |at: &Instant| missing.iter().all(|(key, _)| self.first_seen[*key] < *at);
         let fresh_enough = self.listed.as_ref().is_some_and(|(at, _)| listed_since(at));
         let may_list = self
             .listed
@@ -123,10 +135,10 @@ impl PolicyLookups {
             }
         }
         let mut waits = BTreeMap::new();
-        for (pod, names) in missing {
-            let first = self.first_seen[&pod.key()];
+        for (key, names) in missing {
+            let first = self.first_seen[key];
             if let Some(name) = waiting_for(&names, first, self.listed.as_ref()) {
-                waits.insert(pod.key(), name.clone());
+                waits.insert(key.clone(), name.clone());
             }
         }
         waits
@@ -158,7 +170,7 @@ pub async fn release_held_pods(
     snapshot: &Snapshot,
     pods: &[std::sync::Arc<PodObject>],
     nodes: &exclusion::NodeLabels,
-    lookups: &mut PolicyLookups,
+    unseen: &BTreeMap<String, String>,
     released: &mut exclusion::Released,
     reported: &mut super::events::Reported,
 ) -> bool {
@@ -167,12 +179,12 @@ pub async fn release_held_pods(
         .filter_map(|p| ExclusionPod::from_pod(p))
         .collect();
     released.overlay(&mut all);
-    let unseen = lookups.waits(pass.client, snapshot, &all).await;
     let policies = &snapshot.compiled.set;
-    let plan = exclusion::plan(&all, policies, &snapshot.namespaces, &unseen, nodes);
+    let plan = exclusion::plan(&all, policies, &snapshot.namespaces, unseen, nodes);
     let held = all.iter().filter(|p| p.gate.is_some()).count();
     pass.metrics
         .gated_pods
+        .get_or_create(&GateLabels::new(AVOID_GATE))
         .set((held - plan.release.len()) as i64);
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
@@ -197,15 +209,10 @@ pub async fn release_held_pods(
         {
             Ok(_) => {
                 released.record(pod, Instant::now());
-                let held_for = pod
-                    .created
-                    .as_ref()
-                    .map(|t| {
-                        let now = k8s_openapi::jiff::Timestamp::now().as_millisecond();
-                        (now - t.0.as_millisecond()) as f64 / 1000.0
-                    })
-                    .unwrap_or_default();
-                pass.metrics.gated_seconds.observe(held_for.max(0.0));
+                pass.metrics
+                    .gated_seconds
+                    .get_or_create(&GateLabels::new(AVOID_GATE))
+                    .observe(held_seconds(pod.created.as_ref()));
                 tracing::info!(pod = %pod.name, namespace = %pod.namespace, keep_off = ?release.avoid_nodes, "released from {AVOID_GATE}");
             }
             Err(e) => {
@@ -245,6 +252,95 @@ pub async fn release_held_pods(
             .await;
     }
     released.hurry(&plan, Instant::now(), super::run::HURRY_WINDOW)
+}
+
+/// The JSON Patch that removes the group gate `name` at `index`: the gate must
+/// still be where the cache saw it, so a stale cache cannot remove another gate.
+fn gate_patch(name: &str, index: usize) -> Value {
+    json!([
+        {"op": "test", "path": format!("/spec/schedulingGates/{index}/name"), "value": name},
+        {"op": "remove", "path": format!("/spec/schedulingGates/{index}")},
+    ])
+}
+
+/// Releases the pods the group plan lets go, gangs all together, and tells the
+/// others what they wait for with an Event (one per pod and cause).
+pub async fn release_group_pods(
+    pass: &Pass<'_>,
+    plan: &super::groups::GroupPlan<'_>,
+    reported: &mut super::events::Reported,
+) {
+    for gate in [RANK_GATE, GANG_GATE] {
+        let waiting = plan.waiting.iter().filter(|(h, _)| h.gate == gate).count();
+        pass.metrics
+            .gated_pods
+            .get_or_create(&GateLabels::new(gate))
+            .set(waiting as i64);
+    }
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    // A gang's members go in one burst, each its own request, so the group is
+    // released within one pass.
+    let mut patches = Vec::new();
+    for held in &plan.release {
+        let pod = held.pod;
+        let (Some(index), Some(namespace)) = (pod.gate(held.gate), &pod.metadata.namespace) else {
+            continue;
+        };
+        let Ok(patch) = serde_json::from_value::<json_patch::Patch>(gate_patch(held.gate, index))
+        else {
+            continue;
+        };
+        let api: Api<PodObject> = Api::namespaced(pass.client.clone(), namespace);
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let params = params.clone();
+        patches.push(async move {
+            let result = api.patch(&name, &params, &Patch::<()>::Json(patch)).await;
+            (held, name, result)
+        });
+    }
+    let results: Vec<_> = futures::stream::iter(patches)
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    for (held, name, result) in results {
+        match result {
+            Ok(_) => {
+                pass.metrics
+                    .gated_seconds
+                    .get_or_create(&GateLabels::new(held.gate))
+                    .observe(held_seconds(held.pod.metadata.creation_timestamp.as_ref()));
+                tracing::info!(pod = %name, gate = held.gate, "released");
+            }
+            Err(e) => {
+                tracing::warn!(pod = %name, gate = held.gate, error = %e, "release failed; retrying on the next pass")
+            }
+        }
+    }
+    for (held, wait) in &plan.waiting {
+        let meta = &held.pod.metadata;
+        let uid = meta.uid.clone().unwrap_or_default();
+        let key = format!("group/{uid}/{}/{}", wait.reason, wait.cause);
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: meta.namespace.clone(),
+            name: meta.name.clone(),
+            uid: meta.uid.clone(),
+            ..Default::default()
+        };
+        let type_ = if wait.reason == "GangTimeout" {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        let event = event(type_, wait.reason, "Hold", wait.note.clone());
+        reported
+            .publish(pass.recorder, key, event, &reference)
+            .await;
+    }
 }
 
 #[cfg(test)]

@@ -22,14 +22,23 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::daemonsets::{daemonset_patch, write_daemonset};
+use super::desired::applied_policies;
 use super::desired::{BoundPod, DesiredNode, desired_node_state};
 use super::events::Reported;
 use super::exclusion;
 use super::writer::{Written, in_sync, write_node};
-use crate::names::APPLIED_ANNOTATION;
-use crate::objects::{DaemonSetObject, NamespaceMeta, NodeObject, PodObject, PolicyObject};
+use crate::names::{APPLIED_ANNOTATION, GANG_GATE, RANK_GATE, is_berth_gate};
+use crate::objects::{
+    DaemonSetObject, DeploymentObject, NamespaceMeta, NodeObject, PodObject, PolicyObject,
+    StatefulSetObject, WorkloadObject,
+};
+use crate::placement::groups::GangMode;
+use crate::placement::matching::match_policies;
+use crate::placement::pod::PodView;
+use crate::placement::{NamespaceInfo, NodeIndex, NodeInfo};
 use crate::policy::NamespaceOptIn;
 use crate::policy::compile::{Compiled, PolicyCompiler};
+use crate::telemetry::GateLabels;
 use crate::telemetry::{KindLabels, Metrics};
 
 /// Node writes in flight at once.
@@ -65,6 +74,9 @@ pub struct Stores {
     /// is never, between two watches, in neither.
     pods: Store<PodObject>,
     daemonsets: Store<DaemonSetObject>,
+    /// For ordered start: lower ranks whose pods may not exist yet.
+    deployments: Store<DeploymentObject>,
+    statefulsets: Store<StatefulSetObject>,
 }
 
 /// Starts a watch on every `K` in the cluster, feeding a store of them as `strip`
@@ -101,17 +113,29 @@ fn strip_pod(pod: &mut PodObject) {
     if let Some(annotations) = pod.metadata.annotations.as_mut() {
         annotations.retain(|k, _| k == APPLIED_ANNOTATION);
     }
-    // A held pod's node affinity is narrowed when it is released.
+    // A held pod's node affinity is narrowed when it is released, and a held
+    // gang's fit check reads where each member may go.
     if pod.spec.scheduling_gates.is_empty() {
         pod.spec.affinity = None;
+        pod.spec.node_selector = None;
+        pod.spec.tolerations = None;
     }
-    pod.status.conditions.clear();
+    // Ordered start waits for lower ranks to be Ready.
+    pod.status.conditions.retain(|c| c.type_ == "Ready");
+    for condition in &mut pod.status.conditions {
+        condition.message = None;
+    }
 }
 
 /// A DaemonSet's annotations are not needed (its type reads only what the
 /// template patch needs of the rest).
 fn strip_daemonset(daemonset: &mut DaemonSetObject) {
     daemonset.metadata.annotations = None;
+}
+
+/// A workload's annotations are not needed.
+fn strip_workload<K>(workload: &mut WorkloadObject<K>) {
+    workload.metadata.annotations = None;
 }
 
 fn keep_all<K>(_: &mut K) {}
@@ -147,6 +171,8 @@ pub async fn run(
         namespaces: watch(&client, &wake, keep_all),
         pods: watch(&client, &wake, strip_pod),
         daemonsets: watch(&client, &wake, strip_daemonset),
+        deployments: watch(&client, &wake, strip_workload),
+        statefulsets: watch(&client, &wake, strip_workload),
     };
     let recorder = Recorder::new(
         client.clone(),
@@ -182,6 +208,8 @@ pub async fn run(
             stores.namespaces.wait_until_ready(),
             stores.pods.wait_until_ready(),
             stores.daemonsets.wait_until_ready(),
+            stores.deployments.wait_until_ready(),
+            stores.statefulsets.wait_until_ready(),
         )
     };
     tokio::select! {
@@ -199,6 +227,8 @@ pub async fn run(
     let mut released = exclusion::Released::default();
     let mut lookups = super::release::PolicyLookups::default();
     let mut compiler = PolicyCompiler::default();
+    let mut pod_groups = super::podgroups::PodGroups::default();
+    let mut gang_mode = super::podgroups::discover_gang_mode(&client, Default::default()).await;
     let mut debounce = DEBOUNCE;
     loop {
         tokio::select! {
@@ -213,7 +243,10 @@ pub async fn run(
                 tracing::info!(leading, identity = %options.identity, "controller leadership changed");
             }
             () = wake.notified() => tokio::time::sleep(debounce).await,
-            _ = resync.tick() => {}
+            _ = resync.tick() => {
+                gang_mode = super::podgroups::discover_gang_mode(&client, gang_mode).await;
+                pod_groups.forget();
+            }
         }
         if !*leadership.borrow() {
             continue;
@@ -237,18 +270,37 @@ pub async fn run(
             .map(|n| (n.name_any(), n.labels().clone()))
             .collect();
         let snapshot = Snapshot::take(&stores, &mut compiler);
+        let held: Vec<(String, Vec<String>)> = pods
+            .iter()
+            .filter(|p| {
+                p.spec
+                    .scheduling_gates
+                    .iter()
+                    .any(|g| is_berth_gate(&g.name))
+            })
+            .map(|p| (p.key(), applied_policies(p.metadata.annotations.as_ref())))
+            .collect();
+        let unseen = lookups.waits(&client, &snapshot, &held).await;
         let hurry = super::release::release_held_pods(
             &pass,
             &snapshot,
             &pods,
             &nodes,
-            &mut lookups,
+            &unseen,
             &mut released,
             &mut reported,
         )
         .await;
         debounce = if hurry { HURRIED_DEBOUNCE } else { DEBOUNCE };
-        reconcile(&pass, &stores, &snapshot, &limit, &mut reported).await;
+        let groups = release_groups(&pass, &stores, &snapshot, &pods, &unseen, &mut reported).await;
+        let groups = super::status::GroupStatus {
+            gang_mode,
+            timed_out: groups,
+        };
+        if gang_mode == GangMode::PodGroup {
+            pod_groups.keep(&pass, &pods, &snapshot).await;
+        }
+        reconcile(&pass, &stores, &snapshot, &limit, &groups, &mut reported).await;
         // Every cause of an Event was looked at in this pass, whatever failed.
         reported.end_pass();
     }
@@ -305,6 +357,7 @@ async fn reconcile(
     stores: &Stores,
     snapshot: &Snapshot,
     limit: &Arc<RateLimit>,
+    groups: &super::status::GroupStatus,
     reported: &mut Reported,
 ) {
     let Pass {
@@ -389,9 +442,143 @@ async fn reconcile(
         }
     }
 
-    super::status::update_statuses(pass, snapshot, &plans, reported).await;
+    super::status::update_statuses(pass, snapshot, &plans, groups, reported).await;
     super::status::release_deleted(pass, snapshot, &nodes, &failed).await;
     bring_daemonsets_in_line(pass, stores, snapshot, limit).await;
+}
+
+/// Releases the pods held by `berth.io/rank` and `berth.io/gang` that may go (see
+/// [`super::groups`]); returns the gangs held past their timeout, by policy.
+async fn release_groups(
+    pass: &Pass<'_>,
+    stores: &Stores,
+    snapshot: &Snapshot,
+    pods: &[Arc<PodObject>],
+    unseen: &BTreeMap<String, String>,
+    reported: &mut Reported,
+) -> BTreeMap<String, Vec<String>> {
+    let held = |p: &Arc<PodObject>| p.gate(RANK_GATE).is_some() || p.gate(GANG_GATE).is_some();
+    if !pods.iter().any(held) {
+        pass.metrics
+            .gated_pods
+            .get_or_create(&GateLabels::new(RANK_GATE))
+            .set(0);
+        pass.metrics
+            .gated_pods
+            .get_or_create(&GateLabels::new(GANG_GATE))
+            .set(0);
+        return BTreeMap::new();
+    }
+    let policies = &snapshot.compiled.set;
+    let mut workloads = ranked_workloads(&stores.deployments.state(), "Deployment", snapshot);
+    workloads.extend(ranked_workloads(
+        &stores.statefulsets.state(),
+        "StatefulSet",
+        snapshot,
+    ));
+    let rooms = if pods.iter().any(|p| p.gate(GANG_GATE).is_some()) {
+        node_rooms(&stores.nodes.state(), pods)
+    } else {
+        super::groups::Rooms::new()
+    };
+    let waiting_for_policy = |pod: &PodObject| unseen.contains_key(&pod.key());
+    let plan = super::groups::plan(
+        pods,
+        &workloads,
+        policies,
+        &snapshot.namespaces,
+        &rooms,
+        &waiting_for_policy,
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    super::release::release_group_pods(pass, &plan, reported).await;
+    plan.timed_out
+}
+
+/// The Deployments or StatefulSets a `startOrder` policy ranks: their pod
+/// template matches the policy in a namespace that opts into it, and carries a
+/// rank.
+fn ranked_workloads<K>(
+    workloads: &[Arc<WorkloadObject<K>>],
+    kind: &str,
+    snapshot: &Snapshot,
+) -> Vec<super::groups::RankedWorkload> {
+    let policies = &snapshot.compiled.set;
+    if !policies.iter().any(|p| p.spec.start_order.is_some()) {
+        return Vec::new();
+    }
+    let mut ranked = Vec::new();
+    for workload in workloads {
+        let namespace = workload.metadata.namespace.clone().unwrap_or_default();
+        let Some((config, labels)) = snapshot.namespaces.get(&namespace) else {
+            continue;
+        };
+        let Ok(view) = PodView::read(&workload.template_pod()) else {
+            continue;
+        };
+        let info = NamespaceInfo {
+            name: namespace.clone(),
+            labels: labels.clone(),
+            annotations: Default::default(),
+        };
+        let matches = match_policies(&view, &info, Some(config), policies);
+        let order = matches
+            .applied
+            .iter()
+            .find_map(|(p, _)| Some((*p, p.spec.start_order.as_ref()?)));
+        let Some((policy, order)) = order else {
+            continue;
+        };
+        let Ok(Some(rank)) = order.rank(view.labels()) else {
+            continue;
+        };
+        ranked.push(super::groups::RankedWorkload {
+            namespace,
+            name: format!(
+                "{kind}/{}",
+                workload.metadata.name.as_deref().unwrap_or_default()
+            ),
+            policy: policy.name.clone(),
+            rank,
+            desired: workload.desired(),
+            ready: workload.ready(),
+            rolled_out: workload.rolled_out(),
+        });
+    }
+    ranked
+}
+
+/// Each node's labels, taints and resources left, for a gang's fit check.
+fn node_rooms(nodes: &[Arc<NodeObject>], pods: &[Arc<PodObject>]) -> super::groups::Rooms {
+    let index: NodeIndex = nodes
+        .iter()
+        .map(|n| {
+            let taints = n
+                .spec
+                .taints
+                .iter()
+                .filter_map(|t| serde_json::from_value(t.clone()).ok())
+                .collect();
+            let info = NodeInfo {
+                labels: n.labels().clone(),
+                taints,
+            };
+            (n.name_any(), info)
+        })
+        .collect();
+    let allocatable: BTreeMap<String, BTreeMap<String, f64>> = nodes
+        .iter()
+        .map(|n| {
+            let amounts = n
+                .status
+                .allocatable
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), crate::quantity::from_json(v)?)))
+                .collect();
+            (n.name_any(), amounts)
+        })
+        .collect();
+    super::groups::rooms(&index, &allocatable, pods)
 }
 
 /// Patches the templates of DaemonSets that miss a pool's toleration or exclusion.

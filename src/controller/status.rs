@@ -163,12 +163,21 @@ fn ready(snapshot: &Snapshot, name: &str, previous: &[Condition]) -> Condition {
     }
 }
 
+/// What the group planning tells the policies' status.
+#[derive(Debug, Default)]
+pub struct GroupStatus {
+    pub gang_mode: crate::placement::groups::GangMode,
+    /// Gangs held past their timeout, by policy (`namespace/group`).
+    pub timed_out: BTreeMap<String, Vec<String>>,
+}
+
 /// Writes each live policy's status when it changed; Events for new conflicts and
 /// pods without entitlement.
 pub async fn update_statuses(
     pass: &Pass<'_>,
     snapshot: &Snapshot,
     plans: &[(Arc<NodeObject>, DesiredNode)],
+    groups: &GroupStatus,
     reported: &mut Reported,
 ) {
     let api: Api<PolicyObject> = Api::all(pass.client.clone());
@@ -233,27 +242,53 @@ pub async fn update_statuses(
             None => snapshot.compiled.set.get(&name).map(|p| p.spec.clone()),
             Some(_) => current.as_ref().and_then(|s| s.last_good_spec.clone()),
         };
+        let gang = snapshot
+            .compiled
+            .set
+            .get(&name)
+            .is_some_and(|p| p.spec.gang.is_some());
+        let mut conditions = vec![
+            ready(snapshot, &name, previous),
+            condition(
+                "Conflict",
+                !lost.is_empty(),
+                "PoolConflict",
+                conflict_message,
+                previous,
+            ),
+            condition(
+                "UnentitledPods",
+                !unentitled.is_empty(),
+                "UnentitledPods",
+                unentitled_message,
+                previous,
+            ),
+        ];
+        if gang {
+            let late = groups
+                .timed_out
+                .get(&name)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let message = if late.is_empty() {
+                "every held gang is within timeoutSeconds".to_string()
+            } else {
+                format!("gangs held past timeoutSeconds: {}", late.join(", "))
+            };
+            conditions.push(condition(
+                "GangTimeout",
+                !late.is_empty(),
+                "GangTimeout",
+                message,
+                previous,
+            ));
+        }
         let status = PlacementPolicyStatus {
             nodes: Some(node_names.len() as i32),
             node_names,
             last_good_spec,
-            conditions: vec![
-                ready(snapshot, &name, previous),
-                condition(
-                    "Conflict",
-                    !lost.is_empty(),
-                    "PoolConflict",
-                    conflict_message,
-                    previous,
-                ),
-                condition(
-                    "UnentitledPods",
-                    !unentitled.is_empty(),
-                    "UnentitledPods",
-                    unentitled_message,
-                    previous,
-                ),
-            ],
+            gang_mode: gang.then(|| groups.gang_mode.as_str().to_owned()),
+            conditions,
         };
         if current.as_ref() != Some(&status) {
             let patch = json!({"status": status});

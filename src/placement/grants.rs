@@ -22,6 +22,17 @@ pub struct Grants {
     pub scheduling_gates: Vec<String>,
     /// Names of the applied policies, sorted: the `berth.io/applied` annotation.
     pub applied: Vec<String>,
+    /// The Kubernetes PodGroup the pod joins (`spec.schedulingGroup.podGroupName`).
+    pub pod_group: Option<String>,
+    /// Queue order: the pod's PriorityClass and priority.
+    pub priority: Option<QueuePriority>,
+}
+
+/// A `berth-queue-<value>` PriorityClass and its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuePriority {
+    pub class: String,
+    pub value: i32,
 }
 
 impl Grants {

@@ -9,6 +9,7 @@ pub mod entitlement;
 pub mod explain;
 pub mod feasibility;
 pub mod grants;
+pub mod groups;
 pub mod matching;
 pub mod patch;
 pub mod pod;
@@ -94,6 +95,8 @@ pub struct Input<'a> {
     pub nodes: Option<&'a NodeIndex>,
     /// Who sends the pod: only the DaemonSet controller makes DaemonSet pods.
     pub requester: Requester,
+    /// How the cluster enforces gangs, and its default PriorityClass.
+    pub groups: groups::GroupContext<'a>,
 }
 
 /// A policy that applies to the pod, and why.
@@ -210,6 +213,12 @@ pub fn decide(input: &Input) -> Decision {
         scheduler::scheduler_name(pod.scheduler_name(), config.as_ref(), &applied_policies);
     grants.scheduler_name = scheduler;
     decision.warnings.extend(warnings);
+    decision.warnings.extend(groups::group_grants(
+        &pod,
+        &applied_policies,
+        input.groups,
+        &mut grants,
+    ));
 
     // Entitled pools: every policy that applied (DaemonSet pods: the pools that
     // take their DaemonSet).

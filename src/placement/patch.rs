@@ -21,7 +21,7 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde_json::{Value, json};
 
-use super::grants::Grants;
+use super::grants::{Grants, QueuePriority};
 use super::pod::is_empty_term;
 use crate::names::{APPLIED_ANNOTATION, POOL_TAINT, is_berth_gate, is_owned_node_key};
 
@@ -56,6 +56,8 @@ pub fn build_patch(raw: &Value, grants: &Grants) -> Patch {
         .map(|g| json!({"name": g}))
         .collect();
     builder.scheduling_gates(&gates);
+    builder.scheduling_group(grants.pod_group.as_deref());
+    builder.priority(grants.priority.as_ref());
     builder.applied_annotation(&grants.applied);
     Patch(builder.ops)
 }
@@ -282,6 +284,38 @@ impl Builder<'_> {
         }
         for item in missing {
             self.add(&["spec", "schedulingGates", "-"], item.clone());
+        }
+    }
+
+    /// `spec.schedulingGroup` can only be set at CREATE; berth sets it only on a
+    /// pod that names no group itself.
+    fn scheduling_group(&mut self, wanted: Option<&str>) {
+        let path = ["spec", "schedulingGroup"];
+        if let Some(name) = wanted
+            && lookup(self.raw, &[&path[..], &["podGroupName"]].concat()).and_then(Value::as_str)
+                != Some(name)
+        {
+            self.ensure_object(&path[..1]);
+            self.add(&path, json!({"podGroupName": name}));
+        }
+    }
+
+    /// The PriorityClass, its value and `preemptionPolicy: Never` together: the
+    /// apiserver's Priority plugin, run again after berth's patch, refuses a pod
+    /// whose priority or preemption policy differs from its class.
+    fn priority(&mut self, wanted: Option<&QueuePriority>) {
+        let Some(wanted) = wanted else { return };
+        let fields = [
+            ("priorityClassName", json!(wanted.class)),
+            ("priority", json!(wanted.value)),
+            ("preemptionPolicy", json!("Never")),
+        ];
+        for (field, value) in fields {
+            let path = ["spec", field];
+            if lookup(self.raw, &path) != Some(&value) {
+                self.ensure_object(&path[..1]);
+                self.add(&path, value);
+            }
         }
     }
 

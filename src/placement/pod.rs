@@ -14,6 +14,7 @@ use serde::{Deserialize, Deserializer};
 use crate::names::is_daemonset_controller;
 use crate::policy::ImageRef;
 use crate::policy::compile::Labels;
+use crate::policy::groups::QosClass;
 
 /// Who sends the pod to the apiserver, from `request.userInfo`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -101,6 +102,13 @@ struct Spec {
     scheduler_name: Option<String>,
     #[serde(default, deserialize_with = "nullable")]
     scheduling_gates: Vec<Gate>,
+    #[serde(default)]
+    priority_class_name: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    scheduling_group: SchedulingGroup,
+    /// Pod-level resources: when set, they decide the QoS class.
+    #[serde(default, deserialize_with = "nullable")]
+    resources: Resources,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -110,6 +118,24 @@ struct Container {
     name: String,
     #[serde(default)]
     image: Option<String>,
+    #[serde(default, deserialize_with = "nullable")]
+    resources: Resources,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SchedulingGroup {
+    #[serde(default)]
+    pod_group_name: Option<String>,
+}
+
+/// Requests and limits, each quantity raw (a string, or a number from some clients).
+#[derive(Debug, Clone, Default, Deserialize)]
+struct Resources {
+    #[serde(default, deserialize_with = "nullable")]
+    requests: BTreeMap<String, serde_json::Value>,
+    #[serde(default, deserialize_with = "nullable")]
+    limits: BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -227,6 +253,33 @@ impl PodView {
             .unwrap_or_default()
     }
 
+    /// The Kubernetes PodGroup the pod names itself (`spec.schedulingGroup`).
+    pub fn pod_group_name(&self) -> Option<&str> {
+        self.fields.spec.scheduling_group.pod_group_name.as_deref()
+    }
+
+    pub fn priority_class_name(&self) -> Option<&str> {
+        self.fields.spec.priority_class_name.as_deref()
+    }
+
+    /// The pod's QoS class, as Kubernetes derives it from CPU and memory requests
+    /// and limits: Guaranteed when every container limits both and requests what it
+    /// limits, BestEffort when none requests or limits either, else Burstable.
+    /// Pod-level resources, when set, decide alone.
+    pub fn qos_class(&self) -> QosClass {
+        let spec = &self.fields.spec;
+        let pod_level = &spec.resources;
+        if !(pod_level.requests.is_empty() && pod_level.limits.is_empty()) {
+            return qos_of([pod_level]);
+        }
+        qos_of(
+            spec.init_containers
+                .iter()
+                .chain(&spec.containers)
+                .map(|c| &c.resources),
+        )
+    }
+
     /// Whether the pod's controller ownerReference is an `apps/v1` DaemonSet. Any
     /// user can write that; see [`PodView::is_daemonset_pod`].
     fn owned_by_daemonset(&self) -> bool {
@@ -251,6 +304,30 @@ impl PodView {
                     .then(|| values[0].as_str())
             })
         })
+    }
+}
+
+/// The QoS class of containers (or of a pod's own resources) with these resources.
+fn qos_of<'r>(all: impl IntoIterator<Item = &'r Resources>) -> QosClass {
+    const COMPUTE: [&str; 2] = ["cpu", "memory"];
+    let quantity = |map: &BTreeMap<String, serde_json::Value>, key: &str| {
+        map.get(key).and_then(crate::quantity::from_json)
+    };
+    let mut any = false;
+    let mut guaranteed = true;
+    for resources in all {
+        for key in COMPUTE {
+            let limit = quantity(&resources.limits, key);
+            // A request left out defaults to the limit.
+            let request = quantity(&resources.requests, key).or(limit);
+            any |= request.is_some_and(|r| r > 0.0) || limit.is_some();
+            guaranteed &= matches!((request, limit), (Some(r), Some(l)) if r == l && l > 0.0);
+        }
+    }
+    match (any, guaranteed) {
+        (false, _) => QosClass::BestEffort,
+        (true, true) => QosClass::Guaranteed,
+        (true, false) => QosClass::Burstable,
     }
 }
 
@@ -310,6 +387,42 @@ mod tests {
         assert!(error.contains("not a readable Pod"), "{error}");
         let error = PodView::read(&json!({"kind": "Node"})).unwrap_err();
         assert_eq!(error, "expected a Pod, got kind Node");
+    }
+
+    #[test]
+    fn qos_classes_follow_requests_and_limits() {
+        let qos = |containers: serde_json::Value| {
+            PodView::read(&json!({"kind": "Pod", "spec": {"containers": containers}}))
+                .unwrap()
+                .qos_class()
+        };
+        let both = json!({"cpu": "1", "memory": "1Gi"});
+        assert_eq!(qos(json!([{"name": "a"}])), QosClass::BestEffort);
+        assert_eq!(
+            qos(json!([{"name": "a", "resources": {"limits": both}}])),
+            QosClass::Guaranteed,
+            "requests default to limits"
+        );
+        assert_eq!(
+            qos(
+                json!([{"name": "a", "resources": {"requests": {"cpu": "1000m", "memory": "1Gi"}, "limits": both}}])
+            ),
+            QosClass::Guaranteed
+        );
+        assert_eq!(
+            qos(json!([{"name": "a", "resources": {"requests": {"cpu": "500m"}, "limits": both}}])),
+            QosClass::Burstable
+        );
+        assert_eq!(
+            qos(json!([{"name": "a", "resources": {"limits": both}}, {"name": "b"}])),
+            QosClass::Burstable,
+            "one container without limits"
+        );
+        assert_eq!(
+            qos(json!([{"name": "a", "resources": {"requests": {"ephemeral-storage": "1Gi"}}}])),
+            QosClass::BestEffort,
+            "only cpu and memory count"
+        );
     }
 
     #[test]

@@ -69,6 +69,7 @@ fn admit_from(
         policies: set,
         nodes,
         requester,
+        groups: Default::default(),
     };
     let decision = decide(&input);
     for w in &decision.warnings {
@@ -759,5 +760,112 @@ fn avoid_pods_are_held_by_a_scheduling_gate_and_forged_gates_are_removed() {
     assert_eq!(
         out.pod["spec"]["schedulingGates"],
         json!([{"name": "example.com/mine"}])
+    );
+}
+
+fn groups_policy() -> PlacementPolicy {
+    mk_policy(
+        "release",
+        json!({"gang": {}, "startOrder": {}, "queue": {}}),
+    )
+}
+
+fn with_labels(labels: Value) -> Value {
+    let mut pod = mk_pod("nginx");
+    pod["metadata"]["labels"] = labels;
+    pod
+}
+
+fn admit_groups(pod: &Value, groups: groups::GroupContext) -> Outcome {
+    let set = mk_set(&[groups_policy()]);
+    let ns = opted_in("release");
+    let input = Input {
+        pod,
+        namespace: &ns,
+        policies: &set,
+        nodes: None,
+        requester: Requester::Other,
+        groups,
+    };
+    let decision = decide(&input);
+    let patch = build_patch(pod, &decision.grants);
+    let mut patched = pod.clone();
+    json_patch::patch(&mut patched, &patch).expect("patch applies");
+    Outcome {
+        decision,
+        patch,
+        pod: patched,
+    }
+}
+
+#[test]
+fn group_members_are_gated_ranked_and_queued_and_the_result_is_idempotent() {
+    let pod = with_labels(json!({"podGroup": "train", "minAvailable": "3",
+        "berth.io/rank": "1", "groupPriority": "5"}));
+    let out = admit_groups(&pod, Default::default());
+    assert_eq!(
+        out.pod["spec"]["schedulingGates"],
+        json!([{"name": "berth.io/gang"}, {"name": "berth.io/rank"}])
+    );
+    // BestEffort: 3 x 5 + 0.
+    assert_eq!(out.pod["spec"]["priorityClassName"], "berth-queue-15");
+    assert_eq!(out.pod["spec"]["priority"], 15);
+    assert_eq!(out.pod["spec"]["preemptionPolicy"], "Never");
+    let again = admit_groups(&out.pod, Default::default());
+    assert!(again.patch.0.is_empty(), "{:?}", again.patch);
+}
+
+#[test]
+fn native_gangs_join_a_pod_group_without_a_gate_and_share_one_priority() {
+    let mut pod = with_labels(json!({"podGroup": "train", "minAvailable": "3",
+        "groupPriority": "5", "pod-template-hash": "abc"}));
+    pod["spec"]["containers"][0]["resources"] = json!({"limits": {"cpu": "1", "memory": "1Gi"}});
+    let native = groups::GroupContext {
+        gang_mode: groups::GangMode::PodGroup,
+        default_class: None,
+    };
+    let out = admit_groups(&pod, native);
+    let group = out.pod["spec"]["schedulingGroup"]["podGroupName"]
+        .as_str()
+        .unwrap();
+    assert!(group.starts_with("berth-train-"), "{group}");
+    assert!(out.pod["spec"].get("schedulingGates").is_none());
+    assert_eq!(
+        out.pod["spec"]["priority"], 15,
+        "a Guaranteed member gets no QoS tie-break: the group shares one priority"
+    );
+    let gated = admit_groups(&pod, Default::default());
+    assert_eq!(gated.pod["spec"]["priority"], 17, "Guaranteed: 3 x 5 + 2");
+}
+
+#[test]
+fn a_pod_keeps_its_own_priority_class_but_not_the_cluster_default() {
+    let mut pod = with_labels(json!({"groupPriority": "2"}));
+    pod["spec"]["priorityClassName"] = json!("batch-low");
+    pod["spec"]["priority"] = json!(10);
+    let out = admit_groups(&pod, Default::default());
+    assert_eq!(out.pod["spec"]["priorityClassName"], "batch-low");
+    assert!(out.decision.warnings.iter().any(|w| w.contains("keeps")));
+    let defaulted = groups::GroupContext {
+        gang_mode: groups::GangMode::Gate,
+        default_class: Some("batch-low"),
+    };
+    let out = admit_groups(&pod, defaulted);
+    assert_eq!(out.pod["spec"]["priorityClassName"], "berth-queue-6");
+    assert_eq!(out.pod["spec"]["priority"], 6);
+}
+
+#[test]
+fn broken_group_labels_warn_and_hold_nothing() {
+    let pod = with_labels(json!({"podGroup": "train", "minAvailable": "lots",
+        "berth.io/rank": "first", "groupPriority": "-4"}));
+    let out = admit_groups(&pod, Default::default());
+    assert!(out.pod["spec"].get("schedulingGates").is_none());
+    assert!(out.pod["spec"].get("priorityClassName").is_none());
+    assert_eq!(
+        out.decision.warnings.len(),
+        3,
+        "{:?}",
+        out.decision.warnings
     );
 }

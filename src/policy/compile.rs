@@ -11,7 +11,8 @@ use kube::core::{Selector, SelectorExt};
 use super::crd::{PlacementPolicy, PlacementPolicySpec, Pool};
 use super::image::ImagePatterns;
 use crate::names::{
-    MAX_POLICY_NAME, POOL_TAINT, is_dns_subdomain, is_owned_node_key, is_valid_policy_name,
+    MAX_POLICY_NAME, POOL_TAINT, is_dns_subdomain, is_label_key, is_owned_node_key,
+    is_valid_policy_name,
 };
 
 /// Labels of a Kubernetes object.
@@ -59,12 +60,17 @@ impl CompiledPolicy {
             && spec.colocate_with.is_none()
             && spec.avoid.is_none()
             && spec.scheduler_name.is_none()
+            && spec.gang.is_none()
+            && spec.start_order.is_none()
+            && spec.queue.is_none()
         {
             return Err(error(
-                "grants nothing: set pool, nodeAffinity, colocateWith, avoid or schedulerName"
+                "grants nothing: set pool, nodeAffinity, colocateWith, avoid, schedulerName, \
+                 gang, startOrder or queue"
                     .into(),
             ));
         }
+        check_groups(spec).map_err(error)?;
         let images = ImagePatterns::new(&spec.images).map_err(|e| error(format!("images: {e}")))?;
         let selector = |field: &str, s: &Option<LabelSelector>| {
             s.clone()
@@ -306,6 +312,34 @@ impl PolicyCompiler {
         self.last_good = seen;
         compiled
     }
+}
+
+/// The group labels must be label keys, and a pod's labels can only say one thing
+/// each: one label cannot be both the group and its size, say.
+fn check_groups(spec: &PlacementPolicySpec) -> Result<(), String> {
+    let mut keys: Vec<(&str, &str)> = Vec::new();
+    if let Some(gang) = &spec.gang {
+        keys.push(("gang.groupLabel", &gang.group_label));
+        keys.push(("gang.minAvailableLabel", &gang.min_available_label));
+        if gang.timeout_seconds < 1 {
+            return Err("gang.timeoutSeconds must be at least 1".into());
+        }
+    }
+    if let Some(order) = &spec.start_order {
+        keys.push(("startOrder.rankLabel", &order.rank_label));
+    }
+    if let Some(queue) = &spec.queue {
+        keys.push(("queue.priorityLabel", &queue.priority_label));
+    }
+    for (i, (field, key)) in keys.iter().enumerate() {
+        if !is_label_key(key) {
+            return Err(format!("{field} {key:?} is not a label key"));
+        }
+        if let Some((other, _)) = keys[..i].iter().find(|(_, k)| k == key) {
+            return Err(format!("{field} and {other} name the same label {key:?}"));
+        }
+    }
+    Ok(())
 }
 
 fn check_pool(pool: &Pool) -> Result<(), String> {

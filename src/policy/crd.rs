@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
     validation = Rule::new("size(self.metadata.name) <= 50").message("policy names are at most 50 characters: they become part of node label keys")
 )]
 #[x_kube(
-    validation = Rule::new("has(self.pool) || has(self.nodeAffinity) || has(self.colocateWith) || has(self.avoid) || has(self.schedulerName)").message("a policy must grant something: pool, nodeAffinity, colocateWith, avoid or schedulerName")
+    validation = Rule::new("has(self.pool) || has(self.nodeAffinity) || has(self.colocateWith) || has(self.avoid) || has(self.schedulerName) || has(self.gang) || has(self.startOrder) || has(self.queue)").message("a policy must grant something: pool, nodeAffinity, colocateWith, avoid, schedulerName, gang, startOrder or queue")
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PlacementPolicySpec {
@@ -60,6 +60,85 @@ pub struct PlacementPolicySpec {
     /// The scheduler that places matching pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduler_name: Option<String>,
+    /// All-or-nothing: the pods of one group are placed together or not at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<Gang>,
+    /// Ordered start: rank k is scheduled once every lower rank is Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_order: Option<StartOrder>,
+    /// Queue order: a higher priority label is scheduled first, never preempting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<Queue>,
+}
+
+/// All-or-nothing placement of pod groups (seed 003's `podGroup`/`minAvailable`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Gang {
+    /// Pods with one value of this label form a group.
+    #[serde(default = "default_group_label")]
+    #[schemars(default = "default_group_label")]
+    pub group_label: String,
+    /// The group's size: an integer label on its pods.
+    #[serde(default = "default_min_available_label")]
+    #[schemars(default = "default_min_available_label")]
+    pub min_available_label: String,
+    /// A group not placed by then gets an Event and the policy a condition; its
+    /// members stay held.
+    #[serde(default = "default_gang_timeout")]
+    #[schemars(range(min = 1), default = "default_gang_timeout")]
+    pub timeout_seconds: i64,
+}
+
+impl Default for Gang {
+    fn default() -> Self {
+        Gang {
+            group_label: default_group_label(),
+            min_available_label: default_min_available_label(),
+            timeout_seconds: default_gang_timeout(),
+        }
+    }
+}
+
+/// Ranked start (seed 002's change groups).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StartOrder {
+    /// An integer label: rank k starts after every lower rank is Ready.
+    #[serde(default = "default_rank_label")]
+    #[schemars(default = "default_rank_label")]
+    pub rank_label: String,
+}
+
+impl Default for StartOrder {
+    fn default() -> Self {
+        StartOrder {
+            rank_label: default_rank_label(),
+        }
+    }
+}
+
+/// Queue order (seed 003's `groupPriority` QueueSort).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Queue {
+    /// An integer label, 0 to 1000000: higher is scheduled first.
+    #[serde(default = "default_priority_label")]
+    #[schemars(default = "default_priority_label")]
+    pub priority_label: String,
+    /// Among equal priorities: Guaranteed, then Burstable, then BestEffort.
+    #[serde(default = "default_true")]
+    #[schemars(default = "default_true")]
+    pub qos_tie_break: bool,
+}
+
+impl Default for Queue {
+    fn default() -> Self {
+        Queue {
+            priority_label: default_priority_label(),
+            qos_tie_break: true,
+        }
+    }
 }
 
 /// A set of nodes a policy owns.
@@ -191,9 +270,13 @@ pub struct PlacementPolicyStatus {
     /// compiling keeps it in force, also in a berth that starts afresh.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_good_spec: Option<PlacementPolicySpec>,
+    /// How `gang` is enforced in this cluster, found by API discovery: `PodGroup`
+    /// (kube-scheduler's own gang scheduling) or `Gate` (berth holds and releases).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang_mode: Option<String>,
     /// `Ready` (False while the spec does not compile; the last good version stays
     /// in force); `Conflict` when a node is claimed by two pools (the older one wins);
-    /// `UnentitledPods`.
+    /// `UnentitledPods`; `GangTimeout` (groups not placed within `timeoutSeconds`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -204,6 +287,26 @@ fn default_true() -> bool {
 
 fn default_weight() -> i32 {
     50
+}
+
+fn default_group_label() -> String {
+    "podGroup".into()
+}
+
+fn default_min_available_label() -> String {
+    "minAvailable".into()
+}
+
+fn default_gang_timeout() -> i64 {
+    600
+}
+
+fn default_rank_label() -> String {
+    "berth.io/rank".into()
+}
+
+fn default_priority_label() -> String {
+    "groupPriority".into()
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {

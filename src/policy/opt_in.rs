@@ -43,6 +43,13 @@ impl NamespaceOptIn {
     }
 }
 
+impl NamespaceOptIn {
+    /// A namespace's berth configuration and labels, if the cache holds it.
+    pub fn get(&self, namespace: &str) -> Option<&(NamespaceConfig, Labels)> {
+        self.0.get(namespace)
+    }
+}
+
 impl OptIn for NamespaceOptIn {
     fn opts_in(&self, policy: &CompiledPolicy, namespace: &str) -> bool {
         self.0

@@ -1,0 +1,795 @@
+//! Groups (SPEC "Groups"; seeds 002 and 003): which pods held by `berth.io/rank`
+//! and `berth.io/gang` may go now, and why the others wait. A pure function of the
+//! cluster as the caches hold it, so a restarted controller or a new leader picks
+//! up where the last one stopped: a group half-counted is simply counted again.
+//!
+//! - **Ordered start.** A pod of rank k goes once every pod of a lower rank, in its
+//!   namespace and policy, is Ready, and every Deployment and StatefulSet of a
+//!   lower rank there has its desired replicas Ready (so a lower rank whose pods do
+//!   not exist yet still holds it back).
+//! - **Gang** (gate mode). A group is the pods of one policy, namespace, group
+//!   label value and template revision. Its held members go together once
+//!   `minAvailable` members exist, none is still held by its rank, and the fit
+//!   check finds a node for every held member at once: resources left after the
+//!   pods bound there, its node selector, affinity and tolerations, and no two
+//!   members that must avoid each other on one node. Otherwise they all stay held.
+//!
+//! Only policies the pod's namespace opts into count, as everywhere in the
+//! controller: a tenant cannot hold back pods of another namespace.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::jiff::Timestamp;
+
+use super::desired::{applied_policies, entitled_policies};
+use crate::names::{GANG_GATE, RANK_GATE};
+use crate::objects::PodObject;
+use crate::placement::feasibility::node_fits;
+use crate::placement::pod::PodView;
+use crate::placement::{NodeIndex, NodeInfo};
+use crate::policy::compile::Labels;
+use crate::policy::groups::GangMember;
+use crate::policy::{CompiledPolicy, OptIn, PolicySet};
+
+/// A Deployment or StatefulSet whose pod template a `startOrder` policy ranks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankedWorkload {
+    pub namespace: String,
+    /// `Deployment/web`.
+    pub name: String,
+    pub policy: String,
+    pub rank: i32,
+    pub desired: i32,
+    pub ready: i32,
+    /// Its controller has seen its latest spec and every replica runs it.
+    pub rolled_out: bool,
+}
+
+impl RankedWorkload {
+    fn complete(&self) -> bool {
+        self.rolled_out && self.ready >= self.desired
+    }
+}
+
+/// What a node offers a gang's fit check.
+#[derive(Debug, Clone, Default)]
+pub struct NodeRoom {
+    pub info: NodeInfo,
+    /// Allocatable minus what the pods bound there request, per resource; `pods`
+    /// counts pods.
+    pub free: BTreeMap<String, f64>,
+}
+
+/// The nodes as the fit check sees them.
+pub type Rooms = BTreeMap<String, NodeRoom>;
+
+/// Builds each node's room from its allocatable and the pods bound to it.
+pub fn rooms(
+    nodes: &NodeIndex,
+    allocatable: &BTreeMap<String, BTreeMap<String, f64>>,
+    pods: &[std::sync::Arc<PodObject>],
+) -> Rooms {
+    let mut rooms: Rooms = nodes
+        .iter()
+        .map(|(name, info)| {
+            let free = allocatable.get(name).cloned().unwrap_or_default();
+            (
+                name.clone(),
+                NodeRoom {
+                    info: info.clone(),
+                    free,
+                },
+            )
+        })
+        .collect();
+    for pod in pods.iter().filter(|p| !p.is_terminated()) {
+        let Some(room) = pod.spec.node_name.as_ref().and_then(|n| rooms.get_mut(n)) else {
+            continue;
+        };
+        for (resource, amount) in pod.requests() {
+            *room.free.entry(resource).or_default() -= amount;
+        }
+        *room.free.entry("pods".into()).or_default() -= 1.0;
+    }
+    rooms
+}
+
+/// A pod held by a group gate.
+#[derive(Debug, Clone, Copy)]
+pub struct HeldPod<'a> {
+    pub pod: &'a PodObject,
+    pub gate: &'static str,
+}
+
+/// What to do with the pods held by group gates now.
+#[derive(Debug, Default)]
+pub struct GroupPlan<'a> {
+    pub release: Vec<HeldPod<'a>>,
+    /// Held pods that stay held, with what they wait for (one sentence) and a key
+    /// for it that changes only when what it waits for does.
+    pub waiting: Vec<(HeldPod<'a>, Wait)>,
+    /// Gangs held past their policy's `timeoutSeconds`, by policy.
+    pub timed_out: BTreeMap<String, Vec<String>>,
+}
+
+/// Why a held pod waits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wait {
+    pub reason: &'static str,
+    pub note: String,
+    /// What it waits for, stable while that does not change (for Event keys).
+    pub cause: String,
+}
+
+/// The group policies that apply to a pod: those it was admitted with that its
+/// namespace opts into, first by name for each field.
+struct Applied<'p> {
+    order: Option<&'p CompiledPolicy>,
+    gang: Option<&'p CompiledPolicy>,
+}
+
+fn applied<'p>(pod: &PodObject, policies: &'p PolicySet, opt_in: &dyn OptIn) -> Applied<'p> {
+    let meta = &pod.metadata;
+    let names = applied_policies(meta.annotations.as_ref());
+    let namespace = meta.namespace.as_deref().unwrap_or_default();
+    let entitled = entitled_policies(&names, namespace, policies, opt_in);
+    Applied {
+        order: entitled
+            .iter()
+            .copied()
+            .find(|p| p.spec.start_order.is_some()),
+        gang: entitled.iter().copied().find(|p| p.spec.gang.is_some()),
+    }
+}
+
+fn labels(pod: &PodObject) -> &Labels {
+    static EMPTY: Labels = Labels::new();
+    pod.metadata.labels.as_ref().unwrap_or(&EMPTY)
+}
+
+fn namespace(pod: &PodObject) -> &str {
+    pod.metadata.namespace.as_deref().unwrap_or_default()
+}
+
+fn name(pod: &PodObject) -> &str {
+    pod.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// A pod that still takes part: not finished and not being deleted.
+fn live(pod: &PodObject) -> bool {
+    !pod.is_terminated() && !pod.is_terminating()
+}
+
+/// Plans the release of pods held by `berth.io/rank` and `berth.io/gang`.
+/// `waiting_for_policy` holds the keys ([`pod_key`]) of pods that name a policy the
+/// cache has not seen yet: they wait. `now` dates gang timeouts.
+pub fn plan<'a>(
+    pods: &'a [std::sync::Arc<PodObject>],
+    workloads: &[RankedWorkload],
+    policies: &PolicySet,
+    opt_in: &dyn OptIn,
+    rooms: &Rooms,
+    waiting_for_policy: &dyn Fn(&PodObject) -> bool,
+    now: Timestamp,
+) -> GroupPlan<'a> {
+    let mut plan = GroupPlan::default();
+    let pods: Vec<(&PodObject, Applied)> = pods
+        .iter()
+        .filter(|p| live(p))
+        .map(|p| (p.as_ref(), applied(p, policies, opt_in)))
+        .collect();
+    plan_ranks(&pods, workloads, waiting_for_policy, &mut plan);
+    plan_gangs(
+        &pods,
+        policies,
+        opt_in,
+        rooms,
+        waiting_for_policy,
+        now,
+        &mut plan,
+    );
+    plan
+}
+
+fn plan_ranks<'a>(
+    pods: &[(&'a PodObject, Applied)],
+    workloads: &[RankedWorkload],
+    waiting_for_policy: &dyn Fn(&PodObject) -> bool,
+    plan: &mut GroupPlan<'a>,
+) {
+    let rank_of = |pod: &PodObject, policy: &CompiledPolicy| {
+        policy
+            .spec
+            .start_order
+            .as_ref()
+            .and_then(|o| o.rank(labels(pod)).ok().flatten())
+    };
+    for (pod, applied) in pods.iter().filter(|(p, _)| p.gate(RANK_GATE).is_some()) {
+        let held = HeldPod {
+            pod,
+            gate: RANK_GATE,
+        };
+        if waiting_for_policy(pod) {
+            continue;
+        }
+        // Without a policy that ranks it (deleted, or never applied) nothing
+        // holds it.
+        let Some((policy, rank)) = applied.order.and_then(|p| Some((p, rank_of(pod, p)?))) else {
+            plan.release.push(held);
+            continue;
+        };
+        let ns = namespace(pod);
+        let lower_pod = pods.iter().find(|(other, other_applied)| {
+            namespace(other) == ns
+                && other_applied.order.is_some_and(|p| p.name == policy.name)
+                && rank_of(other, policy).is_some_and(|r| r < rank)
+                && !other.is_ready()
+        });
+        let lower_workload = workloads.iter().find(|w| {
+            w.namespace == ns && w.policy == policy.name && w.rank < rank && !w.complete()
+        });
+        let wait = match (lower_workload, lower_pod) {
+            (Some(w), _) => Some(Wait {
+                reason: "WaitingForLowerRank",
+                note: format!(
+                    "held by {RANK_GATE}: rank {rank} starts after rank {} is Ready; {} has {}/{} replicas Ready",
+                    w.rank, w.name, w.ready, w.desired
+                ),
+                cause: format!("{}/{}", w.name, w.rank),
+            }),
+            (None, Some((other, _))) => Some(Wait {
+                reason: "WaitingForLowerRank",
+                note: format!(
+                    "held by {RANK_GATE}: rank {rank} starts after lower ranks are Ready; pod {} is not Ready",
+                    name(other)
+                ),
+                cause: format!("pod/{}", name(other)),
+            }),
+            (None, None) => None,
+        };
+        match wait {
+            Some(wait) => plan.waiting.push((held, wait)),
+            None => plan.release.push(held),
+        }
+    }
+}
+
+/// One gang: its policy and its members (held or not).
+struct Gang<'a, 'p> {
+    policy: &'p CompiledPolicy,
+    member: GangMember,
+    members: Vec<&'a PodObject>,
+}
+
+fn plan_gangs<'a>(
+    pods: &[(&'a PodObject, Applied)],
+    policies: &PolicySet,
+    opt_in: &dyn OptIn,
+    rooms: &Rooms,
+    waiting_for_policy: &dyn Fn(&PodObject) -> bool,
+    now: Timestamp,
+    plan: &mut GroupPlan<'a>,
+) {
+    let mut gangs: BTreeMap<(String, String, String, Option<String>), Gang> = BTreeMap::new();
+    for (pod, applied) in pods {
+        let member = applied.gang.and_then(|policy| {
+            let gang = policy.spec.gang.as_ref()?;
+            Some((policy, gang.member(labels(pod)).ok().flatten()?))
+        });
+        let Some((policy, member)) = member else {
+            if pod.gate(GANG_GATE).is_some() && !waiting_for_policy(pod) {
+                // Nothing makes it a member (any more): nothing holds it.
+                plan.release.push(HeldPod {
+                    pod,
+                    gate: GANG_GATE,
+                });
+            }
+            continue;
+        };
+        let key = (
+            namespace(pod).to_owned(),
+            policy.name.clone(),
+            member.group.clone(),
+            member.revision.clone(),
+        );
+        let gang = gangs.entry(key).or_insert_with(|| Gang {
+            policy,
+            member: member.clone(),
+            members: Vec::new(),
+        });
+        gang.member.min_available = gang.member.min_available.max(member.min_available);
+        gang.members.push(pod);
+    }
+    for gang in gangs.values() {
+        let held: Vec<&PodObject> = gang
+            .members
+            .iter()
+            .copied()
+            .filter(|p| p.gate(GANG_GATE).is_some())
+            .collect();
+        if held.is_empty() || held.iter().any(|p| waiting_for_policy(p)) {
+            continue;
+        }
+        let group = &gang.member.group;
+        let want = gang.member.min_available as usize;
+        let wait = if gang.members.len() < want {
+            Some(Wait {
+                reason: "WaitingForGang",
+                note: format!(
+                    "held by {GANG_GATE}: gang {group} has {} of its {want} members; none is placed before all exist",
+                    gang.members.len()
+                ),
+                cause: format!("count/{}", gang.members.len()),
+            })
+        } else if held.iter().any(|p| p.gate(RANK_GATE).is_some()) {
+            Some(Wait {
+                reason: "WaitingForGang",
+                note: format!(
+                    "held by {GANG_GATE}: members of gang {group} still wait for their rank"
+                ),
+                cause: "rank".into(),
+            })
+        } else {
+            fit(&held, gang.policy, policies, opt_in, rooms)
+                .err()
+                .map(|why| Wait {
+                    reason: "GangDoesNotFit",
+                    note: format!(
+                        "held by {GANG_GATE}: gang {group} ({} held) does not fit: {why}",
+                        held.len()
+                    ),
+                    cause: format!("fit/{why}"),
+                })
+        };
+        let Some(wait) = wait else {
+            plan.release.extend(held.iter().map(|pod| HeldPod {
+                pod,
+                gate: GANG_GATE,
+            }));
+            continue;
+        };
+        let timeout = gang
+            .policy
+            .spec
+            .gang
+            .as_ref()
+            .map_or(0, |g| g.timeout_seconds);
+        let oldest = held
+            .iter()
+            .filter_map(|p| p.metadata.creation_timestamp.as_ref())
+            .map(|t| t.0)
+            .min();
+        let timed_out = oldest.is_some_and(|t| now.as_second() - t.as_second() > timeout);
+        let wait = if timed_out {
+            plan.timed_out
+                .entry(gang.policy.name.clone())
+                .or_default()
+                .push(format!("{}/{group}", namespace(held[0])));
+            Wait {
+                reason: "GangTimeout",
+                note: format!(
+                    "{} (over timeoutSeconds {timeout}; members stay held)",
+                    wait.note
+                ),
+                cause: format!("timeout/{}", wait.cause),
+            }
+        } else {
+            wait
+        };
+        for pod in held {
+            plan.waiting.push((
+                HeldPod {
+                    pod,
+                    gate: GANG_GATE,
+                },
+                wait.clone(),
+            ));
+        }
+    }
+}
+
+/// Finds a node for every held member at once; the error names the first member
+/// that finds none, and why.
+fn fit(
+    held: &[&PodObject],
+    policy: &CompiledPolicy,
+    policies: &PolicySet,
+    opt_in: &dyn OptIn,
+    rooms: &Rooms,
+) -> Result<(), String> {
+    let mut rooms = rooms.clone();
+    // Where each member was put, for members that must avoid each other.
+    let mut placed: Vec<(String, &PodObject)> = Vec::new();
+    // The largest first: first fit then wastes least.
+    let mut order: Vec<(&PodObject, BTreeMap<String, f64>)> =
+        held.iter().map(|p| (*p, p.requests())).collect();
+    order.sort_by(|a, b| {
+        let size = |r: &BTreeMap<String, f64>| (r.get("cpu").copied(), r.get("memory").copied());
+        size(&b.1)
+            .partial_cmp(&size(&a.1))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    for (pod, requests) in order {
+        let Some(view) = pod.placement_view() else {
+            return Err(format!("pod {} cannot be read", name(pod)));
+        };
+        let mut why_not = "no nodes".to_string();
+        let node = rooms.iter().find_map(|(node, room)| {
+            if let Err(why) = room_for(&view, &requests, node, room) {
+                why_not = format!("{node}: {why}");
+                return None;
+            }
+            let clash = placed
+                .iter()
+                .find(|(n, other)| n == node && must_avoid(pod, other, policies, opt_in));
+            match clash {
+                Some((_, other)) => {
+                    why_not = format!("{node}: must avoid {}", name(other));
+                    None
+                }
+                None => Some(node.clone()),
+            }
+        });
+        let Some(node) = node else {
+            return Err(format!(
+                "no node for {} (policy {}; last tried {why_not})",
+                name(pod),
+                policy.name
+            ));
+        };
+        if let Some(room) = rooms.get_mut(&node) {
+            for (resource, amount) in &requests {
+                *room.free.entry(resource.clone()).or_default() -= amount;
+            }
+            *room.free.entry("pods".into()).or_default() -= 1.0;
+        }
+        placed.push((node, pod));
+    }
+    Ok(())
+}
+
+/// Whether `node` has room for a pod with `requests` that `view` allows there.
+fn room_for(
+    view: &PodView,
+    requests: &BTreeMap<String, f64>,
+    node: &str,
+    room: &NodeRoom,
+) -> Result<(), String> {
+    node_fits(view, node, &room.info)?;
+    if room.free.get("pods").copied().unwrap_or_default() < 1.0 {
+        return Err("no pod slots left".into());
+    }
+    for (resource, amount) in requests.iter().filter(|(_, a)| **a > 0.0) {
+        let free = room.free.get(resource).copied().unwrap_or_default();
+        if free < *amount {
+            return Err(format!("{resource}: {free} left, {amount} requested"));
+        }
+    }
+    Ok(())
+}
+
+/// Whether two pods must not share a node: an avoid policy that applies to one
+/// (its namespace opting in) names the other.
+fn must_avoid(a: &PodObject, b: &PodObject, policies: &PolicySet, opt_in: &dyn OptIn) -> bool {
+    let one_way = |x: &PodObject, y: &PodObject| {
+        let names = applied_policies(x.metadata.annotations.as_ref());
+        entitled_policies(&names, namespace(x), policies, opt_in)
+            .iter()
+            .any(|p| p.spec.avoid.is_some() && p.is_anchor_pod(labels(y)))
+    };
+    one_way(a, b) || one_way(b, a)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::controller::desired::tests::{Everyone, Only};
+
+    fn policies(list: &[(&str, Value)]) -> PolicySet {
+        let list: Vec<crate::policy::PlacementPolicy> = list
+            .iter()
+            .map(|(name, spec)| {
+                serde_json::from_value(json!({"apiVersion": "berth.io/v1alpha1",
+                    "kind": "PlacementPolicy", "metadata": {"name": name}, "spec": spec}))
+                .unwrap()
+            })
+            .collect();
+        let (set, errors) = PolicySet::compile(&list);
+        assert!(errors.is_empty(), "{errors:?}");
+        set
+    }
+
+    fn pod(name: &str, labels: Value, gates: &[&str], extra: Value) -> Arc<PodObject> {
+        let gates: Vec<Value> = gates.iter().map(|g| json!({"name": g})).collect();
+        let mut pod = json!({
+            "metadata": {"name": name, "namespace": "apps", "uid": name, "labels": labels,
+                "creationTimestamp": "2026-11-23T10:00:00Z",
+                "annotations": {"berth.io/applied": "release"}},
+            "spec": {"schedulingGates": gates,
+                "containers": [{"name": "c", "resources": {"requests": {"cpu": "2"}}}]},
+        });
+        json_patch::merge(&mut pod, &extra);
+        Arc::new(serde_json::from_value(pod).unwrap())
+    }
+
+    fn ready() -> Value {
+        json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    }
+
+    fn bound(node: &str) -> Value {
+        json!({"spec": {"nodeName": node}})
+    }
+
+    fn rooms(nodes: &[(&str, &str)]) -> Rooms {
+        let index: NodeIndex = nodes
+            .iter()
+            .map(|(n, _)| (n.to_string(), NodeInfo::default()))
+            .collect();
+        let allocatable = nodes
+            .iter()
+            .map(|(n, cpu)| {
+                let amounts = BTreeMap::from([
+                    ("cpu".to_string(), crate::quantity::parse(cpu).unwrap()),
+                    ("pods".to_string(), 110.0),
+                ]);
+                (n.to_string(), amounts)
+            })
+            .collect();
+        super::rooms(&index, &allocatable, &[])
+    }
+
+    fn released<'a>(plan: &'a GroupPlan) -> Vec<(&'a str, &'static str)> {
+        let mut names: Vec<_> = plan.release.iter().map(|h| (name(h.pod), h.gate)).collect();
+        names.sort();
+        names
+    }
+
+    fn at(time: &str) -> Timestamp {
+        time.parse().unwrap()
+    }
+
+    fn never(_: &PodObject) -> bool {
+        false
+    }
+
+    fn ranked() -> PolicySet {
+        policies(&[("release", json!({"startOrder": {}}))])
+    }
+
+    #[test]
+    fn a_rank_goes_once_every_lower_rank_is_ready() {
+        let pods = vec![
+            pod("db", json!({"berth.io/rank": "0"}), &[], bound("n1")),
+            pod(
+                "api",
+                json!({"berth.io/rank": "1"}),
+                &[RANK_GATE],
+                json!({}),
+            ),
+            pod(
+                "web",
+                json!({"berth.io/rank": "2"}),
+                &[RANK_GATE],
+                json!({}),
+            ),
+        ];
+        let now = at("2026-11-23T10:01:00Z");
+        let plan = plan(&pods, &[], &ranked(), &Everyone, &Rooms::new(), &never, now);
+        assert!(plan.release.is_empty());
+        let (_, wait) = &plan.waiting[0];
+        assert!(wait.note.contains("pod db is not Ready"), "{}", wait.note);
+
+        let pods = vec![
+            pod("db", json!({"berth.io/rank": "0"}), &[], ready()),
+            pod(
+                "api",
+                json!({"berth.io/rank": "1"}),
+                &[RANK_GATE],
+                json!({}),
+            ),
+            pod(
+                "web",
+                json!({"berth.io/rank": "2"}),
+                &[RANK_GATE],
+                json!({}),
+            ),
+        ];
+        let plan = super::plan(&pods, &[], &ranked(), &Everyone, &Rooms::new(), &never, now);
+        assert_eq!(released(&plan), [("api", RANK_GATE)], "web waits for api");
+    }
+
+    #[test]
+    fn a_lower_ranked_workload_without_pods_yet_holds_higher_ranks() {
+        let pods = vec![pod(
+            "api",
+            json!({"berth.io/rank": "1"}),
+            &[RANK_GATE],
+            json!({}),
+        )];
+        let db = RankedWorkload {
+            namespace: "apps".into(),
+            name: "Deployment/db".into(),
+            policy: "release".into(),
+            rank: 0,
+            desired: 2,
+            ready: 1,
+            rolled_out: true,
+        };
+        let now = at("2026-11-23T10:01:00Z");
+        let plan = plan(
+            &pods,
+            std::slice::from_ref(&db),
+            &ranked(),
+            &Everyone,
+            &Rooms::new(),
+            &never,
+            now,
+        );
+        assert!(plan.release.is_empty());
+        assert!(
+            plan.waiting[0]
+                .1
+                .note
+                .contains("Deployment/db has 1/2 replicas Ready"),
+            "{}",
+            plan.waiting[0].1.note
+        );
+        let done = RankedWorkload { ready: 2, ..db };
+        let plan = super::plan(
+            &pods,
+            &[done],
+            &ranked(),
+            &Everyone,
+            &Rooms::new(),
+            &never,
+            now,
+        );
+        assert_eq!(released(&plan), [("api", RANK_GATE)]);
+    }
+
+    #[test]
+    fn ranks_count_only_in_namespaces_that_opt_in() {
+        let pods = vec![
+            pod("db", json!({"berth.io/rank": "0"}), &[], json!({})),
+            pod(
+                "api",
+                json!({"berth.io/rank": "1"}),
+                &[RANK_GATE],
+                json!({}),
+            ),
+        ];
+        let now = at("2026-11-23T10:01:00Z");
+        let nobody = Only("elsewhere");
+        let plan = plan(&pods, &[], &ranked(), &nobody, &Rooms::new(), &never, now);
+        assert_eq!(
+            released(&plan),
+            [("api", RANK_GATE)],
+            "without the opt-in nothing ranks it, so nothing holds it"
+        );
+    }
+
+    fn gang() -> PolicySet {
+        policies(&[("release", json!({"gang": {"timeoutSeconds": 120}}))])
+    }
+
+    fn member(name: &str, size: &str) -> Arc<PodObject> {
+        pod(
+            name,
+            json!({"podGroup": "train", "minAvailable": size}),
+            &[GANG_GATE],
+            json!({}),
+        )
+    }
+
+    #[test]
+    fn a_gang_goes_together_once_complete_and_fitting() {
+        let now = at("2026-11-23T10:01:00Z");
+        let room = rooms(&[("n1", "4"), ("n2", "2")]);
+        let two = vec![member("a", "3"), member("b", "3")];
+        let plan = plan(&two, &[], &gang(), &Everyone, &room, &never, now);
+        assert!(plan.release.is_empty());
+        assert!(plan.waiting[0].1.note.contains("has 2 of its 3 members"));
+
+        let three = vec![member("a", "3"), member("b", "3"), member("c", "3")];
+        let plan = super::plan(&three, &[], &gang(), &Everyone, &room, &never, now);
+        assert_eq!(
+            released(&plan),
+            [("a", GANG_GATE), ("b", GANG_GATE), ("c", GANG_GATE)]
+        );
+    }
+
+    #[test]
+    fn a_gang_that_does_not_fit_stays_held_and_times_out() {
+        let room = rooms(&[("n1", "4")]);
+        let three = vec![member("a", "3"), member("b", "3"), member("c", "3")];
+        let early = at("2026-11-23T10:01:00Z");
+        let plan = plan(&three, &[], &gang(), &Everyone, &room, &never, early);
+        assert!(plan.release.is_empty(), "room for two of three: none goes");
+        let note = &plan.waiting[0].1.note;
+        assert!(
+            note.contains("does not fit") && note.contains("cpu"),
+            "{note}"
+        );
+        assert!(plan.timed_out.is_empty());
+
+        let late = at("2026-11-23T10:02:01Z");
+        let plan = super::plan(&three, &[], &gang(), &Everyone, &room, &never, late);
+        assert!(plan.release.is_empty(), "still held after the timeout");
+        assert_eq!(plan.timed_out["release"], ["apps/train"]);
+        assert_eq!(plan.waiting[0].1.reason, "GangTimeout");
+
+        let bigger = rooms(&[("n1", "4"), ("n2", "2")]);
+        let plan = super::plan(&three, &[], &gang(), &Everyone, &bigger, &never, late);
+        assert_eq!(plan.release.len(), 3, "a node more: all go");
+    }
+
+    #[test]
+    fn bound_pods_take_room_and_members_that_avoid_each_other_need_a_node_each() {
+        let set = policies(&[(
+            "release",
+            json!({"gang": {}, "avoid": {"matchLabels": {"podGroup": "train"}}}),
+        )]);
+        let now = at("2026-11-23T10:01:00Z");
+        let room = rooms(&[("n1", "8")]);
+        let two = vec![member("a", "2"), member("b", "2")];
+        let plan = plan(&two, &[], &set, &Everyone, &room, &never, now);
+        assert!(
+            plan.release.is_empty(),
+            "8 cpus, but one node for two that avoid each other"
+        );
+        assert!(
+            plan.waiting[0].1.note.contains("must avoid"),
+            "{}",
+            plan.waiting[0].1.note
+        );
+
+        let busy = pod("other", json!({}), &[], bound("n2"));
+        let nodes = rooms(&[("n1", "8"), ("n2", "3")]);
+        let pods = vec![busy.clone()];
+        let index: NodeIndex = nodes
+            .keys()
+            .map(|n| (n.clone(), NodeInfo::default()))
+            .collect();
+        let allocatable = nodes
+            .iter()
+            .map(|(n, r)| (n.clone(), r.free.clone()))
+            .collect();
+        let taken = super::rooms(&index, &allocatable, &pods);
+        assert_eq!(
+            taken["n2"].free["cpu"], 1.0,
+            "the bound pod's 2 cpus are taken"
+        );
+        let plan = super::plan(&two, &[], &set, &Everyone, &taken, &never, now);
+        assert!(
+            plan.release.is_empty(),
+            "n2 has 1 cpu left, each member wants 2"
+        );
+    }
+
+    #[test]
+    fn a_member_still_ranked_or_naming_an_unseen_policy_holds_its_gang() {
+        let set = policies(&[("release", json!({"gang": {}, "startOrder": {}}))]);
+        let now = at("2026-11-23T10:01:00Z");
+        let room = rooms(&[("n1", "8")]);
+        let mut both = member("a", "1");
+        Arc::make_mut(&mut both).spec.scheduling_gates.insert(
+            0,
+            serde_json::from_value(json!({"name": RANK_GATE})).unwrap(),
+        );
+        let pods = vec![both];
+        let plan = plan(&pods, &[], &set, &Everyone, &room, &never, now);
+        assert_eq!(
+            released(&plan),
+            [("a", RANK_GATE)],
+            "unranked (no rank label): its rank gate goes; the gang waits for it"
+        );
+        let unseen = |_: &PodObject| true;
+        let pods = vec![member("b", "1")];
+        let plan = super::plan(&pods, &[], &set, &Everyone, &room, &unseen, now);
+        assert!(plan.release.is_empty() && plan.waiting.is_empty());
+    }
+}
