@@ -392,13 +392,45 @@ fn example_batch_policy_routes_pods_to_its_scheduler() {
 }
 
 #[test]
+fn example_training_policy_holds_a_gang_and_queues_it() {
+    let labels = json!({"podGroup": "resnet", "minAvailable": "4", "groupPriority": "7"});
+    let (p, _) = mutate_json(&pod(labels, "trainer:1"), "policies/training-gang.yaml");
+    assert_eq!(
+        p["spec"]["schedulingGates"],
+        json!([{"name": "berth.io/gang"}])
+    );
+    assert_eq!(p["spec"]["priorityClassName"], "berth-queue-21");
+    assert_eq!(p["spec"]["priority"], 21);
+    assert_eq!(p["spec"]["preemptionPolicy"], "Never");
+}
+
+#[test]
+fn example_release_policy_holds_ranked_pods() {
+    let (p, _) = mutate_json(
+        &pod(json!({"berth.io/rank": "2"}), "api:1"),
+        "policies/release-order.yaml",
+    );
+    assert_eq!(
+        p["spec"]["schedulingGates"],
+        json!([{"name": "berth.io/rank"}])
+    );
+    let (p, _) = mutate_json(&pod(json!({}), "api:1"), "policies/release-order.yaml");
+    assert!(
+        p["spec"].get("schedulingGates").is_none(),
+        "unranked: not held"
+    );
+}
+
+#[test]
 fn every_example_policy_has_a_test() {
     let tested = [
         "batch-scheduler.yaml",
         "cdn.yaml",
         "gpu.yaml",
         "redis-master.yaml",
+        "release-order.yaml",
         "sidecar.yaml",
+        "training-gang.yaml",
     ];
     let mut found: Vec<String> = std::fs::read_dir(repo("policies"))
         .unwrap()

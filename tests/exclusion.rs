@@ -106,7 +106,9 @@ async fn thirty_masters_created_at_once_land_on_thirty_nodes_every_round() {
         clear(&client, &ns, "redis-master").await;
     }
     eprintln!("berth exclusion: 30 gated pods placed in {timings:?}");
-    let released = berth().metric("berth_gated_seconds_count").unwrap_or(0.0);
+    let released = berth()
+        .metric(r#"berth_gated_seconds_count{gate="berth.io/avoid"}"#)
+        .unwrap_or(0.0);
     assert!(
         released >= 90.0,
         "every released pod is timed; {released} observed"
@@ -227,7 +229,9 @@ async fn a_surplus_waits_with_a_reason_and_is_placed_when_nodes_are_added() {
         (1, 1),
         "one in flight, one held"
     );
-    let held = berth().metric("berth_gated_pods").unwrap_or(0.0);
+    let held = berth()
+        .metric(r#"berth_gated_pods{gate="berth.io/avoid"}"#)
+        .unwrap_or(0.0);
     assert!(
         held >= 1.0,
         "the held pod is counted; berth_gated_pods {held}"

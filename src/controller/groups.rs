@@ -25,7 +25,6 @@ use super::desired::{applied_policies, entitled_policies};
 use crate::names::{GANG_GATE, RANK_GATE};
 use crate::objects::PodObject;
 use crate::placement::feasibility::node_fits;
-use crate::placement::pod::PodView;
 use crate::placement::{NodeIndex, NodeInfo};
 use crate::policy::compile::Labels;
 use crate::policy::groups::GangMember;
@@ -413,26 +412,34 @@ fn fit(
         let Some(view) = pod.placement_view() else {
             return Err(format!("pod {} cannot be read", name(pod)));
         };
-        let mut why_not = "no nodes".to_string();
+        // Why not, from the nodes the pod may use at all when there are some: that
+        // a node it may not use has no room says nothing.
+        let mut short: Option<String> = None;
+        let mut mismatch: Option<String> = None;
         let node = rooms.iter().find_map(|(node, room)| {
-            if let Err(why) = room_for(&view, &requests, node, room) {
-                why_not = format!("{node}: {why}");
+            if let Err(why) = node_fits(&view, node, &room.info) {
+                mismatch.get_or_insert(format!("{node}: {why}"));
+                return None;
+            }
+            if let Err(why) = room_left(&requests, room) {
+                short.get_or_insert(format!("{node}: {why}"));
                 return None;
             }
             let clash = placed
                 .iter()
                 .find(|(n, other)| n == node && must_avoid(pod, other, policies, opt_in));
-            match clash {
-                Some((_, other)) => {
-                    why_not = format!("{node}: must avoid {}", name(other));
-                    None
-                }
-                None => Some(node.clone()),
+            if let Some((_, other)) = clash {
+                short.get_or_insert(format!("{node}: it must avoid {}", name(other)));
+                return None;
             }
+            Some(node.clone())
         });
         let Some(node) = node else {
+            let why = short
+                .or(mismatch)
+                .unwrap_or_else(|| "there are no nodes".into());
             return Err(format!(
-                "no node for {} (policy {}; last tried {why_not})",
+                "no node for {} (policy {}; first {why})",
                 name(pod),
                 policy.name
             ));
@@ -448,14 +455,8 @@ fn fit(
     Ok(())
 }
 
-/// Whether `node` has room for a pod with `requests` that `view` allows there.
-fn room_for(
-    view: &PodView,
-    requests: &BTreeMap<String, f64>,
-    node: &str,
-    room: &NodeRoom,
-) -> Result<(), String> {
-    node_fits(view, node, &room.info)?;
+/// Whether a node has room left for a pod with `requests`.
+fn room_left(requests: &BTreeMap<String, f64>, room: &NodeRoom) -> Result<(), String> {
     if room.free.get("pods").copied().unwrap_or_default() < 1.0 {
         return Err("no pod slots left".into());
     }
