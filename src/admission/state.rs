@@ -202,21 +202,7 @@ impl WatchedCluster {
 
     /// Keeps the global-default PriorityClass and berth's queue classes current.
     async fn watch_priority_classes(self: Arc<Self>) {
-        let (store, writer) = reflector::store::<PriorityClass>();
-        let api = Api::<PriorityClass>::all(self.client.clone());
-        let mut events = reflector(writer, watcher(api, watcher::Config::default()))
-            .default_backoff()
-            .boxed();
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(Event::Init | Event::InitApply(_)) => continue,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "PriorityClass watch failed; retrying");
-                    continue;
-                }
-            }
-            let classes = store.state();
+        follow::<PriorityClass>(&self.client, "PriorityClass", |classes| {
             let default_class = classes
                 .iter()
                 .find(|c| c.global_default == Some(true))
@@ -230,7 +216,8 @@ impl WatchedCluster {
                 groups.default_class = default_class;
                 groups.queue_classes = queue_classes;
             });
-        }
+        })
+        .await;
     }
 
     /// Finds the gang mode now and every minute: a feature turned on in the
@@ -254,22 +241,8 @@ impl WatchedCluster {
     /// counted, and the others keep working. A policy that stops compiling keeps its
     /// last good version; one being deleted stops granting at once.
     async fn watch_policies(self: Arc<Self>, metrics: Arc<Metrics>) {
-        let (store, writer) = reflector::store::<PolicyObject>();
-        let api = Api::<PolicyObject>::all(self.client.clone());
         let mut compiler = PolicyCompiler::default();
-        let mut events = reflector(writer, watcher(api, watcher::Config::default()))
-            .default_backoff()
-            .boxed();
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(Event::Init | Event::InitApply(_)) => continue,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "policy watch failed; retrying");
-                    continue;
-                }
-            }
-            let state = store.state();
+        follow::<PolicyObject>(&self.client, "policy", |state| {
             let compiled = compiler.compile(state.iter().map(|p| p.source()));
             for invalid in compiled.errors.values() {
                 metrics.error("invalid_policy");
@@ -278,7 +251,8 @@ impl WatchedCluster {
             }
             write(&self.policies, Arc::new(compiled.set));
             self.policies_synced.store(true, Ordering::Release);
-        }
+        })
+        .await;
     }
 
     /// Keeps node labels current from a metadata-only watch: node status updates
@@ -329,6 +303,37 @@ impl WatchedCluster {
                 }
             }
         }
+    }
+}
+
+/// Watches every `K` into a store and calls `changed` with its contents after each
+/// change, once the first list is whole; the watch backs off and relists on errors.
+async fn follow<K>(client: &Client, what: &str, mut changed: impl FnMut(Vec<Arc<K>>))
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, writer) = reflector::store::<K>();
+    let api = Api::<K>::all(client.clone());
+    let mut events = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .boxed();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Init | Event::InitApply(_)) => continue,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "{what} watch failed; retrying");
+                continue;
+            }
+        }
+        changed(store.state());
     }
 }
 

@@ -98,6 +98,23 @@ pub fn entitled_policies<'p>(
         .collect()
 }
 
+/// The policies a pod counts under: those its `berth.io/applied` names that its
+/// namespace opts into.
+pub fn pod_entitlements<'p>(
+    pod: &crate::objects::PodObject,
+    policies: &'p PolicySet,
+    opt_in: &dyn OptIn,
+) -> Vec<&'p CompiledPolicy> {
+    let meta = &pod.metadata;
+    let applied = applied_policies(meta.annotations.as_ref());
+    entitled_policies(
+        &applied,
+        meta.namespace.as_deref().unwrap_or_default(),
+        policies,
+        opt_in,
+    )
+}
+
 /// What the node `name` should carry.
 ///
 /// - The pool label and, for a dedicated pool, the pool taint of the oldest policy

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::desired::{applied_policies, entitled_policies};
+use super::desired::pod_entitlements;
 use crate::names::{GANG_GATE, RANK_GATE};
 use crate::objects::PodObject;
 use crate::placement::feasibility::node_fits;
@@ -128,10 +128,7 @@ struct Applied<'p> {
 }
 
 fn applied<'p>(pod: &PodObject, policies: &'p PolicySet, opt_in: &dyn OptIn) -> Applied<'p> {
-    let meta = &pod.metadata;
-    let names = applied_policies(meta.annotations.as_ref());
-    let namespace = meta.namespace.as_deref().unwrap_or_default();
-    let entitled = entitled_policies(&names, namespace, policies, opt_in);
+    let entitled = pod_entitlements(pod, policies, opt_in);
     Applied {
         order: entitled
             .iter()
@@ -473,8 +470,7 @@ fn room_left(requests: &BTreeMap<String, f64>, room: &NodeRoom) -> Result<(), St
 /// (its namespace opting in) names the other.
 fn must_avoid(a: &PodObject, b: &PodObject, policies: &PolicySet, opt_in: &dyn OptIn) -> bool {
     let one_way = |x: &PodObject, y: &PodObject| {
-        let names = applied_policies(x.metadata.annotations.as_ref());
-        entitled_policies(&names, namespace(x), policies, opt_in)
+        pod_entitlements(x, policies, opt_in)
             .iter()
             .any(|p| p.spec.avoid.is_some() && p.is_anchor_pod(labels(y)))
     };

@@ -13,7 +13,7 @@ use k8s_openapi::api::scheduling::v1beta1::{
 use kube::Client;
 use kube::api::{Api, PostParams};
 
-use super::desired::{applied_policies, entitled_policies};
+use super::desired::pod_entitlements;
 use super::run::{Pass, Snapshot};
 use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL};
 use crate::objects::PodObject;
@@ -64,18 +64,12 @@ impl PodGroups {
             };
             let meta = &pod.metadata;
             let namespace = meta.namespace.clone().unwrap_or_default();
-            let names = applied_policies(meta.annotations.as_ref());
-            let member = entitled_policies(
-                &names,
-                &namespace,
-                &snapshot.compiled.set,
-                &snapshot.namespaces,
-            )
-            .into_iter()
-            .find_map(|p| {
-                let member = p.spec.gang.as_ref()?.member(meta.labels.as_ref()?).ok()??;
-                (member.pod_group_name(&p.name) == group).then_some(member)
-            });
+            let member = pod_entitlements(pod, &snapshot.compiled.set, &snapshot.namespaces)
+                .into_iter()
+                .find_map(|p| {
+                    let member = p.spec.gang.as_ref()?.member(meta.labels.as_ref()?).ok()??;
+                    (member.pod_group_name(&p.name) == group).then_some(member)
+                });
             let Some(member) = member else { continue };
             let entry = wanted
                 .entry((namespace, group.to_owned()))
