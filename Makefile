@@ -41,7 +41,7 @@ lint:
 	cargo fmt --all -- --check   # the fuzz target too: it is in the workspace
 	cargo clippy --locked --all-targets -- -D warnings
 	cargo check --locked -p berth-fuzz   # keep the fuzz target compiling
-	for f in tests/cluster/{build,up,down,add-nodes,berth-up,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
+	for f in tests/cluster/{build,up,down,add-nodes,component,berth-up,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
 
 ## control-plane: build etcd and the Kubernetes binaries once, into ~/.cache/berth
 control-plane:

@@ -1,14 +1,23 @@
 //! The `tests/cluster/` scripts themselves: two clusters run side by side, `down`
-//! stops exactly its own processes, and bad arguments fail with a clear message.
+//! stops exactly its own processes, kwok runs the pods bound to the fake nodes,
+//! `component` stops and starts one part, and bad arguments fail with a clear
+//! message.
 
 mod support;
 
 use std::path::Path;
 use std::process::Command;
 
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams};
-use support::{Nodes, TestCluster, client_for, cluster_script, repo_root};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::{
+    Nodes, TestCluster, client_for, cluster_script, eventually, fresh_namespace, is_bound,
+    repo_root, test_pod, wait_for,
+};
 
 const NODES: Nodes = Nodes {
     count: 2,
@@ -76,8 +85,8 @@ async fn a_second_cluster_runs_beside_the_first_and_down_stops_only_it() {
     let second_pids = recorded_pids(&second_dir);
     assert_eq!(
         second_pids.len(),
-        4,
-        "etcd, apiserver, scheduler, controller-manager"
+        5,
+        "etcd, apiserver, scheduler, controller-manager, kwok"
     );
     cluster_script("down", &[&second]);
 
@@ -95,6 +104,11 @@ async fn a_second_cluster_runs_beside_the_first_and_down_stops_only_it() {
 #[test]
 fn scripts_reject_bad_arguments_with_a_clear_message() {
     assert!(script_fails("up", &[]).contains("usage: up DIR"));
+    assert!(
+        script_fails("up", &[&tempfile_dir("flag").to_string_lossy(), "--bogus"])
+            .contains("unknown argument '--bogus'")
+    );
+    assert!(script_fails("component", &["/nonexistent"]).contains("usage: component DIR"));
     assert!(script_fails("down", &[]).contains("usage: down DIR"));
     assert!(script_fails("add-nodes", &["/nonexistent"]).contains("usage: add-nodes DIR N"));
     let dir = tempfile_dir("empty");
@@ -107,6 +121,101 @@ fn scripts_reject_bad_arguments_with_a_clear_message() {
         script_fails("add-nodes", &[&dir, "2", "--prefix", "Bad_Name"])
             .contains("not a valid node name")
     );
+}
+
+/// The phase and Ready condition of pod `name`, as `Running/True`.
+async fn pod_state(pods: &Api<Pod>, name: &str) -> Option<String> {
+    let pod = pods.get_opt(name).await.ok()??;
+    let status = pod.status?;
+    let ready = status
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| c.status)
+        .unwrap_or_default();
+    Some(format!("{}/{ready}", status.phase?))
+}
+
+#[tokio::test]
+async fn kwok_runs_bound_pods_and_a_test_can_hold_one_unready() {
+    let cluster = TestCluster::shared(NODES);
+    let client = cluster.client().await;
+    let ns = fresh_namespace(&client, "kwok").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let held = json!({"berth.test/unready": "true"});
+    for (name, labels) in [("runs", json!({})), ("held", held)] {
+        let pod = test_pod(name, labels, json!({}));
+        pods.create(&PostParams::default(), &pod)
+            .await
+            .expect("create");
+    }
+    let wait = Duration::from_secs(60);
+    eventually("runs Running and Ready", wait, || async {
+        (pod_state(&pods, "runs").await? == "Running/True").then_some(())
+    })
+    .await;
+    eventually("held Running, not Ready", wait, || async {
+        (pod_state(&pods, "held").await? == "Running/False").then_some(())
+    })
+    .await;
+    // Without the label the readiness "probe" passes.
+    let unlabel = json!({"metadata": {"labels": {"berth.test/unready": null}}});
+    pods.patch("held", &PatchParams::default(), &Patch::Merge(&unlabel))
+        .await
+        .expect("unlabel");
+    eventually("held Ready once unlabelled", wait, || async {
+        (pod_state(&pods, "held").await? == "Running/True").then_some(())
+    })
+    .await;
+
+    // Each node's Lease is renewed, as a kubelet does, so node-lifecycle keeps
+    // the nodes Ready.
+    let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+    let renewed = |lease: Lease| lease.spec.and_then(|s| s.renew_time).map(|t| t.0);
+    let first = renewed(leases.get("worker1").await.expect("worker1 has a Lease"));
+    eventually("worker1's Lease renewed", wait, || async {
+        let now = renewed(leases.get("worker1").await.ok()?);
+        (now > first).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn component_stops_and_starts_the_scheduler() {
+    let cluster = TestCluster::shared(NODES);
+    let client = cluster.client().await;
+    let ns = fresh_namespace(&client, "component").await;
+    let pods: Api<Pod> = Api::namespaced(client, &ns);
+    let dir = cluster.dir.to_string_lossy().into_owned();
+    let scheduler_pid = || {
+        std::fs::read_to_string(cluster.dir.join("pids"))
+            .expect("pids")
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("kube-scheduler ")?
+                    .split(' ')
+                    .next()?
+                    .parse::<u32>()
+                    .ok()
+            })
+    };
+    let before = scheduler_pid().expect("up started kube-scheduler");
+    cluster_script("component", &[&dir, "stop", "kube-scheduler"]);
+    assert!(!running(before), "the scheduler stopped");
+    assert_eq!(scheduler_pid(), None, "and left the pids file");
+    assert!(
+        script_fails("component", &[&dir, "stop", "kube-scheduler"]).contains("is not running")
+    );
+    pods.create(
+        &PostParams::default(),
+        &test_pod("later", json!({}), json!({})),
+    )
+    .await
+    .expect("create");
+    cluster_script("component", &[&dir, "start", "kube-scheduler"]);
+    assert!(scheduler_pid().is_some_and(running), "a new scheduler runs");
+    let bound = wait_for(&pods, "later", is_bound, Duration::from_secs(60)).await;
+    assert!(bound.is_some(), "the restarted scheduler binds the pod");
 }
 
 /// A new folder under target/ for a cluster or a failing script to use.

@@ -129,8 +129,8 @@ async fn a_daemonset_gets_one_pod_per_node() {
 #[tokio::test]
 async fn fake_nodes_stay_ready_and_schedulable_after_a_minute() {
     let client = cluster().client().await;
-    // Long enough for the node-monitor grace period (40 s) to have run out, had the
-    // node-lifecycle controller been running.
+    // Past the node-monitor grace period (50 s): the node-lifecycle controller runs,
+    // and only kwok renewing the nodes' Leases keeps them Ready and untainted.
     tokio::time::sleep(Duration::from_secs(65)).await;
 
     let nodes: Api<Node> = Api::all(client.clone());

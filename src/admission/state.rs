@@ -63,6 +63,10 @@ pub struct GroupState {
     pub queue_classes: BTreeSet<String>,
 }
 
+/// How long after a new queue PriorityClass reaches berth's watch the apiserver's
+/// own informer is given to see it too.
+const CLASS_SETTLE: Duration = Duration::from_millis(100);
+
 /// The PriorityClass berth keeps for queue value `value`: it orders the queue and
 /// never preempts.
 pub fn queue_class_object(class: &str, value: i32) -> PriorityClass {
@@ -398,6 +402,22 @@ impl ClusterView for WatchedCluster {
                 Ok(Err(e)) => return Err(format!("cannot create PriorityClass {class}: {e}")),
                 Err(_) => return Err(format!("creating PriorityClass {class} timed out")),
             }
+            // The apiserver's Priority plugin looks the class up in its own
+            // informer, not in etcd: a pod naming a class it has not seen yet is
+            // refused. Wait until the class reaches our watch, fed like that
+            // informer from the apiserver's watch cache, and a moment more.
+            let seen = async {
+                while !read(&self.groups).queue_classes.contains(class) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(2), seen)
+                .await
+                .is_err()
+            {
+                tracing::warn!(%class, "the new PriorityClass has not reached berth's watch; going on");
+            }
+            tokio::time::sleep(CLASS_SETTLE).await;
             self.update_groups(|groups| {
                 groups.queue_classes.insert(class.to_owned());
             });

@@ -4,6 +4,8 @@
 //! - A gang member is held by `berth.io/gang` (gate mode), or, where the apiserver
 //!   serves Kubernetes' own PodGroup API, joined to its PodGroup through
 //!   `spec.schedulingGroup` so that kube-scheduler places the group all at once.
+//!   Members that must also avoid each other stay in gate mode there: berth's avoid
+//!   gate releases them one by one, which kube-scheduler's gang would wait on.
 //! - A ranked pod is held by `berth.io/rank` until the lower ranks are Ready.
 //! - A queued pod gets the PriorityClass `berth-queue-<value>` with its `priority`
 //!   and `preemptionPolicy: Never`, all three together: the apiserver's Priority
@@ -15,7 +17,7 @@
 use super::grants::{Grants, QueuePriority};
 use super::pod::PodView;
 use super::warning::bounded;
-use crate::names::{GANG_GATE, RANK_GATE, queue_class};
+use crate::names::{AVOID_GATE, GANG_GATE, RANK_GATE, queue_class};
 use crate::policy::CompiledPolicy;
 use crate::policy::groups::{QosClass, queue_class_value};
 
@@ -64,8 +66,15 @@ pub fn group_grants(
         .iter()
         .filter_map(|p| Some((p, p.spec.gang.as_ref()?)));
     if let Some((policy, gang)) = gangs.next() {
+        // kube-scheduler's gang waits at Permit for members berth's avoid gate
+        // releases one at a time: such a group would never start. berth holds it.
+        let mode = if grants.scheduling_gates.iter().any(|g| g == AVOID_GATE) {
+            GangMode::Gate
+        } else {
+            context.gang_mode
+        };
         match gang.member(labels) {
-            Ok(Some(member)) => match context.gang_mode {
+            Ok(Some(member)) => match mode {
                 GangMode::PodGroup => match pod.pod_group_name() {
                     Some(own) => warnings.push(bounded(format!(
                         "gang {}: the pod names PodGroup {own} itself, which it keeps",

@@ -839,6 +839,35 @@ fn native_gangs_join_a_pod_group_without_a_gate_and_share_one_priority() {
 }
 
 #[test]
+fn native_gang_members_that_avoid_each_other_are_held_by_berth_instead() {
+    let set = mk_set(&[mk_policy(
+        "ring",
+        json!({"gang": {}, "avoid": {"matchLabels": {"podGroup": "ring"}}}),
+    )]);
+    let pod = with_labels(json!({"podGroup": "ring", "minAvailable": "3"}));
+    let ns = opted_in("ring");
+    let input = Input {
+        pod: &pod,
+        namespace: &ns,
+        policies: &set,
+        nodes: None,
+        requester: Requester::Other,
+        groups: groups::GroupContext {
+            gang_mode: groups::GangMode::PodGroup,
+            default_class: None,
+        },
+    };
+    let grants = decide(&input).grants;
+    assert_eq!(
+        grants.pod_group, None,
+        "kube-scheduler's gang would wait forever"
+    );
+    let mut gates = grants.scheduling_gates.clone();
+    gates.sort();
+    assert_eq!(gates, ["berth.io/avoid", "berth.io/gang"]);
+}
+
+#[test]
 fn a_pod_keeps_its_own_priority_class_but_not_the_cluster_default() {
     let mut pod = with_labels(json!({"groupPriority": "2"}));
     pod["spec"]["priorityClassName"] = json!("batch-low");

@@ -6,6 +6,9 @@ CLUSTER_SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 K8S_VERSION="v1.37.2"
 BERTH_CACHE="${BERTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/berth}"
 K8S_BIN="$BERTH_CACHE/k8s-$K8S_VERSION/bin"
+# kwok plays the kubelet for the fake nodes; it must match kwok/go.mod.
+KWOK_VERSION="v0.8.0"
+KWOK_BIN="$BERTH_CACHE/kwok-$KWOK_VERSION/bin"
 
 die() {
 	echo "error: $*" >&2
@@ -40,4 +43,71 @@ kubectl_for() {
 	local dir="$1"
 	shift
 	"$K8S_BIN/kubectl" --kubeconfig "$dir/kubeconfig" "$@"
+}
+
+# record_command DIR NAME [VAR=VALUE...] EXECUTABLE ARGS...: keep how to start a
+# component in DIR/commands/NAME (its executable, then its command line quoted for
+# the shell), so `launch` can start it now and `component DIR start` again later.
+record_command() {
+	local dir="$1" name="$2"
+	shift 2
+	local env=()
+	while [[ "$1" == *=* ]]; do
+		env+=("$1")
+		shift
+	done
+	mkdir -p "$dir/commands"
+	{
+		readlink -f "$1"
+		printf '%q ' env "${env[@]}" "$@"
+		echo
+	} >"$dir/commands/$name"
+}
+
+# launch DIR NAME: start a recorded component in its own session, logging to
+# DIR/logs/NAME.log (appended: a restart keeps the earlier log), and record
+# "NAME PID EXECUTABLE" in DIR/pids.
+launch() {
+	local dir="$1" name="$2" exe command
+	{
+		read -r exe
+		read -r command
+	} <"$dir/commands/$name"
+	# setsid, bash and env each exec the next: the pid recorded is the component's.
+	setsid bash -c "exec $command" >>"$dir/logs/$name.log" 2>&1 </dev/null &
+	echo "$name $! $exe" >>"$dir/pids"
+}
+
+# ours PID EXECUTABLE: PID still runs EXECUTABLE (a reused pid is never touched).
+ours() { [ "$(readlink "/proc/$1/exe" 2>/dev/null)" = "$2" ]; }
+
+# exiting PID: on its way out: no executable any more, but not yet a zombie (the
+# kernel drops /proc/PID/exe early in exit, while a process like etcd may still be
+# closing files). Zombies count as stopped: PID 1 here may never reap them.
+exiting() {
+	local stat
+	stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+	stat=${stat##*) }
+	[ "${stat:0:1}" != Z ] && ! readlink "/proc/$1/exe" >/dev/null 2>&1
+}
+
+# stop_process NAME PID EXECUTABLE: TERM, then KILL after 10s; returns once the
+# process is gone (or still exiting 5s after KILL).
+stop_process() {
+	local name="$1" pid="$2" exe="$3" deadline killed=
+	ours "$pid" "$exe" || return 0
+	kill -TERM "$pid" 2>/dev/null || true
+	deadline=$((SECONDS + 10))
+	while ours "$pid" "$exe" || exiting "$pid"; do
+		if [ $SECONDS -ge $deadline ] && [ -z "$killed" ] && ours "$pid" "$exe"; then
+			log "$name ($pid) did not stop on TERM within 10s; killing it"
+			kill -KILL "$pid" 2>/dev/null || true
+			killed=yes
+			deadline=$((SECONDS + 5))
+		elif [ $SECONDS -ge $deadline ]; then
+			log "$name ($pid) is still exiting; going on"
+			break
+		fi
+		sleep 0.1
+	done
 }

@@ -65,7 +65,13 @@ impl TestCluster {
     /// It never skips: if the control plane cannot be built or started, the test
     /// fails with the script's message.
     pub fn shared(nodes: Nodes) -> &'static TestCluster {
-        let cluster = CLUSTER.get_or_init(|| Self::start(nodes));
+        Self::shared_with(nodes, &[])
+    }
+
+    /// [`TestCluster::shared`], started with extra arguments to `up` (such as
+    /// `--generic-workload`).
+    pub fn shared_with(nodes: Nodes, up_args: &[&str]) -> &'static TestCluster {
+        let cluster = CLUSTER.get_or_init(|| Self::start(nodes, up_args));
         assert_eq!(
             cluster.nodes, nodes,
             "one test binary must ask for one node set"
@@ -73,7 +79,7 @@ impl TestCluster {
         cluster
     }
 
-    fn start(nodes: Nodes) -> TestCluster {
+    fn start(nodes: Nodes, up_args: &[&str]) -> TestCluster {
         let binary = std::env::current_exe()
             .ok()
             .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
@@ -82,7 +88,9 @@ impl TestCluster {
             .join("target/test-clusters")
             .join(format!("{binary}-{}", std::process::id()));
         let dir_arg = dir.to_string_lossy().into_owned();
-        cluster_script("up", &[&dir_arg]);
+        let mut args = vec![dir_arg.as_str()];
+        args.extend_from_slice(up_args);
+        cluster_script("up", &args);
         cluster_script(
             "add-nodes",
             &[&dir_arg, &nodes.count.to_string(), "--prefix", nodes.prefix],
@@ -316,13 +324,20 @@ static BERTH: OnceLock<Berth> = OnceLock::new();
 impl Berth {
     /// berth beside the cluster of this test binary, started on first use.
     pub fn shared(nodes: Nodes) -> &'static Berth {
+        Self::shared_with(nodes, &[], &[])
+    }
+
+    /// [`Berth::shared`] beside a cluster started with extra `up` arguments, and
+    /// with extra `berth serve` arguments (such as `--no-controller`).
+    pub fn shared_with(nodes: Nodes, up_args: &[&str], serve_args: &[&str]) -> &'static Berth {
         BERTH.get_or_init(|| {
-            let cluster = TestCluster::shared(nodes);
+            let cluster = TestCluster::shared_with(nodes, up_args);
             let dir = cluster.dir.to_string_lossy().into_owned();
             // The test binary was built with the same sources: use its berth.
             let bin = env!("CARGO_BIN_EXE_berth");
             let output = Command::new(repo_root().join("tests/cluster/berth-up"))
                 .arg(&dir)
+                .args(serve_args)
                 .env("BERTH_BIN", bin)
                 .output()
                 .expect("run berth-up");

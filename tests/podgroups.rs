@@ -1,0 +1,251 @@
+//! All-or-nothing in PodGroup mode, on a cluster that serves Kubernetes' own gang
+//! scheduling (`up --generic-workload`: the `GenericWorkload` feature and
+//! `scheduling.k8s.io/v1beta1`). berth finds it by discovery; the webhook joins
+//! each member to its group (`spec.schedulingGroup`), the controller keeps the
+//! PodGroup with `minCount`, and kube-scheduler places the whole group or none.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, api::DynamicObject, discovery::ApiResource};
+use serde_json::{Value, json};
+use support::{Berth, Nodes, create_at_once, eventually, is_bound, opted_in, test_pod, wait_for};
+
+/// pgnode1..3 become the dedicated pool of the fit test; the others need three
+/// nodes outside it.
+const NODES: Nodes = Nodes {
+    count: 6,
+    prefix: "pgnode",
+};
+const WAIT: Duration = Duration::from_secs(120);
+
+fn berth() -> &'static Berth {
+    Berth::shared_with(NODES, &["--generic-workload"], &[])
+}
+
+fn apply_policy(name: &str, spec: Value) {
+    let mut spec = spec;
+    spec["podSelector"] = json!({"matchLabels": {"app": name}});
+    let policy = json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+        "metadata": {"name": name}, "spec": spec});
+    berth().cluster.apply(&policy.to_string());
+}
+
+/// Waits until the policy's status shows the cluster's gang mode.
+async fn gang_mode(policy: &str) -> String {
+    eventually("the policy's gangMode", WAIT, || async {
+        let out =
+            berth()
+                .cluster
+                .kubectl(&["get", "bpp", policy, "-o", "jsonpath={.status.gangMode}"]);
+        let mode = String::from_utf8_lossy(&out.stdout).into_owned();
+        (!mode.is_empty()).then_some(mode)
+    })
+    .await
+}
+
+fn member(policy: &str, name: &str, group: &str, size: u32, cpu: &str) -> Pod {
+    let mut pod = test_pod(
+        name,
+        json!({"app": policy, "podGroup": group, "minAvailable": size.to_string()}),
+        json!({}),
+    );
+    let spec = pod.spec.as_mut().unwrap();
+    spec.containers[0].resources =
+        Some(serde_json::from_value(json!({"requests": {"cpu": cpu}})).unwrap());
+    pod
+}
+
+fn pod_groups(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: "scheduling.k8s.io".into(),
+        version: "v1beta1".into(),
+        api_version: "scheduling.k8s.io/v1beta1".into(),
+        kind: "PodGroup".into(),
+        plural: "podgroups".into(),
+    };
+    Api::namespaced_with(client.clone(), ns, &resource)
+}
+
+/// The PodGroup every pod in `ns` joined (one for all), once the webhook set it
+/// and the controller created it.
+async fn the_pod_group(client: &Client, ns: &str) -> DynamicObject {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let names: BTreeSet<String> = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| {
+            let spec = p.spec.as_ref().unwrap();
+            let gates = spec.scheduling_gates.clone().unwrap_or_default();
+            assert!(
+                gates.is_empty(),
+                "no berth gate in PodGroup mode: {gates:?}"
+            );
+            spec.scheduling_group
+                .as_ref()
+                .and_then(|g| g.pod_group_name.clone())
+                .expect("the webhook joined the pod to a PodGroup")
+        })
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    let name = names.into_iter().next().unwrap();
+    let api = pod_groups(client, ns);
+    eventually(&format!("PodGroup {name}"), WAIT, || async {
+        api.get_opt(&name).await.ok()?
+    })
+    .await
+}
+
+/// The status and reason of the scheduler's PodGroupInitiallyScheduled condition.
+async fn initially_scheduled(client: &Client, ns: &str, name: &str) -> (String, String) {
+    let api = pod_groups(client, ns);
+    eventually("the scheduler's verdict on the PodGroup", WAIT, || async {
+        let group = api.get(name).await.ok()?;
+        let conditions = group.data["status"]["conditions"].as_array()?.clone();
+        let c = conditions
+            .iter()
+            .find(|c| c["type"] == "PodGroupInitiallyScheduled")?;
+        Some((
+            c["status"].as_str()?.to_owned(),
+            c["reason"].as_str()?.to_owned(),
+        ))
+    })
+    .await
+}
+
+fn bound_count(pods: &[Pod]) -> usize {
+    pods.iter().filter(|p| is_bound(Some(p))).count()
+}
+
+#[tokio::test]
+async fn a_native_gang_waits_for_its_last_member_then_goes_at_once() {
+    let client = berth().cluster.client().await;
+    apply_policy("pg-count", json!({"gang": {}}));
+    assert_eq!(gang_mode("pg-count").await, "PodGroup");
+    let probe = json!({"app": "pg-count"});
+    let ns = opted_in(&client, "pg-count", "pg-count", probe, WAIT).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    create_at_once(
+        &client,
+        &ns,
+        vec![
+            member("pg-count", "a", "g1", 3, "100m"),
+            member("pg-count", "b", "g1", 3, "100m"),
+        ],
+    )
+    .await;
+    let group = the_pod_group(&client, &ns).await;
+    let name = group.metadata.name.clone().unwrap();
+    assert_eq!(
+        group.data["spec"]["schedulingPolicy"]["gang"]["minCount"],
+        3
+    );
+
+    // A plain pod created after the PodGroup is bound: the scheduler has had
+    // both members in front of it, and held them.
+    pods.create(
+        &PostParams::default(),
+        &test_pod("plain", json!({}), json!({})),
+    )
+    .await
+    .unwrap();
+    wait_for(&pods, "plain", is_bound, WAIT).await;
+    let held = pods
+        .list(&ListParams::default().labels("app=pg-count"))
+        .await
+        .unwrap();
+    assert_eq!(bound_count(&held.items), 0, "two of three");
+
+    create_at_once(&client, &ns, vec![member("pg-count", "c", "g1", 3, "100m")]).await;
+    assert_eq!(
+        initially_scheduled(&client, &ns, &name).await,
+        ("True".into(), "Scheduled".into())
+    );
+    let all = eventually("all three bound", WAIT, || async {
+        let all = pods
+            .list(&ListParams::default().labels("app=pg-count"))
+            .await
+            .ok()?;
+        (bound_count(&all.items) == 3).then_some(())
+    })
+    .await;
+    assert_eq!(all, ());
+}
+
+#[tokio::test]
+async fn a_native_gang_that_does_not_fit_stays_unbound_until_a_node_is_added() {
+    let client = berth().cluster.client().await;
+    let pool = |nodes: &[&str]| json!({"gang": {}, "pool": {"nodeNames": nodes}});
+    apply_policy("pg-fit", pool(&["pgnode1", "pgnode2"]));
+    let probe = json!({"app": "pg-fit"});
+    let ns = opted_in(&client, "pg-fit", "pg-fit", probe, WAIT).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let members = ["a", "b", "c"]
+        .iter()
+        .map(|n| member("pg-fit", n, "big", 3, "5"))
+        .collect();
+    create_at_once(&client, &ns, members).await;
+    let group = the_pod_group(&client, &ns).await;
+    let name = group.metadata.name.clone().unwrap();
+    // kube-scheduler's own record: the group does not fit, and none is bound.
+    let (status, reason) = initially_scheduled(&client, &ns, &name).await;
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "Unschedulable")
+    );
+    let held = pods.list(&ListParams::default()).await.unwrap();
+    assert_eq!(bound_count(&held.items), 0);
+
+    apply_policy("pg-fit", pool(&["pgnode1", "pgnode2", "pgnode3"]));
+    let bound = eventually("all three bound", WAIT, || async {
+        let all = pods.list(&ListParams::default()).await.ok()?.items;
+        (bound_count(&all) == 3).then_some(all)
+    })
+    .await;
+    let nodes: BTreeSet<String> = bound
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    assert_eq!(nodes.len(), 3, "5 cpus each: one per node");
+}
+
+#[tokio::test]
+async fn native_gang_members_that_avoid_each_other_are_held_by_berth() {
+    let client = berth().cluster.client().await;
+    apply_policy(
+        "pg-apart",
+        json!({"gang": {}, "avoid": {"matchLabels": {"podGroup": "ring"}}}),
+    );
+    let probe = json!({"app": "pg-apart"});
+    let ns = opted_in(&client, "pg-apart", "pg-apart", probe, WAIT).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let members = ["a", "b", "c"]
+        .iter()
+        .map(|n| member("pg-apart", n, "ring", 3, "100m"))
+        .collect();
+    create_at_once(&client, &ns, members).await;
+    let bound = eventually("all three bound", WAIT, || async {
+        let all = pods.list(&ListParams::default()).await.ok()?.items;
+        (bound_count(&all) == 3).then_some(all)
+    })
+    .await;
+    for pod in &bound {
+        let spec = pod.spec.as_ref().unwrap();
+        assert!(
+            spec.scheduling_group.is_none(),
+            "berth held it, not a PodGroup"
+        );
+    }
+    let nodes: BTreeSet<String> = bound
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    assert_eq!(nodes.len(), 3);
+}
