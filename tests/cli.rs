@@ -405,6 +405,37 @@ fn example_training_policy_holds_a_gang_and_queues_it() {
 }
 
 #[test]
+fn explain_says_which_gate_holds_a_group_pod_and_until_when() {
+    let labels = json!({"podGroup": "resnet", "minAvailable": "4", "groupPriority": "7",
+        "berth.io/rank": "2"});
+    for (policies, expected) in [
+        (
+            "policies/training-gang.yaml",
+            vec![
+                "+ is held by the scheduling gate berth.io/gang until 4 members of gang resnet exist",
+                "+ is queued with PriorityClass berth-queue-21 (priority 21, preemptionPolicy Never)",
+            ],
+        ),
+        (
+            "policies/release-order.yaml",
+            vec![
+                "+ is held by the scheduling gate berth.io/rank until every pod of a rank below 2",
+            ],
+        ),
+    ] {
+        let out = berth(
+            &["explain", "-f", "-", "--policies", policies],
+            Some(&pod(labels.clone(), "trainer:1").to_string()),
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = stdout(&out);
+        for line in expected {
+            assert!(text.contains(line), "missing {line:?} in:\n{text}");
+        }
+    }
+}
+
+#[test]
 fn example_release_policy_holds_ranked_pods() {
     let (p, _) = mutate_json(
         &pod(json!({"berth.io/rank": "2"}), "api:1"),

@@ -343,6 +343,30 @@ async fn a_rank_waits_for_an_unready_lower_rank_and_for_its_new_replicas() {
         "{api_pod:?}"
     );
     assert_eq!(node(api_pod), None);
+    // `berth explain pod` says the same, live.
+    let kubeconfig = berth().cluster.kubeconfig();
+    let out = berth().run(&[
+        "explain",
+        "pod",
+        api_pod.metadata.name.as_deref().unwrap(),
+        "-n",
+        &ns,
+        "--kubeconfig",
+        &kubeconfig.to_string_lossy(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "+ is held by the scheduling gate berth.io/rank until every pod of a rank below 1",
+        "Now: held by the scheduling gate berth.io/rank.",
+        "Waiting: WaitingForLowerRank: held by berth.io/rank: rank 1 starts after rank 0 is Ready; Deployment/db has 0/1 replicas Ready",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
 
     // Mid-way the database is scaled to two, and the first one goes Ready: the
     // api must still wait for the second, which goes Ready 2s after it may.

@@ -7,14 +7,14 @@ use std::path::PathBuf;
 
 use clap::Args;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Pod, Taint};
+use k8s_openapi::api::core::v1::{Event, Pod, Taint};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 
 use super::offline::{Ending, print};
 use crate::controller::exclusion::{self, ExclusionPod, Hold};
-use crate::names::AVOID_GATE;
+use crate::names::{AVOID_GATE, GANG_GATE, RANK_GATE};
 use crate::objects::{
     MetaOnly, NamespaceMeta, NodeObject, PodObject, PolicyObject, Skip, read_json,
 };
@@ -61,6 +61,8 @@ struct Cluster {
     namespaces: NamespaceOptIn,
     pods: Vec<PodObject>,
     requester: Requester,
+    /// What berth's controller last said about the pod: (reason, message).
+    said: Option<(String, String)>,
 }
 
 /// A taint from its raw JSON; `timeAdded` is not read.
@@ -148,7 +150,9 @@ async fn read(client: &Client, target: &PodTarget) -> Result<Cluster, String> {
         .await
         .map_err(|e| format!("listing pods: {e}"))?
         .items;
+    let said = last_word(client, &pod).await;
     Ok(Cluster {
+        said,
         requester: requester(client, &pod).await,
         raw,
         pod,
@@ -158,6 +162,25 @@ async fn read(client: &Client, target: &PodTarget) -> Result<Cluster, String> {
         namespaces: NamespaceOptIn::new(namespaces.iter().map(|ns| &ns.metadata)),
         pods,
     })
+}
+
+/// The newest Event berth's controller published about `pod` (why a group gate
+/// still holds it): the explanation says the same as the Event. Events that
+/// cannot be listed leave it unsaid.
+async fn last_word(client: &Client, pod: &PodObject) -> Option<(String, String)> {
+    let uid = pod.metadata.uid.as_deref()?;
+    let namespace = pod.metadata.namespace.as_deref()?;
+    let api: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let params = ListParams::default().fields(&format!("involvedObject.uid={uid}"));
+    let events = api.list(&params).await.ok()?.items;
+    events
+        .into_iter()
+        .filter(|e| e.reporting_component.as_deref() == Some("berth"))
+        .max_by_key(|e| {
+            let series = e.series.as_ref().and_then(|s| s.last_observed_time.clone());
+            series.map(|t| t.0).or(e.event_time.as_ref().map(|t| t.0))
+        })
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
 }
 
 async fn explain_pod(target: &PodTarget) -> Result<String, String> {
@@ -181,7 +204,26 @@ async fn explain_pod(target: &PodTarget) -> Result<String, String> {
         &cluster.policies,
         &cluster.namespaces,
     ));
+    if let Some(line) = group_standing(&cluster.pod, cluster.said.as_ref()) {
+        text.push_str(&line);
+    }
     Ok(text)
+}
+
+/// Why a group gate (`berth.io/gang`, `berth.io/rank`) still holds `pod`: berth's
+/// controller's last word on it, or that it has said nothing yet.
+fn group_standing(pod: &PodObject, said: Option<&(String, String)>) -> Option<String> {
+    let gate = [GANG_GATE, RANK_GATE]
+        .into_iter()
+        .find(|g| pod.gate(g).is_some())?;
+    Some(match said {
+        Some((reason, message)) => format!("Waiting: {reason}: {message}\n"),
+        None => format!(
+            "Waiting: held by the scheduling gate {gate}; berth's controller has published no \
+             reason yet. If that lasts, check that a berth controller runs and holds the Lease \
+             berth-controller.\n"
+        ),
+    })
 }
 
 /// Where `pod` stands now, in words: the part of the explanation only a live
@@ -201,9 +243,24 @@ fn standing(
         .iter()
         .map(|g| g.name.as_str())
         .collect();
-    let others: Vec<&str> = gates.iter().copied().filter(|g| *g != AVOID_GATE).collect();
+    let group_gates: Vec<&str> = gates
+        .iter()
+        .copied()
+        .filter(|g| [GANG_GATE, RANK_GATE].contains(g))
+        .collect();
+    let others: Vec<&str> = gates
+        .iter()
+        .copied()
+        .filter(|g| *g != AVOID_GATE && !group_gates.contains(g))
+        .collect();
     let mut out = String::from("Now: ");
-    if gates.contains(&AVOID_GATE) {
+    if !group_gates.is_empty() {
+        // The avoid gate goes last: the group gates hold the pod first.
+        out.push_str(&format!(
+            "held by the scheduling gate {}",
+            group_gates.join(" and ")
+        ));
+    } else if gates.contains(&AVOID_GATE) {
         out.push_str(&held(pod, pods, policies, opt_in));
     } else if others.is_empty() {
         match pod.unscheduled_reason() {
@@ -212,8 +269,8 @@ fn standing(
         }
     }
     if !others.is_empty() {
-        if gates.contains(&AVOID_GATE) {
-            out.push_str(" Also ");
+        if gates.len() > others.len() {
+            out.push_str(". Also ");
         }
         out.push_str(&format!(
             "held by scheduling gates berth does not own: {}",

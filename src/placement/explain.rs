@@ -7,8 +7,11 @@ use std::fmt::Write;
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Toleration};
 
 use super::feasibility::{describe_requirement, node_fits, patched_pod, with_pool_state};
+use super::pod::PodView;
 use super::{Decision, Input};
-use crate::names::{ANCHOR_LABEL_PREFIX, APPLIED_ANNOTATION, PLACED_LABEL_PREFIX, POOL_LABEL};
+use crate::names::{
+    ANCHOR_LABEL_PREFIX, APPLIED_ANNOTATION, GANG_GATE, PLACED_LABEL_PREFIX, POOL_LABEL, RANK_GATE,
+};
 
 /// Explains `decision` for the pod in `input`; `patch_len` is the number of patch
 /// operations, to say whether anything changes.
@@ -69,8 +72,20 @@ pub fn explain(input: &Input, pod_name: &str, decision: &Decision, patch_len: us
     }
     for gate in &grants.scheduling_gates {
         say(format!(
-            "+ is held by the scheduling gate {gate} until berth's controller releases it, so that \
-             no two pods that must avoid each other are scheduled at the same time"
+            "+ is held by the scheduling gate {}",
+            gate_in_words(gate, input, decision)
+        ));
+    }
+    if let Some(group) = &grants.pod_group {
+        say(format!(
+            "+ joins the PodGroup {group}: kube-scheduler places its members all at once or none"
+        ));
+    }
+    if let Some(priority) = &grants.priority {
+        say(format!(
+            "+ is queued with PriorityClass {} (priority {}, preemptionPolicy Never): the \
+             scheduler takes higher values first and never preempts for it",
+            priority.class, priority.value
         ));
     }
     if let Some(name) = &grants.scheduler_name {
@@ -141,6 +156,49 @@ fn explain_nodes(out: &mut String, input: &Input, decision: &Decision, nodes: &s
         [] => writeln!(out, "The pod fits no given node; it would stay Pending."),
         names => writeln!(out, "The pod may land on: {}.", names.join(", ")),
     };
+}
+
+/// Why berth holds the pod with `gate`, and until when, in words.
+fn gate_in_words(gate: &str, input: &Input, decision: &Decision) -> String {
+    let labels = PodView::read(input.pod)
+        .map(|p| p.labels().clone())
+        .unwrap_or_default();
+    // The policies that applied, first by name, as the webhook chose them.
+    let policies = || {
+        decision
+            .applied
+            .iter()
+            .filter_map(|a| input.policies.get(&a.policy))
+    };
+    match gate {
+        GANG_GATE => {
+            let member =
+                policies().find_map(|p| p.spec.gang.as_ref()?.member(&labels).ok().flatten());
+            match member {
+                Some(m) => format!(
+                    "{gate} until {} members of gang {} exist and berth's fit check finds room \
+                     for all of them; then all go at once",
+                    m.min_available, m.group
+                ),
+                None => format!("{gate} until its gang is complete and fits"),
+            }
+        }
+        RANK_GATE => {
+            let rank =
+                policies().find_map(|p| p.spec.start_order.as_ref()?.rank(&labels).ok().flatten());
+            match rank {
+                Some(k) => format!(
+                    "{gate} until every pod of a rank below {k} in its namespace and policy is \
+                     Ready and their Deployments and StatefulSets have their replicas"
+                ),
+                None => format!("{gate} until the lower ranks are Ready"),
+            }
+        }
+        _ => format!(
+            "{gate} until berth's controller releases it, so that no two pods that must avoid \
+             each other are scheduled at the same time"
+        ),
+    }
 }
 
 /// What a required node expression means for the pod, in words.

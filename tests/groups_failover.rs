@@ -1,0 +1,97 @@
+//! A gang across a controller crash: berth counts a group's members from the
+//! cluster (their gates and labels), never from memory, so a new controller that
+//! takes over a half-counted group holds it and releases it whole once the last
+//! member arrives. Its own cluster: the webhook runs alone (`--no-controller`), and
+//! the test starts, kills and replaces the controller.
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use serde_json::json;
+use support::{
+    Berth, Nodes, Replica, create_at_once, eventually, lease_holder, opted_in, test_pod,
+};
+
+const NODES: Nodes = Nodes {
+    count: 3,
+    prefix: "node",
+};
+const WAIT: Duration = Duration::from_secs(120);
+
+fn member(name: &str) -> Pod {
+    test_pod(
+        name,
+        json!({"app": "crew", "podGroup": "crew", "minAvailable": "3"}),
+        json!({}),
+    )
+}
+
+/// The messages of the WaitingForGang Events in `ns` that controller `identity`
+/// published, once there is one.
+async fn waiting_events(berth: &Berth, ns: &str, identity: &str) -> String {
+    eventually(
+        &format!("a WaitingForGang Event from {identity}"),
+        WAIT,
+        || async {
+            let out = berth.cluster.kubectl(&[
+                "get",
+                "events",
+                "-n",
+                ns,
+                "--field-selector",
+                "reason=WaitingForGang",
+                "-o",
+                &format!("jsonpath={{.items[?(@.reportingInstance==\"{identity}\")].message}}"),
+            ]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            (!text.is_empty()).then_some(text)
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_new_controller_holds_a_half_counted_gang_and_releases_it_whole() {
+    let berth = Berth::shared_with(NODES, &[], &["--no-controller"]);
+    let client = berth.cluster.client().await;
+    let account = berth.cluster.berth_service_account_kubeconfig();
+    let first = Replica::start(berth, "first", &account);
+    berth.cluster.apply(
+        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: crew}\nspec:\n  podSelector: {matchLabels: {app: crew}}\n  gang: {}\n",
+    );
+    let ns = opted_in(&client, "crew", "crew", json!({"app": "crew"}), WAIT).await;
+    create_at_once(&client, &ns, vec![member("a"), member("b")]).await;
+    let note = waiting_events(berth, &ns, "first").await;
+    assert!(note.contains("gang crew has 2 of its 3 members"), "{note}");
+
+    // The controller crashes with the group half-counted; a new one takes the
+    // Lease once it expires, knowing only what the cluster says.
+    first.signal("-KILL");
+    let second = Replica::start(berth, "second", &account);
+    eventually("the second controller leads", WAIT, || async {
+        (lease_holder(&client).await.as_deref() == Some("second")).then_some(())
+    })
+    .await;
+    let note = waiting_events(berth, &ns, "second").await;
+    assert!(note.contains("gang crew has 2 of its 3 members"), "{note}");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for pod in pods.list(&ListParams::default()).await.unwrap() {
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.node_name, None, "{:?}", pod.metadata.name);
+        let gates = spec.scheduling_gates.unwrap_or_default();
+        assert!(gates.iter().any(|g| g.name == "berth.io/gang"), "{gates:?}");
+    }
+
+    // The last member arrives: the new controller releases all three.
+    create_at_once(&client, &ns, vec![member("c")]).await;
+    eventually("all three bound", WAIT, || async {
+        let all = pods.list(&ListParams::default()).await.ok()?.items;
+        let bound = all.iter().filter(|p| support::is_bound(Some(p))).count();
+        (bound == 3).then_some(())
+    })
+    .await;
+    drop(second);
+}
