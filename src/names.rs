@@ -37,6 +37,9 @@ pub const GANG_GATE: &str = "berth.io/gang";
 pub const RANK_GATE: &str = "berth.io/rank";
 /// Prefix of the PriorityClasses berth keeps for queue order: `berth-queue-<value>`.
 pub const QUEUE_CLASS_PREFIX: &str = "berth-queue-";
+/// The most `berth-queue-` PriorityClasses the webhook makes: their values come
+/// from labels tenants write, and each class is cluster-wide.
+pub const MAX_QUEUE_CLASSES: usize = 1000;
 /// Label on the objects berth creates (PriorityClasses, PodGroups).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Scheduling gates whose name starts with this are berth's: only berth's own

@@ -518,3 +518,59 @@ async fn a_daemonset_that_tolerates_everything_is_kept_off_pools_that_do_not_tak
              "value": [{"matchExpressions": [{"key": "node-restriction.kubernetes.io/berth.pool", "operator": "NotIn", "values": ["edge"]}]}]}])
     );
 }
+
+/// A view whose `default` namespace opts into a queue policy for every pod, with
+/// `classes` queue PriorityClasses already made.
+fn queue_view(classes: usize) -> FixedView {
+    let (policies, errors) = PolicySet::compile(&[policy("queue", json!({"queue": {}}))]);
+    assert!(errors.is_empty());
+    let mut default = NamespaceInfo::new("default");
+    default
+        .annotations
+        .insert("berth.io/policies".into(), "queue".into());
+    let groups = berth::admission::state::GroupState {
+        queue_classes: (0..classes)
+            .map(|v| format!("berth-queue-{}", v + 10_000))
+            .collect(),
+        ..Default::default()
+    };
+    FixedView {
+        policies: Arc::new(policies),
+        nodes: Arc::default(),
+        namespaces: BTreeMap::from([("default".to_string(), default)]),
+        groups: Arc::new(groups),
+    }
+}
+
+#[tokio::test]
+async fn queue_classes_are_made_on_first_use_up_to_a_cap_that_tenants_cannot_pass() {
+    let mut request = fixture("pod-create.json");
+    request["request"]["object"]["metadata"]["labels"]["groupPriority"] = json!("3");
+    let warnings = |response: &Value| response["warnings"].to_string();
+    // Below the cap the webhook tries to make berth-queue-9 (this view has no
+    // cluster to make it in, and says so; the pod is admitted unqueued).
+    let (_, body) = post(state(queue_view(3), true), "/mutate", request.to_string()).await;
+    let response = serde_json::from_slice::<Value>(&body).unwrap()["response"].clone();
+    assert_eq!(response["allowed"], true);
+    assert!(
+        warnings(&response).contains("no cluster to create PriorityClass berth-queue-9"),
+        "{response}"
+    );
+    // At the cap it makes none: the pod is admitted unqueued, and told why.
+    let (_, body) = post(
+        state(queue_view(1000), true),
+        "/mutate",
+        request.to_string(),
+    )
+    .await;
+    let response = serde_json::from_slice::<Value>(&body).unwrap()["response"].clone();
+    assert_eq!(response["allowed"], true);
+    let said = warnings(&response);
+    assert!(
+        said.contains("berth keeps at most 1000 queue PriorityClasses and all are in use"),
+        "{said}"
+    );
+    assert!(!said.contains("no cluster to create"), "{said}");
+    let patch = decoded_patch(&response).to_string();
+    assert!(!patch.contains("priorityClassName"), "{patch}");
+}

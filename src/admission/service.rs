@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::review::{AdmissionRequest, AdmissionResponse};
 use super::state::GroupState;
-use crate::names::{POOL_LABEL, POOL_TAINT, is_owned_node_key};
+use crate::names::{MAX_QUEUE_CLASSES, POOL_LABEL, POOL_TAINT, is_owned_node_key};
 use crate::placement::grants::QueuePriority;
 use crate::placement::groups::GroupContext;
 use crate::placement::pod::{PodView, is_empty_term};
@@ -128,12 +128,25 @@ pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResp
         .grants
         .priority
         .take_if(|p| !snapshot.groups.queue_classes.contains(&p.class));
+    // Tenants choose the queue labels: the classes berth makes are capped, and
+    // unused ones are swept by the controller.
+    let full = snapshot.groups.queue_classes.len() >= MAX_QUEUE_CLASSES;
     if let Some(missing) = &missing_class {
-        decision.warnings.push(bounded(format!(
-            "PriorityClass {} does not exist yet; the pod is not queued",
-            missing.class
-        )));
+        let why = if full {
+            format!(
+                "berth keeps at most {MAX_QUEUE_CLASSES} queue PriorityClasses and all are in \
+                 use, so it makes no {}; the pod is not queued",
+                missing.class
+            )
+        } else {
+            format!(
+                "PriorityClass {} does not exist yet; the pod is not queued",
+                missing.class
+            )
+        };
+        decision.warnings.push(bounded(why));
     }
+    let missing_class = missing_class.filter(|_| !full);
     let verdict = |outcome| Verdict {
         outcome,
         applied: decision.grants.applied.clone(),

@@ -11,6 +11,7 @@ pub mod podgroups;
 pub mod release;
 pub mod run;
 pub mod status;
+pub mod sweep;
 pub mod writer;
 
 pub use run::run;

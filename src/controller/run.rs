@@ -228,6 +228,8 @@ pub async fn run(
     let mut lookups = super::release::PolicyLookups::default();
     let mut compiler = PolicyCompiler::default();
     let mut pod_groups = super::podgroups::PodGroups::default();
+    let mut sweeper = super::sweep::Sweeper::default();
+    let mut sweep = false;
     let mut gang_mode = super::podgroups::discover_gang_mode(&client, Default::default()).await;
     let mut debounce = DEBOUNCE;
     loop {
@@ -246,6 +248,7 @@ pub async fn run(
             _ = resync.tick() => {
                 gang_mode = super::podgroups::discover_gang_mode(&client, gang_mode).await;
                 pod_groups.forget();
+                sweep = true;
             }
         }
         if !*leadership.borrow() {
@@ -301,6 +304,10 @@ pub async fn run(
             pod_groups.keep(&pass, &pods, &snapshot).await;
         }
         reconcile(&pass, &stores, &snapshot, &limit, &groups, &mut reported).await;
+        if std::mem::take(&mut sweep) {
+            let pod_groups = gang_mode == GangMode::PodGroup;
+            sweeper.sweep(&client, &pods, pod_groups).await;
+        }
         // Every cause of an Event was looked at in this pass, whatever failed.
         reported.end_pass();
     }

@@ -1,0 +1,190 @@
+//! Cleaning up the objects berth creates for groups once nothing uses them: the
+//! queue PriorityClasses `berth-queue-<value>` (the webhook makes one per queue
+//! value it meets) and, in PodGroup mode, the gangs' PodGroups. Without this both
+//! would only grow; with it, the webhook's cap on queue classes frees up again.
+//!
+//! An object goes only when it is older than [`GRACE`] and no live pod used it at
+//! this sweep or the one before: a class the webhook just made, or a group whose
+//! pods are being replaced, survives.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::api::scheduling::v1beta1::PodGroup;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use kube::{Client, Resource, ResourceExt};
+
+use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL, QUEUE_CLASS_PREFIX};
+use crate::objects::PodObject;
+
+/// How old an unused object must be before it is deleted.
+pub const GRACE: Duration = Duration::from_secs(600);
+
+/// What the last sweep found unused, by kind: an object is deleted only when two
+/// sweeps in a row find it so.
+#[derive(Debug, Default)]
+pub struct Sweeper {
+    unused_classes: BTreeSet<String>,
+    unused_groups: BTreeSet<String>,
+}
+
+impl Sweeper {
+    /// Deletes the queue PriorityClasses no live pod names, and with
+    /// `pod_groups`, the PodGroups no live pod joins.
+    pub async fn sweep(&mut self, client: &Client, pods: &[Arc<PodObject>], pod_groups: bool) {
+        let live = || pods.iter().filter(|p| !p.is_terminated());
+        let classes: BTreeSet<String> = live()
+            .filter_map(|p| p.spec.priority_class_name.clone())
+            .collect();
+        let api: Api<PriorityClass> = Api::all(client.clone());
+        let found = list_ours(&api).await;
+        let found = found
+            .into_iter()
+            .filter(|c| c.name_any().starts_with(QUEUE_CLASS_PREFIX));
+        self.unused_classes = delete_unused(&api, found, &classes, &self.unused_classes).await;
+
+        if !pod_groups {
+            self.unused_groups.clear();
+            return;
+        }
+        let groups: BTreeSet<String> = live()
+            .filter_map(|p| {
+                Some(format!(
+                    "{}/{}",
+                    p.metadata.namespace.as_deref()?,
+                    p.pod_group_name()?
+                ))
+            })
+            .collect();
+        let all: Api<PodGroup> = Api::all(client.clone());
+        let mut unused = BTreeSet::new();
+        for group in list_ours(&all).await {
+            let namespace = group.namespace().unwrap_or_default();
+            let api: Api<PodGroup> = Api::namespaced(client.clone(), &namespace);
+            let named = |g: &PodGroup| format!("{namespace}/{}", g.name_any());
+            unused
+                .extend(delete_unused_by(&api, [group], &groups, &self.unused_groups, named).await);
+        }
+        self.unused_groups = unused;
+    }
+}
+
+/// The objects of `api` that carry berth's managed-by label; none on error.
+async fn list_ours<K>(api: &Api<K>) -> Vec<K>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let params = ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={FIELD_MANAGER}"));
+    match api.list(&params).await {
+        Ok(list) => list.items,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list berth's objects to clean up; trying at the next resync");
+            Vec::new()
+        }
+    }
+}
+
+async fn delete_unused<K>(
+    api: &Api<K>,
+    found: impl IntoIterator<Item = K>,
+    used: &BTreeSet<String>,
+    unused_before: &BTreeSet<String>,
+) -> BTreeSet<String>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    delete_unused_by(api, found, used, unused_before, |o: &K| o.name_any()).await
+}
+
+/// Deletes the objects [`unused`] picks; returns the keys unused now. Each delete
+/// is bound to the object's uid, so a namesake made in the meantime stays.
+async fn delete_unused_by<K>(
+    api: &Api<K>,
+    found: impl IntoIterator<Item = K>,
+    used: &BTreeSet<String>,
+    unused_before: &BTreeSet<String>,
+    key: impl Fn(&K) -> String,
+) -> BTreeSet<String>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let found: Vec<(String, K)> = found.into_iter().map(|o| (key(&o), o)).collect();
+    let created = |o: &K| o.meta().creation_timestamp.as_ref().map(|t| t.0);
+    let (doomed, unused_now) = unused(
+        found.iter().map(|(k, o)| (k.as_str(), created(o))),
+        used,
+        unused_before,
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    for (key, object) in found.iter().filter(|(k, _)| doomed.contains(k)) {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: object.meta().uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&object.name_any(), &params).await {
+            Ok(_) => tracing::info!(object = %key, "deleted, unused"),
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
+            Err(e) => tracing::warn!(object = %key, error = %e, "cannot delete an unused object"),
+        }
+    }
+    unused_now
+}
+
+/// Of the objects `found` (key, creation time): which to delete, and the keys
+/// unused now. One goes when it is not `used` now, was not at the last sweep
+/// either (`unused_before` holds what that sweep found unused), and is older than
+/// [`GRACE`].
+fn unused<'a>(
+    found: impl IntoIterator<Item = (&'a str, Option<Timestamp>)>,
+    used: &BTreeSet<String>,
+    unused_before: &BTreeSet<String>,
+    now: Timestamp,
+) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut doomed = BTreeSet::new();
+    let mut unused = BTreeSet::new();
+    for (key, created) in found.into_iter().filter(|(k, _)| !used.contains(*k)) {
+        unused.insert(key.to_owned());
+        let old_enough = created.is_some_and(|t| now.duration_since(t).unsigned_abs() >= GRACE);
+        if old_enough && unused_before.contains(key) {
+            doomed.insert(key.to_owned());
+        }
+    }
+    (doomed, unused)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_objects_unused_twice_and_past_the_grace_go() {
+        let now: Timestamp = "2026-11-23T12:00:00Z".parse().unwrap();
+        let long_ago: Timestamp = "2026-11-23T11:00:00Z".parse().unwrap();
+        let just_now: Timestamp = "2026-11-23T11:59:00Z".parse().unwrap();
+        let set = |keys: &[&str]| keys.iter().map(|k| k.to_string()).collect::<BTreeSet<_>>();
+        let found = [
+            ("in-use", Some(long_ago)),
+            ("unused-twice", Some(long_ago)),
+            ("unused-once", Some(long_ago)),
+            ("new", Some(just_now)),
+            ("undated", None),
+        ];
+        let (doomed, unused_now) = unused(
+            found,
+            &set(&["in-use"]),
+            &set(&["unused-twice", "new", "undated", "in-use"]),
+            now,
+        );
+        assert_eq!(doomed, set(&["unused-twice"]));
+        assert_eq!(
+            unused_now,
+            set(&["unused-twice", "unused-once", "new", "undated"])
+        );
+    }
+}
