@@ -109,6 +109,8 @@ pub struct GroupPlan<'a> {
     pub waiting: Vec<(HeldPod<'a>, Wait)>,
     /// Gangs held past their policy's `timeoutSeconds`, by policy.
     pub timed_out: BTreeMap<String, Vec<String>>,
+    /// How soon the first held gang that has not timed out yet will have.
+    pub next_timeout: Option<std::time::Duration>,
 }
 
 /// Why a held pod waits.
@@ -356,6 +358,12 @@ fn plan_gangs<'a>(
             .map(|t| t.0)
             .min();
         let timed_out = oldest.is_some_and(|t| now.as_second() - t.as_second() > timeout);
+        // A gang not yet timed out wants a pass the second it does.
+        if let Some(t) = oldest.filter(|_| !timed_out) {
+            let due = t.as_second() + timeout + 1 - now.as_second();
+            let due = std::time::Duration::from_secs(due.max(0) as u64);
+            plan.next_timeout = Some(plan.next_timeout.map_or(due, |d| d.min(due)));
+        }
         let wait = if timed_out {
             plan.timed_out
                 .entry(gang.policy.name.clone())
@@ -712,10 +720,14 @@ mod tests {
             "{note}"
         );
         assert!(plan.timed_out.is_empty());
+        // Created at 10:00:00 with timeoutSeconds 120: the controller looks again
+        // the second the gang is over it.
+        assert_eq!(plan.next_timeout, Some(std::time::Duration::from_secs(61)));
 
         let late = at("2026-11-23T10:02:01Z");
         let plan = super::plan(&three, &[], &gang(), &Everyone, &room, &never, late);
         assert!(plan.release.is_empty(), "still held after the timeout");
+        assert_eq!(plan.next_timeout, None, "timed out already");
         assert_eq!(plan.timed_out["release"], ["apps/train"]);
         assert_eq!(plan.waiting[0].1.reason, "GangTimeout");
 

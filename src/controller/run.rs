@@ -232,6 +232,7 @@ pub async fn run(
     let mut sweep = false;
     let mut gang_mode = super::podgroups::discover_gang_mode(&client, Default::default()).await;
     let mut debounce = DEBOUNCE;
+    let mut gang_timeout: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -245,6 +246,8 @@ pub async fn run(
                 tracing::info!(leading, identity = %options.identity, "controller leadership changed");
             }
             () = wake.notified() => tokio::time::sleep(debounce).await,
+            // A held gang reaches its timeoutSeconds: report it on time.
+            () = until(gang_timeout) => gang_timeout = None,
             _ = resync.tick() => {
                 gang_mode = super::podgroups::discover_gang_mode(&client, gang_mode).await;
                 pod_groups.forget();
@@ -295,7 +298,9 @@ pub async fn run(
         )
         .await;
         debounce = if hurry { HURRIED_DEBOUNCE } else { DEBOUNCE };
-        let groups = release_groups(&pass, &stores, &snapshot, &pods, &unseen, &mut reported).await;
+        let (groups, next_timeout) =
+            release_groups(&pass, &stores, &snapshot, &pods, &unseen, &mut reported).await;
+        gang_timeout = next_timeout.map(|d| tokio::time::Instant::now() + d);
         let groups = super::status::GroupStatus {
             gang_mode,
             timed_out: groups,
@@ -315,6 +320,14 @@ pub async fn run(
     drop(leadership);
     metrics.leader.set(0);
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
+}
+
+/// Sleeps until `deadline`; without one, forever.
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Policies and namespaces as the caches hold them at one instant.
@@ -463,7 +476,7 @@ async fn release_groups(
     pods: &[Arc<PodObject>],
     unseen: &BTreeMap<String, String>,
     reported: &mut Reported,
-) -> BTreeMap<String, Vec<String>> {
+) -> (BTreeMap<String, Vec<String>>, Option<Duration>) {
     let held = |p: &Arc<PodObject>| p.gate(RANK_GATE).is_some() || p.gate(GANG_GATE).is_some();
     if !pods.iter().any(held) {
         pass.metrics
@@ -474,7 +487,7 @@ async fn release_groups(
             .gated_pods
             .get_or_create(&GateLabels::new(GANG_GATE))
             .set(0);
-        return BTreeMap::new();
+        return (BTreeMap::new(), None);
     }
     let policies = &snapshot.compiled.set;
     let mut workloads = ranked_workloads(&stores.deployments.state(), "Deployment", snapshot);
@@ -499,7 +512,7 @@ async fn release_groups(
         k8s_openapi::jiff::Timestamp::now(),
     );
     super::release::release_group_pods(pass, &plan, reported).await;
-    plan.timed_out
+    (plan.timed_out, plan.next_timeout)
 }
 
 /// The Deployments or StatefulSets a `startOrder` policy ranks: their pod
