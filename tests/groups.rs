@@ -419,3 +419,56 @@ async fn a_rank_waits_for_an_unready_lower_rank_and_for_its_new_replicas() {
         db_ready.0
     );
 }
+
+#[tokio::test]
+async fn a_tenant_can_neither_release_its_gang_nor_claim_a_higher_queue_place() {
+    let client = berth().cluster.client().await;
+    apply_policy("gang-tenant", json!({"gang": {}, "queue": {}}));
+    let probe = json!({"app": "gang-tenant"});
+    let ns = opted_in(&client, "gang-tenant", "gang-tenant", probe, WAIT).await;
+    let tenant = support::Tenant::new(berth().cluster, &format!("tenant-{ns}"), &ns).await;
+    let as_tenant: Api<Pod> = Api::namespaced(tenant.client(berth().cluster).await, &ns);
+    let queued = |name: &str, priority: &str| {
+        let mut pod = member("gang-tenant", name, "crew", 3, "100m");
+        let labels = pod.metadata.labels.as_mut().unwrap();
+        labels.insert("groupPriority".into(), priority.into());
+        pod
+    };
+    for name in ["a", "b"] {
+        as_tenant
+            .create(&Default::default(), &queued(name, "1"))
+            .await
+            .expect("the tenant creates a member");
+    }
+    events(&ns, "WaitingForGang").await;
+
+    // The gate is berth's: the tenant cannot lift it to start its half gang.
+    let remove = r#"[{"op": "remove", "path": "/spec/schedulingGates/0"}]"#;
+    let out = tenant.kubectl(
+        berth().cluster,
+        &["patch", "pod", "a", "--type=json", "-p", remove],
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("only berth removes"),
+        "{said}"
+    );
+
+    // Naming berth's class of a higher value buys nothing: berth sets the class of
+    // the pod's own label (groupPriority 0, Burstable: 3 x 0 + 1).
+    let mut forged = queued("c", "0");
+    let spec = forged.spec.as_mut().unwrap();
+    spec.priority_class_name = Some("berth-queue-4".into());
+    spec.priority = Some(4);
+    let created = as_tenant
+        .create(&Default::default(), &forged)
+        .await
+        .expect("admitted");
+    let spec = created.spec.unwrap();
+    assert_eq!(spec.priority_class_name.as_deref(), Some("berth-queue-1"));
+    assert_eq!(spec.priority, Some(1));
+
+    // The third member completes the gang: berth releases all three.
+    let bound = all_bound(&client, &ns, 3).await;
+    assert_eq!(bound.len(), 3);
+}

@@ -96,5 +96,8 @@ async fn a_new_controller_holds_a_half_counted_gang_and_releases_it_whole() {
     drop(second);
     // The new controller ran as the shipped ServiceAccount, sweeps included.
     let log = std::fs::read_to_string(berth.cluster.dir.join("logs/second.log")).unwrap();
-    assert!(!log.contains("forbidden"), "the shipped RBAC falls short:\n{log}");
+    assert!(
+        !log.contains("forbidden"),
+        "the shipped RBAC falls short:\n{log}"
+    );
 }
