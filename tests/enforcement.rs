@@ -677,16 +677,19 @@ async fn daemonsets_that_predate_a_pool_are_brought_in_line() {
         WAIT,
     )
     .await;
-    // The agent pod on node5 goes (evicted, deleted); the DaemonSet makes it again.
+    // The agent pod on node5 goes (evicted, deleted; or already replaced by the
+    // DaemonSet's rolling update, as kwok runs the pods); the DaemonSet makes it again.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &agents);
     let list = pods
         .list(&ListParams::default().labels("app=logs"))
         .await
         .unwrap();
     for p in list.items {
-        pods.delete(&p.metadata.name.unwrap(), &now())
-            .await
-            .unwrap();
+        match pods.delete(&p.metadata.name.unwrap(), &now()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => panic!("deleting an agent pod: {e}"),
+        }
     }
     let nodes = daemonset_nodes(&client, &agents, "logs", "node5").await;
     assert!(nodes.contains(&"node5".to_string()));

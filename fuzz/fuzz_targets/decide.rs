@@ -42,7 +42,7 @@ const NS_LABELS: u8 = 1 << 5;
 const NODE_VARIANT: u8 = 1 << 6;
 const NS_NAME_FROM_FUZZ: u8 = 1 << 7;
 
-const ALL_POLICIES: &str = "cdn, edge, gpu, redis, sidecar, batch";
+const ALL_POLICIES: &str = "cdn, edge, gpu, redis, sidecar, batch, training";
 
 fn policy(name: &str, spec: Value) -> PlacementPolicy {
     serde_json::from_value(json!({
@@ -121,6 +121,16 @@ fn policies() -> &'static PolicySet {
                     "schedulerName": "batch-scheduler",
                     "pool": {"nodeSelector": {"matchExpressions": [{"key": "batch", "operator": "Exists"}]}, "dedicated": false},
                     "nodeAffinity": {"required": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}
+                }),
+            ),
+            // Groups: a gang, ranks and a queue on the labels of case 6 below.
+            policy(
+                "training",
+                json!({
+                    "podSelector": {"matchExpressions": [{"key": "podGroup", "operator": "Exists"}]},
+                    "gang": {"timeoutSeconds": 30},
+                    "startOrder": {},
+                    "queue": {}
                 }),
             ),
         ];
@@ -233,7 +243,8 @@ fn wrap(bytes: &[u8]) -> Value {
             pod["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
         }
         6 => {
-            pod["metadata"]["labels"] = json!({"role": s, "app": "redis"});
+            pod["metadata"]["labels"] = json!({"role": s, "app": "redis", "podGroup": s,
+                "minAvailable": s, "berth.io/rank": s, "groupPriority": s});
             pod["metadata"]["annotations"] = json!({"berth.io/applied": s});
         }
         _ => {
@@ -328,7 +339,15 @@ fuzz_target!(|data: &[u8]| {
         } else {
             Requester::DaemonSetController
         },
-        groups: Default::default(),
+        // Either gang mode, by the length of the input.
+        groups: berth::placement::groups::GroupContext {
+            gang_mode: if data.len() % 2 == 0 {
+                berth::placement::groups::GangMode::Gate
+            } else {
+                berth::placement::groups::GangMode::PodGroup
+            },
+            default_class: None,
+        },
     };
 
     let decision = decide(&input);

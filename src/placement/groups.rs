@@ -120,8 +120,9 @@ pub fn group_grants(
             ))),
             (Ok(Some(priority)), None) => {
                 // Members of a native gang must share one priority with their
-                // PodGroup, so QoS cannot break ties among them.
-                let qos = if grants.pod_group.is_some() {
+                // PodGroup, so QoS cannot break ties among them (also for a pod
+                // already in a group: berth's patch applied again changes nothing).
+                let qos = if grants.pod_group.is_some() || pod.pod_group_name().is_some() {
                     QosClass::BestEffort
                 } else {
                     pod.qos_class()

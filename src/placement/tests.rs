@@ -834,6 +834,8 @@ fn native_gangs_join_a_pod_group_without_a_gate_and_share_one_priority() {
         out.pod["spec"]["priority"], 15,
         "a Guaranteed member gets no QoS tie-break: the group shares one priority"
     );
+    let again = admit_groups(&out.pod, native);
+    assert!(again.patch.0.is_empty(), "idempotent: {:?}", again.patch);
     let gated = admit_groups(&pod, Default::default());
     assert_eq!(gated.pod["spec"]["priority"], 17, "Guaranteed: 3 x 5 + 2");
 }
