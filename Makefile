@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo demo-down test lint bench bench-admission fuzz static control-plane
+.PHONY: demo demo-down test lint bench bench-admission bench-cluster fuzz static control-plane
 
 ## demo: start a local control plane with four nodes and show berth at work; leaves it running
 demo: control-plane
@@ -26,6 +26,11 @@ bench:
 ## berth's admission, and berth's memory under a flood of 2 MB dry-run pods
 bench-admission: control-plane
 	cargo bench --locked --bench admission
+
+## bench-cluster: berth beside the native constructs it replaces (anti-affinity,
+## pod affinity), on BENCH_NODES fake nodes (default 1000): times, ratios, CPU, RSS
+bench-cluster: control-plane
+	cargo bench --locked --bench cluster
 
 ## fuzz: run the decision fuzz target for FUZZ_SECONDS (needs nightly and cargo-fuzz)
 FUZZ_SECONDS ?= 600

@@ -37,6 +37,8 @@ pub const GANG_GATE: &str = "berth.io/gang";
 pub const RANK_GATE: &str = "berth.io/rank";
 /// Prefix of the PriorityClasses berth keeps for queue order: `berth-queue-<value>`.
 pub const QUEUE_CLASS_PREFIX: &str = "berth-queue-";
+/// The gates of groups (SPEC "Groups"), which hold a pod before the avoid gate.
+pub const GROUP_GATES: [&str; 2] = [GANG_GATE, RANK_GATE];
 /// The most `berth-queue-` PriorityClasses the webhook makes: their values come
 /// from labels tenants write, and each class is cluster-wide.
 pub const MAX_QUEUE_CLASSES: usize = 1000;

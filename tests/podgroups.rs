@@ -226,6 +226,30 @@ async fn native_gang_members_that_avoid_each_other_are_held_by_berth() {
     let probe = json!({"app": "pg-apart"});
     let ns = opted_in(&client, "pg-apart", "pg-apart", probe, WAIT).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    // What the webhook makes of a member (a dry run): berth's gang and avoid
+    // gates (the controller lifts the avoid gate last), and no PodGroup.
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let admitted = pods
+        .create(&dry_run, &member("pg-apart", "x", "ring", 3, "100m"))
+        .await
+        .unwrap();
+    let spec = admitted.spec.unwrap();
+    let gates: Vec<String> = spec
+        .scheduling_gates
+        .unwrap_or_default()
+        .into_iter()
+        .map(|g| g.name)
+        .collect();
+    let gates: BTreeSet<String> = gates.into_iter().collect();
+    assert_eq!(
+        gates,
+        BTreeSet::from(["berth.io/avoid".into(), "berth.io/gang".into()])
+    );
+    assert!(spec.scheduling_group.is_none());
+
     let members = ["a", "b", "c"]
         .iter()
         .map(|n| member("pg-apart", n, "ring", 3, "100m"))

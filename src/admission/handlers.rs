@@ -161,7 +161,11 @@ async fn admit(state: &AppState, path: &str, decide: Decide, body: Body) -> Resp
     if let Some(class) = verdict.missing_class.as_ref().filter(|_| !request.dry_run) {
         match state
             .view
-            .create_queue_class(&class.class, class.value)
+            .create_queue_class(
+                request.namespace.as_deref().unwrap_or_default(),
+                &class.class,
+                class.value,
+            )
             .await
         {
             Ok(()) => {

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::offline::{Ending, print};
 use crate::controller::exclusion::{self, ExclusionPod, Hold};
-use crate::names::{AVOID_GATE, GANG_GATE, RANK_GATE};
+use crate::names::{AVOID_GATE, GROUP_GATES};
 use crate::objects::{
     MetaOnly, NamespaceMeta, NodeObject, PodObject, PolicyObject, Skip, read_json,
 };
@@ -213,9 +213,7 @@ async fn explain_pod(target: &PodTarget) -> Result<String, String> {
 /// Why a group gate (`berth.io/gang`, `berth.io/rank`) still holds `pod`: berth's
 /// controller's last word on it, or that it has said nothing yet.
 fn group_standing(pod: &PodObject, said: Option<&(String, String)>) -> Option<String> {
-    let gate = [GANG_GATE, RANK_GATE]
-        .into_iter()
-        .find(|g| pod.gate(g).is_some())?;
+    let gate = GROUP_GATES.into_iter().find(|g| pod.gate(g).is_some())?;
     Some(match said {
         Some((reason, message)) => format!("Waiting: {reason}: {message}\n"),
         None => format!(
@@ -246,7 +244,7 @@ fn standing(
     let group_gates: Vec<&str> = gates
         .iter()
         .copied()
-        .filter(|g| [GANG_GATE, RANK_GATE].contains(g))
+        .filter(|g| GROUP_GATES.contains(g))
         .collect();
     let others: Vec<&str> = gates
         .iter()
@@ -270,6 +268,9 @@ fn standing(
     }
     if !others.is_empty() {
         if gates.len() > others.len() {
+            while out.ends_with('.') {
+                out.pop();
+            }
             out.push_str(". Also ");
         }
         out.push_str(&format!(

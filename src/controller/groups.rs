@@ -357,10 +357,15 @@ fn plan_gangs<'a>(
             .filter_map(|p| p.metadata.creation_timestamp.as_ref())
             .map(|t| t.0)
             .min();
-        let timed_out = oldest.is_some_and(|t| now.as_second() - t.as_second() > timeout);
+        let timed_out =
+            oldest.is_some_and(|t| now.as_second().saturating_sub(t.as_second()) > timeout);
         // A gang not yet timed out wants a pass the second it does.
         if let Some(t) = oldest.filter(|_| !timed_out) {
-            let due = t.as_second() + timeout + 1 - now.as_second();
+            let due = t
+                .as_second()
+                .saturating_add(timeout)
+                .saturating_add(1)
+                .saturating_sub(now.as_second());
             let due = std::time::Duration::from_secs(due.max(0) as u64);
             plan.next_timeout = Some(plan.next_timeout.map_or(due, |d| d.min(due)));
         }

@@ -27,7 +27,7 @@ use super::desired::{BoundPod, DesiredNode, desired_node_state};
 use super::events::Reported;
 use super::exclusion;
 use super::writer::{Written, in_sync, write_node};
-use crate::names::{APPLIED_ANNOTATION, GANG_GATE, RANK_GATE, is_berth_gate};
+use crate::names::{APPLIED_ANNOTATION, GANG_GATE, GROUP_GATES, is_berth_gate};
 use crate::objects::{
     DaemonSetObject, DeploymentObject, NamespaceMeta, NodeObject, PodObject, PolicyObject,
     StatefulSetObject, WorkloadObject,
@@ -243,6 +243,8 @@ pub async fn run(
                 }
                 let leading = *leadership.borrow_and_update();
                 metrics.leader.set(i64::from(leading));
+                // What a sweep found unused before a gap in leadership is stale.
+                sweeper = super::sweep::Sweeper::default();
                 tracing::info!(leading, identity = %options.identity, "controller leadership changed");
             }
             () = wake.notified() => tokio::time::sleep(debounce).await,
@@ -477,16 +479,14 @@ async fn release_groups(
     unseen: &BTreeMap<String, String>,
     reported: &mut Reported,
 ) -> (BTreeMap<String, Vec<String>>, Option<Duration>) {
-    let held = |p: &Arc<PodObject>| p.gate(RANK_GATE).is_some() || p.gate(GANG_GATE).is_some();
+    let held = |p: &Arc<PodObject>| GROUP_GATES.iter().any(|g| p.gate(g).is_some());
     if !pods.iter().any(held) {
-        pass.metrics
-            .gated_pods
-            .get_or_create(&GateLabels::new(RANK_GATE))
-            .set(0);
-        pass.metrics
-            .gated_pods
-            .get_or_create(&GateLabels::new(GANG_GATE))
-            .set(0);
+        for gate in GROUP_GATES {
+            pass.metrics
+                .gated_pods
+                .get_or_create(&GateLabels::new(gate))
+                .set(0);
+        }
         return (BTreeMap::new(), None);
     }
     let policies = &snapshot.compiled.set;

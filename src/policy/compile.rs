@@ -314,6 +314,9 @@ impl PolicyCompiler {
     }
 }
 
+/// The longest gang timeout: a year, far from where seconds arithmetic overflows.
+const MAX_GANG_TIMEOUT: i64 = 31_536_000;
+
 /// The group labels must be label keys, and a pod's labels can only say one thing
 /// each: one label cannot be both the group and its size, say.
 fn check_groups(spec: &PlacementPolicySpec) -> Result<(), String> {
@@ -321,8 +324,10 @@ fn check_groups(spec: &PlacementPolicySpec) -> Result<(), String> {
     if let Some(gang) = &spec.gang {
         keys.push(("gang.groupLabel", &gang.group_label));
         keys.push(("gang.minAvailableLabel", &gang.min_available_label));
-        if gang.timeout_seconds < 1 {
-            return Err("gang.timeoutSeconds must be at least 1".into());
+        if !(1..=MAX_GANG_TIMEOUT).contains(&gang.timeout_seconds) {
+            return Err(format!(
+                "gang.timeoutSeconds must be from 1 to {MAX_GANG_TIMEOUT} (a year)"
+            ));
         }
     }
     if let Some(order) = &spec.start_order {
@@ -511,6 +516,18 @@ mod tests {
         };
         assert!(problem(&policy("gpu", spec)).contains("berth's own label"));
         assert!(problem(&policy(&"x".repeat(51), pool_on(&["n"]))).contains("at most 50"));
+
+        for timeout in [0, MAX_GANG_TIMEOUT + 1, i64::MAX] {
+            let spec = PlacementPolicySpec {
+                gang: Some(crate::policy::crd::Gang {
+                    timeout_seconds: timeout,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let why = problem(&policy("train", spec));
+            assert!(why.contains("gang.timeoutSeconds must be from 1"), "{why}");
+        }
     }
 
     #[test]

@@ -86,7 +86,7 @@ pub struct Gang {
     /// A group not placed by then gets an Event and the policy a condition; its
     /// members stay held.
     #[serde(default = "default_gang_timeout")]
-    #[schemars(range(min = 1), default = "default_gang_timeout")]
+    #[schemars(range(min = 1, max = 31536000), default = "default_gang_timeout")]
     pub timeout_seconds: i64,
 }
 

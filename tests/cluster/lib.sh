@@ -48,6 +48,7 @@ kubectl_for() {
 # record_command DIR NAME [VAR=VALUE...] EXECUTABLE ARGS...: keep how to start a
 # component in DIR/commands/NAME (its executable, then its command line quoted for
 # the shell), so `launch` can start it now and `component DIR start` again later.
+# EXECUTABLE is a path, or a name in the control plane's bin folder.
 record_command() {
 	local dir="$1" name="$2"
 	shift 2
@@ -56,10 +57,13 @@ record_command() {
 		env+=("$1")
 		shift
 	done
+	local bin="$1"
+	shift
+	[[ "$bin" == */* ]] || bin="$K8S_BIN/$bin"
 	mkdir -p "$dir/commands"
 	{
-		readlink -f "$1"
-		printf '%q ' env "${env[@]}" "$@"
+		readlink -f "$bin"
+		printf '%q ' env "${env[@]}" "$bin" "$@"
 		echo
 	} >"$dir/commands/$name"
 }
@@ -73,9 +77,14 @@ launch() {
 		read -r exe
 		read -r command
 	} <"$dir/commands/$name"
-	# setsid, bash and env each exec the next: the pid recorded is the component's.
+	# setsid, bash and env each exec the next: the pid recorded is the component's,
+	# once the last exec is done (until then `stop` would not know it as ours).
 	setsid bash -c "exec $command" >>"$dir/logs/$name.log" 2>&1 </dev/null &
-	echo "$name $! $exe" >>"$dir/pids"
+	local pid=$! deadline=$((SECONDS + 5))
+	until ours "$pid" "$exe" || [ $SECONDS -ge $deadline ] || ! kill -0 "$pid" 2>/dev/null; do
+		sleep 0.01
+	done
+	echo "$name $pid $exe" >>"$dir/pids"
 }
 
 # ours PID EXECUTABLE: PID still runs EXECUTABLE (a reused pid is never touched).

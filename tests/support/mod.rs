@@ -32,6 +32,8 @@ pub struct Nodes {
 pub struct TestCluster {
     pub dir: PathBuf,
     pub nodes: Nodes,
+    /// The extra arguments `up` was started with.
+    pub up_args: Vec<String>,
 }
 
 static CLUSTER: OnceLock<TestCluster> = OnceLock::new();
@@ -73,6 +75,10 @@ impl TestCluster {
     pub fn shared_with(nodes: Nodes, up_args: &[&str]) -> &'static TestCluster {
         let cluster = CLUSTER.get_or_init(|| Self::start(nodes, up_args));
         assert_eq!(
+            cluster.up_args, up_args,
+            "one test binary must start one kind of cluster"
+        );
+        assert_eq!(
             cluster.nodes, nodes,
             "one test binary must ask for one node set"
         );
@@ -95,7 +101,11 @@ impl TestCluster {
             "add-nodes",
             &[&dir_arg, &nodes.count.to_string(), "--prefix", nodes.prefix],
         );
-        TestCluster { dir, nodes }
+        TestCluster {
+            dir,
+            nodes,
+            up_args: up_args.iter().map(|a| a.to_string()).collect(),
+        }
     }
 
     pub fn kubeconfig(&self) -> PathBuf {
@@ -317,6 +327,8 @@ pub struct Berth {
     pub cluster: &'static TestCluster,
     pub port: u16,
     pub metrics_port: u16,
+    /// The extra `berth serve` arguments it was started with.
+    pub serve_args: Vec<String>,
 }
 
 static BERTH: OnceLock<Berth> = OnceLock::new();
@@ -330,7 +342,7 @@ impl Berth {
     /// [`Berth::shared`] beside a cluster started with extra `up` arguments, and
     /// with extra `berth serve` arguments (such as `--no-controller`).
     pub fn shared_with(nodes: Nodes, up_args: &[&str], serve_args: &[&str]) -> &'static Berth {
-        BERTH.get_or_init(|| {
+        let berth = BERTH.get_or_init(|| {
             let cluster = TestCluster::shared_with(nodes, up_args);
             let dir = cluster.dir.to_string_lossy().into_owned();
             // The test binary was built with the same sources: use its berth.
@@ -352,8 +364,14 @@ impl Berth {
                 cluster,
                 port: ports.next().expect("webhook port"),
                 metrics_port: ports.next().expect("metrics port"),
+                serve_args: serve_args.iter().map(|a| a.to_string()).collect(),
             }
-        })
+        });
+        assert_eq!(
+            berth.serve_args, serve_args,
+            "one test binary must start one kind of berth"
+        );
+        berth
     }
 
     pub fn certs_dir(&self) -> PathBuf {

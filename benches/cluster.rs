@@ -1,0 +1,346 @@
+//! berth beside the native constructs it replaces, in one run on the real control
+//! plane with N fake nodes (`make bench-cluster`; `BENCH_NODES`, default 1,000):
+//!
+//! - exclusion: pods that must avoid each other, created at once, until all are
+//!   bound: an `avoid` policy, required podAntiAffinity, no constraint;
+//! - co-location: pods that must sit beside one of ten `a` pods: `colocateWith`,
+//!   required podAffinity, no constraint;
+//! - ordinary pods in a cluster that holds berth's exclusion pods, the native ones,
+//!   or neither;
+//! - a dedicated pool over every node, until each has berth's label and taint.
+//!
+//! Each row prints its times and the ratio of berth to the alternative beside the
+//! target of issue 12, and berth's CPU seconds over the row; the run ends with
+//! berth's peak RSS. Ratios are what to compare: absolute times on a shared
+//! 2-core machine are noise.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams};
+use serde_json::{Value, json};
+use support::{Berth, Nodes, create_at_once, fresh_namespace, opt_in, test_pod};
+
+/// How many `a` pods the co-location rows place their pods beside.
+const ANCHORS: usize = 10;
+
+/// How long any one row may take before the bench gives up on it.
+const LIMIT: Duration = Duration::from_secs(600);
+
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// berth's CPU seconds so far (user + system), from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // Fields 14 and 15 of stat (utime, stime), counted after the command name.
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// berth's peak resident memory in MiB (VmHWM).
+fn peak_rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        })
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+/// `count` pods labelled `app: <app>` with `extra` merged into their spec.
+fn pods(app: &str, count: usize, extra: &Value) -> Vec<Pod> {
+    (0..count)
+        .map(|i| test_pod(&format!("{app}-{i}"), json!({"app": app}), extra.clone()))
+        .collect()
+}
+
+/// Creates `pods` in `ns` at once; the time until every one is bound.
+async fn time_to_bind(client: &Client, ns: &str, pods: Vec<Pod>) -> Duration {
+    let count = pods.len();
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let started = Instant::now();
+    create_at_once(client, ns, pods).await;
+    loop {
+        let list = api.list(&ListParams::default()).await.expect("list pods");
+        let bound = list
+            .items
+            .iter()
+            .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+            .count();
+        if bound >= count {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < LIMIT,
+            "only {bound} of {count} bound in {ns} after {LIMIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn delete_pods(client: &Client, ns: &str) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    api.delete_collection(&now, &ListParams::default())
+        .await
+        .expect("delete pods");
+    while !api
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .is_empty()
+    {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn apply_policy(berth: &Berth, name: &str, spec: Value) {
+    let policy = json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+        "metadata": {"name": name}, "spec": spec});
+    berth.cluster.apply(&policy.to_string());
+}
+
+/// A namespace opted into `policy`, probed with a pod labelled `app: <app>`.
+async fn opted(client: &Client, purpose: &str, policy: &str, app: &str) -> String {
+    let ns = fresh_namespace(client, purpose).await;
+    let probe = test_pod("probe", json!({"app": app}), json!({}));
+    opt_in(client, &ns, policy, &probe, LIMIT).await;
+    ns
+}
+
+struct Row {
+    what: String,
+    berth: Duration,
+    other: Option<(String, Duration)>,
+    plain: Option<Duration>,
+    target: String,
+    cpu: f64,
+}
+
+impl Row {
+    fn print(&self) {
+        let secs = |d: &Duration| format!("{:.2} s", d.as_secs_f64());
+        let (other, ratio) = match &self.other {
+            Some((name, t)) => (
+                format!("{} ({name})", secs(t)),
+                format!("{:.2}x", self.berth.as_secs_f64() / t.as_secs_f64()),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        let plain = self.plain.as_ref().map(secs).unwrap_or_else(|| "-".into());
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {:.1} |",
+            self.what,
+            secs(&self.berth),
+            other,
+            plain,
+            ratio,
+            self.target,
+            self.cpu
+        );
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    // `cargo test --all-targets` builds benches and runs them as tests; this one
+    // needs minutes and 1,000 nodes, so it runs only under `cargo bench`.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let node_count = env_number("BENCH_NODES", 1000);
+    let exclusion = env_number("BENCH_EXCLUSION_PODS", 200);
+    let ordinary = env_number("BENCH_ORDINARY_PODS", 800);
+    let nodes = Nodes {
+        count: node_count as u32,
+        prefix: "node",
+    };
+    let started = Instant::now();
+    let berth = Berth::shared(nodes);
+    println!(
+        "cluster with {node_count} nodes and berth up in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    let pid = berth.pid();
+    let client = berth.cluster.client().await;
+    let mut rows = Vec::new();
+    let mut cpu_mark = cpu_seconds(pid);
+    let mut cpu_since = || {
+        let now = cpu_seconds(pid);
+        let spent = now - cpu_mark;
+        cpu_mark = now;
+        spent
+    };
+
+    // Exclusion.
+    let selector = |app: &str| json!({"matchLabels": {"app": app}});
+    apply_policy(
+        berth,
+        "apart",
+        json!({"podSelector": selector("apart"), "avoid": selector("apart")}),
+    );
+    let berth_ns = opted(&client, "bench-apart", "apart", "apart").await;
+    cpu_since();
+    let berth_time = time_to_bind(&client, &berth_ns, pods("apart", exclusion, &json!({}))).await;
+    let cpu = cpu_since();
+    let native_ns = fresh_namespace(&client, "bench-anti").await;
+    let anti = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": selector("anti"), "topologyKey": "kubernetes.io/hostname"}]}}});
+    let native_time = time_to_bind(&client, &native_ns, pods("anti", exclusion, &anti)).await;
+    let plain_ns = fresh_namespace(&client, "bench-plain").await;
+    let plain_time = time_to_bind(&client, &plain_ns, pods("plain", exclusion, &json!({}))).await;
+    rows.push(Row {
+        what: format!("{exclusion} pods that must avoid each other, at once"),
+        berth: berth_time,
+        other: Some(("required podAntiAffinity".into(), native_time)),
+        plain: Some(plain_time),
+        target: "≤ 1.0x".into(),
+        cpu,
+    });
+    delete_pods(&client, &plain_ns).await;
+
+    // Ordinary pods beside berth's exclusion pods, then beside the native ones.
+    let ordinary_ns = fresh_namespace(&client, "bench-ordinary").await;
+    delete_pods(&client, &native_ns).await;
+    cpu_since();
+    let beside_berth = time_to_bind(&client, &ordinary_ns, pods("o", ordinary, &json!({}))).await;
+    let cpu = cpu_since();
+    delete_pods(&client, &ordinary_ns).await;
+    delete_pods(&client, &berth_ns).await;
+    let native_again = time_to_bind(&client, &native_ns, pods("anti", exclusion, &anti)).await;
+    let _ = native_again;
+    let beside_native = time_to_bind(&client, &ordinary_ns, pods("o", ordinary, &json!({}))).await;
+    delete_pods(&client, &ordinary_ns).await;
+    delete_pods(&client, &native_ns).await;
+    let alone = time_to_bind(&client, &ordinary_ns, pods("o", ordinary, &json!({}))).await;
+    delete_pods(&client, &ordinary_ns).await;
+    rows.push(Row {
+        what: format!("{ordinary} ordinary pods beside {exclusion} exclusion pods"),
+        berth: beside_berth,
+        other: Some(("beside native anti-affinity pods".into(), beside_native)),
+        plain: Some(alone),
+        target: format!(
+            "≤ 1.05x of none ({:.2}x)",
+            beside_berth.as_secs_f64() / alone.as_secs_f64()
+        ),
+        cpu,
+    });
+
+    // Co-location beside an `a` pod.
+    apply_policy(
+        berth,
+        "beside",
+        json!({"podSelector": selector("beside"), "colocateWith": selector("a")}),
+    );
+    // Ten `a` pods: one node takes at most 110 pods, and 80 of these by CPU.
+    let berth_ns = opted(&client, "bench-beside", "beside", "beside").await;
+    time_to_bind(&client, &berth_ns, pods("a", ANCHORS, &json!({}))).await;
+    cpu_since();
+    let berth_time = time_to_bind(&client, &berth_ns, pods("beside", exclusion, &json!({}))).await;
+    let cpu = cpu_since();
+    let native_ns = fresh_namespace(&client, "bench-affinity").await;
+    time_to_bind(&client, &native_ns, pods("a", ANCHORS, &json!({}))).await;
+    let affinity = json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": selector("a"), "topologyKey": "kubernetes.io/hostname"}]}}});
+    let native_time = time_to_bind(&client, &native_ns, pods("near", exclusion, &affinity)).await;
+    let plain_time = time_to_bind(&client, &plain_ns, pods("plain", exclusion, &json!({}))).await;
+    rows.push(Row {
+        what: format!("{exclusion} pods beside one of {ANCHORS} `a` pods"),
+        berth: berth_time,
+        other: Some(("required podAffinity".into(), native_time)),
+        plain: Some(plain_time),
+        target: "≤ 1.0x".into(),
+        cpu,
+    });
+    for ns in [&berth_ns, &native_ns, &plain_ns] {
+        delete_pods(&client, ns).await;
+    }
+
+    // A dedicated pool over every node.
+    let nodes: Api<Node> = Api::all(client.clone());
+    cpu_since();
+    let started = Instant::now();
+    apply_policy(
+        berth,
+        "everywhere",
+        json!({"pool": {"nodeSelector": {"matchLabels": {"kubernetes.io/os": "linux"}}}}),
+    );
+    loop {
+        let list = nodes.list(&ListParams::default()).await.expect("nodes");
+        let done = list
+            .items
+            .iter()
+            .filter(|n| {
+                let labelled = n.metadata.labels.as_ref().is_some_and(|l| {
+                    l.get("node-restriction.kubernetes.io/berth.pool")
+                        .map(String::as_str)
+                        == Some("everywhere")
+                });
+                let tainted = n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .is_some_and(|t| {
+                        t.iter().any(|t| {
+                            t.key == "berth.io/pool" && t.value.as_deref() == Some("everywhere")
+                        })
+                    });
+                labelled && tainted
+            })
+            .count();
+        if done >= node_count {
+            break;
+        }
+        assert!(
+            started.elapsed() < LIMIT,
+            "{done} of {node_count} nodes in the pool"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    rows.push(Row {
+        what: format!("a dedicated pool over all {node_count} nodes, until labelled and tainted"),
+        berth: started.elapsed(),
+        other: None,
+        plain: None,
+        target: "≤ 10 s".into(),
+        cpu: cpu_since(),
+    });
+
+    println!();
+    println!("{node_count} nodes; berth: the release build `cargo bench` makes");
+    println!("| what | berth | the alternative | no constraint | ratio | target | berth CPU s |");
+    println!("|---|---|---|---|---|---|---|");
+    for row in &rows {
+        row.print();
+    }
+    println!();
+    println!(
+        "berth's peak RSS over the run: {:.0} MiB",
+        peak_rss_mib(pid)
+    );
+}
