@@ -73,8 +73,8 @@ pub struct ServeArgs {
     /// A full controller pass at least this often, in seconds, even without changes.
     #[arg(long, env = "BERTH_RESYNC_SECONDS", default_value_t = 60)]
     pub resync_seconds: u64,
-    /// Node writes per second at most.
-    #[arg(long, env = "BERTH_CONTROLLER_QPS", default_value_t = 20)]
+    /// Node and DaemonSet writes per second on average (bursts of twice that).
+    #[arg(long, env = "BERTH_CONTROLLER_QPS", default_value_t = 100)]
     pub controller_qps: u32,
 }
 

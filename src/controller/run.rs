@@ -140,19 +140,42 @@ fn strip_workload<K>(workload: &mut WorkloadObject<K>) {
 
 fn keep_all<K>(_: &mut K) {}
 
-/// At most `n` writes a second, spread evenly.
-struct RateLimit(tokio::sync::Mutex<tokio::time::Interval>);
+/// A token bucket for node and DaemonSet writes: `per_second` on average, with
+/// bursts of up to two seconds' worth, so that a new pool over a thousand nodes is
+/// written in seconds while a steady trickle stays at the rate.
+struct RateLimit {
+    per_second: f64,
+    burst: f64,
+    bucket: tokio::sync::Mutex<(f64, tokio::time::Instant)>,
+}
 
 impl RateLimit {
     fn new(per_second: u32) -> Self {
-        let period = Duration::from_secs(1) / per_second.max(1);
-        let mut interval = tokio::time::interval(period);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        RateLimit(tokio::sync::Mutex::new(interval))
+        let per_second = f64::from(per_second.max(1));
+        let burst = 2.0 * per_second;
+        RateLimit {
+            per_second,
+            burst,
+            bucket: tokio::sync::Mutex::new((burst, tokio::time::Instant::now())),
+        }
     }
 
+    /// Takes one token, waiting for it if the bucket is empty. Waiters queue on
+    /// the lock, so they are served in turn.
     async fn acquire(&self) {
-        self.0.lock().await.tick().await;
+        let mut bucket = self.bucket.lock().await;
+        let now = tokio::time::Instant::now();
+        let (tokens, last) = *bucket;
+        let mut tokens =
+            (tokens + now.duration_since(last).as_secs_f64() * self.per_second).min(self.burst);
+        let mut at = now;
+        if tokens < 1.0 {
+            let wait = Duration::from_secs_f64((1.0 - tokens) / self.per_second);
+            tokio::time::sleep(wait).await;
+            at = now + wait;
+            tokens = 1.0;
+        }
+        *bucket = (tokens - 1.0, at);
     }
 }
 
@@ -622,5 +645,29 @@ async fn bring_daemonsets_in_line(
                 tracing::warn!(daemonset = %daemonset.name_any(), error = %e, "DaemonSet update failed; retrying on the next pass")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn writes_go_in_a_burst_then_at_the_rate() {
+        let limit = RateLimit::new(10);
+        let start = tokio::time::Instant::now();
+        for _ in 0..20 {
+            limit.acquire().await;
+        }
+        assert_eq!(
+            start.elapsed(),
+            Duration::ZERO,
+            "a burst of two seconds' worth"
+        );
+        for _ in 0..10 {
+            limit.acquire().await;
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        assert!((elapsed - 1.0).abs() < 1e-3, "then 10 a second: {elapsed}");
     }
 }
