@@ -7,6 +7,9 @@
 //!   required podAffinity, no constraint;
 //! - ordinary pods in a cluster that holds berth's exclusion pods, the native ones,
 //!   or neither;
+//! - pod creates per second through the apiserver with berth's webhook registered,
+//!   with a minimal webhook (`floor/minimal_webhook.rs`: axum + rustls, reads the
+//!   uid, allows) registered in its place, and with none;
 //! - a dedicated pool over every node, until each has berth's label and taint.
 //!
 //! Each row prints its times and the ratio of berth to the alternative beside the
@@ -14,6 +17,10 @@
 //! berth's peak RSS. Ratios are what to compare: absolute times on a shared
 //! 2-core machine are noise.
 
+#[path = "common/mod.rs"]
+mod common;
+#[path = "floor/minimal_webhook.rs"]
+mod minimal_webhook;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -131,6 +138,95 @@ async fn opted(client: &Client, purpose: &str, policy: &str, app: &str) -> Strin
     let probe = test_pod("probe", json!({"app": app}), json!({}));
     opt_in(client, &ns, policy, &probe, LIMIT).await;
     ns
+}
+
+/// How long each round of pod creates runs.
+const CREATE_ROUND: Duration = Duration::from_secs(15);
+
+/// Pod creates per second, in two namespaces (one opted into berth's cdn policy),
+/// with: berth as shipped (its mutating webhook and admission policies); its
+/// mutating webhook alone; the minimal webhook registered the same way in its
+/// place; nothing. Puts berth's configuration back afterwards.
+async fn creates_per_second(berth: &Berth, client: &Client) -> Vec<(String, f64)> {
+    berth
+        .cluster
+        .apply(&std::fs::read_to_string(support::repo_root().join("policies/cdn.yaml")).unwrap());
+    let opted = fresh_namespace(client, "bench-creates-opted").await;
+    let probe = common::pod("probe", "example/cdn-uploader:1");
+    opt_in(client, &opted, "cdn", &probe, LIMIT).await;
+    let plain = fresh_namespace(client, "bench-creates").await;
+    let namespaces = vec![opted, plain];
+
+    let mutating = common::saved(berth, "mutatingwebhookconfiguration");
+    let bindings = common::saved(berth, "validatingadmissionpolicybinding");
+    let certs = berth.certs_dir();
+    let read = |f: &str| std::fs::read(certs.join(f)).expect("berth's certificates");
+    let floor = minimal_webhook::start(&read("tls.crt"), &read("tls.key")).await;
+    // berth's own configuration with the floor's url: the same rules, selectors,
+    // conditions and timeout.
+    let mut floor_config = mutating["items"][0].clone();
+    floor_config["metadata"] = json!({"name": "bench-floor"});
+    for hook in floor_config["webhooks"].as_array_mut().unwrap() {
+        hook["name"] = json!("pods.floor.bench.berth.io");
+        hook["clientConfig"]["url"] = json!(format!("https://{floor}/mutate"));
+    }
+    let kubectl = |args: &[&str]| {
+        berth.cluster.kubectl_ok(args);
+    };
+    type Step<'a> = Box<dyn Fn() + 'a>;
+    let rounds: Vec<(&str, Step)> = vec![
+        (
+            "berth as shipped: mutating webhook + admission policies",
+            Box::new(|| {}),
+        ),
+        (
+            "berth's mutating webhook alone",
+            Box::new(|| {
+                for binding in ["berth-pools", "berth-bindings", "berth-records"] {
+                    kubectl(&["delete", "validatingadmissionpolicybinding", binding]);
+                }
+            }),
+        ),
+        (
+            "the minimal webhook in its place",
+            Box::new(|| {
+                kubectl(&["delete", "mutatingwebhookconfiguration", "berth"]);
+                berth.cluster.apply(&floor_config.to_string());
+            }),
+        ),
+        (
+            "nothing",
+            Box::new(|| kubectl(&["delete", "mutatingwebhookconfiguration", "bench-floor"])),
+        ),
+    ];
+    let mut rates = Vec::new();
+    for (i, (name, step)) in rounds.iter().enumerate() {
+        step();
+        // Configuration reaches the apiserver's admission chain within a moment.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        common::create_for(
+            client,
+            &namespaces,
+            &format!("warm{i}"),
+            Duration::from_secs(2),
+        )
+        .await;
+        let (created, _) =
+            common::create_for(client, &namespaces, &format!("r{i}"), CREATE_ROUND).await;
+        rates.push((
+            name.to_string(),
+            created as f64 / CREATE_ROUND.as_secs_f64(),
+        ));
+        common::clear(client, &namespaces).await;
+    }
+    common::put_back(berth, &mutating);
+    common::put_back(berth, &bindings);
+    // The cdn pool would share node2 with the pool row's.
+    berth
+        .cluster
+        .kubectl_ok(&["delete", "placementpolicy", "cdn"]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    rates
 }
 
 struct Row {
@@ -281,6 +377,11 @@ async fn main() {
         delete_pods(&client, ns).await;
     }
 
+    // Pod creates through the apiserver: berth's webhook, the floor, none.
+    let creates = creates_per_second(berth, &client).await;
+    let ratio = creates[1].1 / creates[2].1;
+    println!();
+
     // A dedicated pool over every node.
     let nodes: Api<Node> = Api::all(client.clone());
     cpu_since();
@@ -338,6 +439,21 @@ async fn main() {
     for row in &rows {
         row.print();
     }
+    println!();
+    println!(
+        "Pod creates through the apiserver, {} at a time for {} s each:",
+        common::CONCURRENCY,
+        CREATE_ROUND.as_secs()
+    );
+    println!("| admission | creates/s |");
+    println!("|---|---:|");
+    for (name, rate) in &creates {
+        println!("| {name} | {rate:.0} |");
+    }
+    println!(
+        "berth's webhook / the minimal webhook: {ratio:.2}x (target ≥ 0.95x); with nothing: {:.2}x",
+        creates[1].1 / creates[3].1
+    );
     println!();
     println!(
         "berth's peak RSS over the run: {:.0} MiB",
