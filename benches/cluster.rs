@@ -166,8 +166,13 @@ async fn creates_per_second(berth: &Berth, client: &Client) -> Vec<(String, f64)
     // conditions and timeout.
     let mut floor_config = mutating["items"][0].clone();
     floor_config["metadata"] = json!({"name": "bench-floor"});
-    for hook in floor_config["webhooks"].as_array_mut().unwrap() {
-        hook["name"] = json!("pods.floor.bench.berth.io");
+    for (i, hook) in floor_config["webhooks"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .enumerate()
+    {
+        hook["name"] = json!(format!("hook{i}.floor.bench.berth.io"));
         hook["clientConfig"]["url"] = json!(format!("https://{floor}/mutate"));
     }
     let kubectl = |args: &[&str]| {

@@ -708,15 +708,40 @@ fn a_warning_says_when_the_pods_own_constraints_leave_no_pool_node() {
     pod["spec"]["nodeSelector"] = json!({"disk": "ssd"});
     let mut nodes = NodeIndex::new();
     nodes.insert("node2".into(), NodeInfo::default());
-    let out = admit_with(&pod, &opted_in("cdn"), &set, Some(&nodes));
-    assert!(
+    let warned = |set: &PolicySet, nodes: &NodeIndex, policy: &str| {
+        let out = admit_with(&pod, &opted_in(policy), set, Some(nodes));
+        let warning = format!("no node of pool {policy} fits");
         out.decision
             .warnings
             .iter()
-            .any(|w| w.starts_with("no node of pool cdn fits")),
-        "{:?}",
-        out.decision.warnings
+            .any(|w| w.starts_with(&warning))
+    };
+    assert!(warned(&set, &nodes, "cdn"));
+    // The pool's named node has the disk: no warning. A node outside the pool
+    // with it changes nothing.
+    let ssd = |labels: &[(&str, &str)]| NodeInfo {
+        labels: labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        taints: Vec::new(),
+    };
+    nodes.insert("node9".into(), ssd(&[("disk", "ssd")]));
+    assert!(warned(&set, &nodes, "cdn"), "node9 is not in the pool");
+    nodes.insert("node2".into(), ssd(&[("disk", "ssd")]));
+    assert!(!warned(&set, &nodes, "cdn"));
+
+    // A pool by node selector looks at every node's labels.
+    let gpu = mk_policy(
+        "gpu",
+        json!({"images": ["*cdn*"], "pool": {"nodeSelector": {"matchLabels": {"gpu": "yes"}}}}),
     );
+    let set = mk_set(&[gpu]);
+    let mut nodes = NodeIndex::new();
+    nodes.insert("g1".into(), ssd(&[("gpu", "yes")]));
+    assert!(warned(&set, &nodes, "gpu"));
+    nodes.insert("g2".into(), ssd(&[("gpu", "yes"), ("disk", "ssd")]));
+    assert!(!warned(&set, &nodes, "gpu"));
 }
 
 #[test]
