@@ -7,6 +7,8 @@
 //!   required podAffinity, no constraint;
 //! - ordinary pods in a cluster that holds berth's exclusion pods, the native ones,
 //!   or neither;
+//! - `/mutate` reviews per second, berth against the minimal webhook, on one HTTP/2
+//!   connection (no apiserver in between);
 //! - pod creates per second through the apiserver with berth's webhook registered,
 //!   with a minimal webhook (`floor/minimal_webhook.rs`: axum + rustls, reads the
 //!   uid, allows) registered in its place, and with none;
@@ -19,10 +21,14 @@
 
 #[path = "common/mod.rs"]
 mod common;
+#[path = "floor/load.rs"]
+mod load;
 #[path = "floor/minimal_webhook.rs"]
 mod minimal_webhook;
 #[path = "../tests/support/mod.rs"]
 mod support;
+#[path = "common/typical_pod.rs"]
+mod typical_pod;
 
 use std::time::{Duration, Instant};
 
@@ -138,6 +144,45 @@ async fn opted(client: &Client, purpose: &str, policy: &str, app: &str) -> Strin
     let probe = test_pod("probe", json!({"app": app}), json!({}));
     opt_in(client, &ns, policy, &probe, LIMIT).await;
     ns
+}
+
+const REVIEWS_IN_FLIGHT: usize = 32;
+const REVIEW_ROUND: Duration = Duration::from_secs(10);
+
+/// Reviews per second at berth's `/mutate` and at the minimal webhook's, with the
+/// same review (a typical Deployment pod with a cdn image, in a namespace opted into
+/// the cdn policy): its size in bytes, berth's rate, the floor's.
+async fn mutate_reviews(berth: &Berth, client: &Client) -> (usize, f64, f64) {
+    berth
+        .cluster
+        .apply(&std::fs::read_to_string(support::repo_root().join("policies/cdn.yaml")).unwrap());
+    let ns = fresh_namespace(client, "bench-reviews").await;
+    let probe = common::pod("probe", "example/cdn-uploader:1");
+    opt_in(client, &ns, "cdn", &probe, LIMIT).await;
+    let mut pod = typical_pod::typical_pod();
+    pod["metadata"]["namespace"] = json!(ns);
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": ns, "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
+                "groups": ["system:serviceaccounts", "system:authenticated"]},
+            "object": pod, "oldObject": null, "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}}});
+    let body = hyper::body::Bytes::from(review.to_string());
+    let certs = berth.certs_dir();
+    let read = |f: &str| std::fs::read(certs.join(f)).expect("berth's certificates");
+    let floor = minimal_webhook::start(&read("tls.crt"), &read("tls.key")).await;
+    let at_berth = std::net::SocketAddr::from(([127, 0, 0, 1], berth.port));
+    let ca = read("ca.crt");
+    let rate =
+        |addr| load::reviews_per_second(addr, &ca, body.clone(), REVIEWS_IN_FLIGHT, REVIEW_ROUND);
+    let berth_rate = rate(at_berth).await;
+    let floor_rate = rate(floor).await;
+    (body.len(), berth_rate, floor_rate)
 }
 
 /// How long each round of pod creates runs.
@@ -382,6 +427,11 @@ async fn main() {
         delete_pods(&client, ns).await;
     }
 
+    // /mutate itself, no apiserver: a Deployment's pod in a namespace opted into
+    // cdn, against berth and against the minimal webhook.
+    let reviews = mutate_reviews(berth, &client).await;
+    println!();
+
     // Pod creates through the apiserver: berth's webhook, the floor, none.
     let creates = creates_per_second(berth, &client).await;
     let ratio = creates[1].1 / creates[2].1;
@@ -444,6 +494,18 @@ async fn main() {
     for row in &rows {
         row.print();
     }
+    println!();
+    println!(
+        "/mutate, a {} kB Deployment pod, {REVIEWS_IN_FLIGHT} in flight on one HTTP/2 connection for {} s:",
+        reviews.0 / 1000,
+        REVIEW_ROUND.as_secs()
+    );
+    println!(
+        "berth {:.0} reviews/s, the minimal webhook {:.0}/s: {:.2}x (target ≥ 0.6x)",
+        reviews.1,
+        reviews.2,
+        reviews.1 / reviews.2
+    );
     println!();
     println!(
         "Pod creates through the apiserver, {} at a time for {} s each:",

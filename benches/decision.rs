@@ -8,58 +8,10 @@ use std::hint::black_box;
 use berth::placement::{Input, NamespaceInfo, NodeIndex, NodeInfo, Requester, build_patch, decide};
 use berth::policy::{PlacementPolicy, PolicySet};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use serde_json::{Value, json};
-
-/// A pod as a Deployment creates it: three containers with env, probes, mounts
-/// and resources, the default tolerations, and a preferred pod anti-affinity.
-fn typical_pod() -> Value {
-    let container = |name: &str, image: &str| {
-        let env: Vec<Value> = (0..12)
-            .map(|i| json!({"name": format!("SETTING_{i}"), "value": format!("value-{i}-for-{name}")}))
-            .collect();
-        json!({
-            "name": name, "image": image, "imagePullPolicy": "IfNotPresent",
-            "args": ["--config=/etc/app/config.yaml", "--log-level=info", "--listen=:8080"],
-            "env": env,
-            "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
-            "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
-            "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5},
-            "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10},
-            "volumeMounts": [{"name": "config", "mountPath": "/etc/app"},
-                             {"name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}],
-            "securityContext": {"runAsNonRoot": true, "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false},
-            "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File"
-        })
-    };
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {
-            "generateName": "uploader-7d9f8c6b5-", "namespace": "default",
-            "labels": {"app": "uploader", "pod-template-hash": "7d9f8c6b5", "team": "edge", "tier": "backend"},
-            "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-11-01T10:00:00Z", "prometheus.io/scrape": "true"},
-            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "uploader-7d9f8c6b5",
-                                 "uid": "3f1c0b7e-1111-2222-3333-444455556666", "controller": true, "blockOwnerDeletion": true}]
-        },
-        "spec": {
-            "containers": [container("upload", "registry.example.com/cdn/uploader:2.4.1"),
-                           container("metrics", "prom/statsd-exporter:v0.26.0"),
-                           container("proxy", "envoyproxy/envoy:v1.30.1")],
-            "volumes": [{"name": "config", "configMap": {"name": "uploader-config", "defaultMode": 420}},
-                        {"name": "kube-api-access", "projected": {"defaultMode": 420, "sources": [
-                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-                            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}}],
-            "tolerations": [
-                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
-                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}],
-            "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-                {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
-                 "labelSelector": {"matchLabels": {"app": "uploader"}}}}]}},
-            "restartPolicy": "Always", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
-            "serviceAccountName": "default", "schedulerName": "default-scheduler", "priority": 0,
-            "enableServiceLinks": true, "preemptionPolicy": "PreemptLowerPriority"
-        }
-    })
-}
+#[path = "common/typical_pod.rs"]
+mod typical_pod;
+use serde_json::json;
+use typical_pod::typical_pod;
 
 /// `n` policies of every kind; the namespace opts into the first three, and every
 /// tenth selects namespaces by label, so matching has real work to do.

@@ -1,0 +1,71 @@
+//! A load generator for `/mutate`: one HTTP/2 connection over TLS, as the
+//! apiserver keeps to a webhook, with many reviews in flight on it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+
+/// Reviews answered per second at `addr` over `length`, `in_flight` at a time,
+/// each the same `review`; the server's certificate is checked against `ca_pem`.
+pub async fn reviews_per_second(
+    addr: SocketAddr,
+    ca_pem: &[u8],
+    review: Bytes,
+    in_flight: usize,
+    length: Duration,
+) -> f64 {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        roots.add(cert.expect("CA")).expect("CA certificate");
+    }
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocols")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let name = ServerName::IpAddress(addr.ip().into());
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(name, tcp)
+        .await
+        .expect("TLS");
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("HTTP/2");
+    tokio::spawn(connection);
+
+    let answered = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + length;
+    let workers = (0..in_flight).map(|_| {
+        let (mut sender, review, answered) = (sender.clone(), review.clone(), answered.clone());
+        tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let request = hyper::Request::post(format!("https://{addr}/mutate"))
+                    .header("content-type", "application/json")
+                    .body(Full::new(review.clone()))
+                    .expect("request");
+                let Ok(response) = sender.send_request(request).await else {
+                    return;
+                };
+                let ok = response.status().is_success();
+                if response.into_body().collect().await.is_ok() && ok {
+                    answered.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    });
+    let started = Instant::now();
+    futures::future::join_all(workers).await;
+    answered.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
