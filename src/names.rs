@@ -42,6 +42,19 @@ pub const GROUP_GATES: [&str; 2] = [GANG_GATE, RANK_GATE];
 /// The most `berth-queue-` PriorityClasses the webhook makes: their values come
 /// from labels tenants write, and each class is cluster-wide.
 pub const MAX_QUEUE_CLASSES: usize = 1000;
+/// The metadata of an object berth creates (a queue PriorityClass, a PodGroup):
+/// its name and berth's managed-by label, which the controller's sweep lists by.
+pub fn owned_metadata(name: &str) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        name: Some(name.to_owned()),
+        labels: Some(std::collections::BTreeMap::from([(
+            MANAGED_BY_LABEL.to_owned(),
+            FIELD_MANAGER.to_owned(),
+        )])),
+        ..Default::default()
+    }
+}
+
 /// Label on the objects berth creates (PriorityClasses, PodGroups).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Scheduling gates whose name starts with this are berth's: only berth's own

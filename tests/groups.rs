@@ -17,8 +17,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use serde_json::{Value, json};
-use support::{Berth, Nodes, create_at_once, eventually, opted_in, test_pod};
+use serde_json::json;
+use support::{Berth, Nodes, create_at_once, eventually, gang_member, opted_in};
 
 const NODES: Nodes = Nodes {
     count: 6,
@@ -28,28 +28,6 @@ const WAIT: Duration = Duration::from_secs(120);
 
 fn berth() -> &'static Berth {
     Berth::shared(NODES)
-}
-
-/// A PlacementPolicy `name` with `spec` for pods labelled `app: <name>`.
-fn apply_policy(name: &str, spec: Value) {
-    let mut spec = spec;
-    spec["podSelector"] = json!({"matchLabels": {"app": name}});
-    let policy = json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
-        "metadata": {"name": name}, "spec": spec});
-    berth().cluster.apply(&policy.to_string());
-}
-
-/// Gang member `name` of `policy`'s group `group` of `size`, requesting `cpu`.
-fn member(policy: &str, name: &str, group: &str, size: u32, cpu: &str) -> Pod {
-    let mut pod = test_pod(
-        name,
-        json!({"app": policy, "podGroup": group, "minAvailable": size.to_string()}),
-        json!({}),
-    );
-    let spec = pod.spec.as_mut().unwrap();
-    spec.containers[0].resources =
-        Some(serde_json::from_value(json!({"requests": {"cpu": cpu}})).unwrap());
-    pod
 }
 
 fn gates(pod: &Pod) -> Vec<String> {
@@ -117,12 +95,14 @@ async fn none_bound(client: &Client, ns: &str) -> Vec<Pod> {
 #[tokio::test]
 async fn a_gang_waits_for_its_last_member_then_goes_at_once() {
     let client = berth().cluster.client().await;
-    apply_policy("gang-count", json!({"gang": {}}));
+    berth()
+        .cluster
+        .apply_app_policy("gang-count", json!({"gang": {}}));
     let probe = json!({"app": "gang-count"});
     let ns = opted_in(&client, "gang-count", "gang-count", probe, WAIT).await;
     let pods = vec![
-        member("gang-count", "a", "g1", 3, "100m"),
-        member("gang-count", "b", "g1", 3, "100m"),
+        gang_member("gang-count", "a", "g1", 3, "100m"),
+        gang_member("gang-count", "b", "g1", 3, "100m"),
     ];
     create_at_once(&client, &ns, pods).await;
     let note = events(&ns, "WaitingForGang").await;
@@ -133,7 +113,7 @@ async fn a_gang_waits_for_its_last_member_then_goes_at_once() {
     create_at_once(
         &client,
         &ns,
-        vec![member("gang-count", "c", "g1", 3, "100m")],
+        vec![gang_member("gang-count", "c", "g1", 3, "100m")],
     )
     .await;
     let bound = all_bound(&client, &ns, 3).await;
@@ -147,12 +127,14 @@ async fn a_gang_that_does_not_fit_stays_held_until_a_node_is_added() {
     // (the other tests' small pods may take a little of it before the taint).
     let pool =
         |nodes: &[&str]| json!({"gang": {"timeoutSeconds": 3}, "pool": {"nodeNames": nodes}});
-    apply_policy("gang-fit", pool(&["gnode1", "gnode2"]));
+    berth()
+        .cluster
+        .apply_app_policy("gang-fit", pool(&["gnode1", "gnode2"]));
     let probe = json!({"app": "gang-fit"});
     let ns = opted_in(&client, "gang-fit", "gang-fit", probe, WAIT).await;
     let pods = ["a", "b", "c"]
         .iter()
-        .map(|n| member("gang-fit", n, "big", 3, "5"))
+        .map(|n| gang_member("gang-fit", n, "big", 3, "5"))
         .collect();
     create_at_once(&client, &ns, pods).await;
     let note = events(&ns, "GangDoesNotFit").await;
@@ -181,7 +163,9 @@ async fn a_gang_that_does_not_fit_stays_held_until_a_node_is_added() {
     none_bound(&client, &ns).await;
 
     // A third node joins the pool: all three go, one per node.
-    apply_policy("gang-fit", pool(&["gnode1", "gnode2", "gnode3"]));
+    berth()
+        .cluster
+        .apply_app_policy("gang-fit", pool(&["gnode1", "gnode2", "gnode3"]));
     let bound = all_bound(&client, &ns, 3).await;
     let nodes: BTreeSet<&String> = bound.iter().map(|(_, n)| n).collect();
     assert_eq!(nodes.len(), 3, "5 cpus each: one per node; {bound:?}");
@@ -190,7 +174,7 @@ async fn a_gang_that_does_not_fit_stays_held_until_a_node_is_added() {
 #[tokio::test]
 async fn gang_members_that_avoid_each_other_go_together_on_distinct_nodes() {
     let client = berth().cluster.client().await;
-    apply_policy(
+    berth().cluster.apply_app_policy(
         "gang-apart",
         json!({"gang": {}, "avoid": {"matchLabels": {"podGroup": "ring"}}}),
     );
@@ -198,7 +182,7 @@ async fn gang_members_that_avoid_each_other_go_together_on_distinct_nodes() {
     let ns = opted_in(&client, "gang-apart", "gang-apart", probe, WAIT).await;
     let pods: Vec<Pod> = ["a", "b", "c"]
         .iter()
-        .map(|n| member("gang-apart", n, "ring", 3, "100m"))
+        .map(|n| gang_member("gang-apart", n, "ring", 3, "100m"))
         .collect();
     create_at_once(&client, &ns, pods).await;
     let bound = all_bound(&client, &ns, 3).await;
@@ -261,7 +245,9 @@ async fn pods_of(client: &Client, ns: &str, svc: &str) -> Vec<Pod> {
 #[tokio::test]
 async fn ranks_start_in_order_each_after_the_lower_ranks_are_ready() {
     let client = berth().cluster.client().await;
-    apply_policy("ranks", json!({"startOrder": {}}));
+    berth()
+        .cluster
+        .apply_app_policy("ranks", json!({"startOrder": {}}));
     let probe = json!({"app": "ranks", "berth.io/rank": "0"});
     let ns = opted_in(&client, "ranks", "ranks", probe, WAIT).await;
     // The whole release at once, highest rank first.
@@ -308,7 +294,9 @@ async fn ranks_start_in_order_each_after_the_lower_ranks_are_ready() {
 #[tokio::test]
 async fn a_rank_waits_for_an_unready_lower_rank_and_for_its_new_replicas() {
     let client = berth().cluster.client().await;
-    apply_policy("ranks-held", json!({"startOrder": {}}));
+    berth()
+        .cluster
+        .apply_app_policy("ranks-held", json!({"startOrder": {}}));
     let probe = json!({"app": "ranks-held", "berth.io/rank": "0"});
     let ns = opted_in(&client, "ranks-held", "ranks-held", probe, WAIT).await;
     let apply = |manifest: String| {
@@ -423,13 +411,15 @@ async fn a_rank_waits_for_an_unready_lower_rank_and_for_its_new_replicas() {
 #[tokio::test]
 async fn a_tenant_can_neither_release_its_gang_nor_claim_a_higher_queue_place() {
     let client = berth().cluster.client().await;
-    apply_policy("gang-tenant", json!({"gang": {}, "queue": {}}));
+    berth()
+        .cluster
+        .apply_app_policy("gang-tenant", json!({"gang": {}, "queue": {}}));
     let probe = json!({"app": "gang-tenant"});
     let ns = opted_in(&client, "gang-tenant", "gang-tenant", probe, WAIT).await;
     let tenant = support::Tenant::new(berth().cluster, &format!("tenant-{ns}"), &ns).await;
     let as_tenant: Api<Pod> = Api::namespaced(tenant.client(berth().cluster).await, &ns);
     let queued = |name: &str, priority: &str| {
-        let mut pod = member("gang-tenant", name, "crew", 3, "100m");
+        let mut pod = gang_member("gang-tenant", name, "crew", 3, "100m");
         let labels = pod.metadata.labels.as_mut().unwrap();
         labels.insert("groupPriority".into(), priority.into());
         pod

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::json;
 use support::{
-    Berth, Nodes, Replica, create_at_once, eventually, lease_holder, opted_in, test_pod,
+    Berth, Nodes, Replica, create_at_once, eventually, gang_member, lease_holder, opted_in,
 };
 
 const NODES: Nodes = Nodes {
@@ -21,12 +21,9 @@ const NODES: Nodes = Nodes {
 };
 const WAIT: Duration = Duration::from_secs(120);
 
+/// A member of the gang `crew` of three.
 fn member(name: &str) -> Pod {
-    test_pod(
-        name,
-        json!({"app": "crew", "podGroup": "crew", "minAvailable": "3"}),
-        json!({}),
-    )
+    gang_member("crew", name, "crew", 3, "100m")
 }
 
 /// The messages of the WaitingForGang Events in `ns` that controller `identity`

@@ -12,8 +12,10 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, api::DynamicObject, discovery::ApiResource};
-use serde_json::{Value, json};
-use support::{Berth, Nodes, create_at_once, eventually, is_bound, opted_in, test_pod, wait_for};
+use serde_json::json;
+use support::{
+    Berth, Nodes, create_at_once, eventually, gang_member, is_bound, opted_in, test_pod, wait_for,
+};
 
 /// pgnode1..3 become the dedicated pool of the fit test; the others need three
 /// nodes outside it.
@@ -27,14 +29,6 @@ fn berth() -> &'static Berth {
     Berth::shared_with(NODES, &["--generic-workload"], &[])
 }
 
-fn apply_policy(name: &str, spec: Value) {
-    let mut spec = spec;
-    spec["podSelector"] = json!({"matchLabels": {"app": name}});
-    let policy = json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
-        "metadata": {"name": name}, "spec": spec});
-    berth().cluster.apply(&policy.to_string());
-}
-
 /// Waits until the policy's status shows the cluster's gang mode.
 async fn gang_mode(policy: &str) -> String {
     eventually("the policy's gangMode", WAIT, || async {
@@ -46,18 +40,6 @@ async fn gang_mode(policy: &str) -> String {
         (!mode.is_empty()).then_some(mode)
     })
     .await
-}
-
-fn member(policy: &str, name: &str, group: &str, size: u32, cpu: &str) -> Pod {
-    let mut pod = test_pod(
-        name,
-        json!({"app": policy, "podGroup": group, "minAvailable": size.to_string()}),
-        json!({}),
-    );
-    let spec = pod.spec.as_mut().unwrap();
-    spec.containers[0].resources =
-        Some(serde_json::from_value(json!({"requests": {"cpu": cpu}})).unwrap());
-    pod
 }
 
 fn pod_groups(client: &Client, ns: &str) -> Api<DynamicObject> {
@@ -127,7 +109,9 @@ fn bound_count(pods: &[Pod]) -> usize {
 #[tokio::test]
 async fn a_native_gang_waits_for_its_last_member_then_goes_at_once() {
     let client = berth().cluster.client().await;
-    apply_policy("pg-count", json!({"gang": {}}));
+    berth()
+        .cluster
+        .apply_app_policy("pg-count", json!({"gang": {}}));
     assert_eq!(gang_mode("pg-count").await, "PodGroup");
     let probe = json!({"app": "pg-count"});
     let ns = opted_in(&client, "pg-count", "pg-count", probe, WAIT).await;
@@ -136,8 +120,8 @@ async fn a_native_gang_waits_for_its_last_member_then_goes_at_once() {
         &client,
         &ns,
         vec![
-            member("pg-count", "a", "g1", 3, "100m"),
-            member("pg-count", "b", "g1", 3, "100m"),
+            gang_member("pg-count", "a", "g1", 3, "100m"),
+            gang_member("pg-count", "b", "g1", 3, "100m"),
         ],
     )
     .await;
@@ -163,7 +147,12 @@ async fn a_native_gang_waits_for_its_last_member_then_goes_at_once() {
         .unwrap();
     assert_eq!(bound_count(&held.items), 0, "two of three");
 
-    create_at_once(&client, &ns, vec![member("pg-count", "c", "g1", 3, "100m")]).await;
+    create_at_once(
+        &client,
+        &ns,
+        vec![gang_member("pg-count", "c", "g1", 3, "100m")],
+    )
+    .await;
     assert_eq!(
         initially_scheduled(&client, &ns, &name).await,
         ("True".into(), "Scheduled".into())
@@ -183,13 +172,15 @@ async fn a_native_gang_waits_for_its_last_member_then_goes_at_once() {
 async fn a_native_gang_that_does_not_fit_stays_unbound_until_a_node_is_added() {
     let client = berth().cluster.client().await;
     let pool = |nodes: &[&str]| json!({"gang": {}, "pool": {"nodeNames": nodes}});
-    apply_policy("pg-fit", pool(&["pgnode1", "pgnode2"]));
+    berth()
+        .cluster
+        .apply_app_policy("pg-fit", pool(&["pgnode1", "pgnode2"]));
     let probe = json!({"app": "pg-fit"});
     let ns = opted_in(&client, "pg-fit", "pg-fit", probe, WAIT).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let members = ["a", "b", "c"]
         .iter()
-        .map(|n| member("pg-fit", n, "big", 3, "5"))
+        .map(|n| gang_member("pg-fit", n, "big", 3, "5"))
         .collect();
     create_at_once(&client, &ns, members).await;
     let group = the_pod_group(&client, &ns).await;
@@ -203,7 +194,9 @@ async fn a_native_gang_that_does_not_fit_stays_unbound_until_a_node_is_added() {
     let held = pods.list(&ListParams::default()).await.unwrap();
     assert_eq!(bound_count(&held.items), 0);
 
-    apply_policy("pg-fit", pool(&["pgnode1", "pgnode2", "pgnode3"]));
+    berth()
+        .cluster
+        .apply_app_policy("pg-fit", pool(&["pgnode1", "pgnode2", "pgnode3"]));
     let bound = eventually("all three bound", WAIT, || async {
         let all = pods.list(&ListParams::default()).await.ok()?.items;
         (bound_count(&all) == 3).then_some(all)
@@ -219,7 +212,7 @@ async fn a_native_gang_that_does_not_fit_stays_unbound_until_a_node_is_added() {
 #[tokio::test]
 async fn native_gang_members_that_avoid_each_other_are_held_by_berth() {
     let client = berth().cluster.client().await;
-    apply_policy(
+    berth().cluster.apply_app_policy(
         "pg-apart",
         json!({"gang": {}, "avoid": {"matchLabels": {"podGroup": "ring"}}}),
     );
@@ -233,7 +226,7 @@ async fn native_gang_members_that_avoid_each_other_are_held_by_berth() {
         ..PostParams::default()
     };
     let admitted = pods
-        .create(&dry_run, &member("pg-apart", "x", "ring", 3, "100m"))
+        .create(&dry_run, &gang_member("pg-apart", "x", "ring", 3, "100m"))
         .await
         .unwrap();
     let spec = admitted.spec.unwrap();
@@ -252,7 +245,7 @@ async fn native_gang_members_that_avoid_each_other_are_held_by_berth() {
 
     let members = ["a", "b", "c"]
         .iter()
-        .map(|n| member("pg-apart", n, "ring", 3, "100m"))
+        .map(|n| gang_member("pg-apart", n, "ring", 3, "100m"))
         .collect();
     create_at_once(&client, &ns, members).await;
     let bound = eventually("all three bound", WAIT, || async {

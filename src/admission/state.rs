@@ -20,7 +20,7 @@ use kube::{Client, ResourceExt};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::PostParams;
 
-use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL, QUEUE_CLASS_PREFIX};
+use crate::names::{FIELD_MANAGER, QUEUE_CLASS_PREFIX, owned_metadata};
 use crate::objects::{NamespaceMeta, NodeMeta, PolicyObject};
 use crate::placement::groups::GangMode;
 use crate::placement::{NamespaceInfo, NodeIndex, NodeInfo};
@@ -106,14 +106,7 @@ impl QueueClassBudget {
 /// never preempts.
 pub fn queue_class_object(class: &str, value: i32) -> PriorityClass {
     PriorityClass {
-        metadata: kube::api::ObjectMeta {
-            name: Some(class.to_owned()),
-            labels: Some(BTreeMap::from([(
-                MANAGED_BY_LABEL.to_owned(),
-                FIELD_MANAGER.to_owned(),
-            )])),
-            ..Default::default()
-        },
+        metadata: owned_metadata(class),
         value: Some(value),
         preemption_policy: Some("Never".into()),
         global_default: Some(false),

@@ -15,7 +15,7 @@ use kube::api::{Api, PostParams};
 
 use super::desired::pod_entitlements;
 use super::run::{Pass, Snapshot};
-use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL};
+use crate::names::{FIELD_MANAGER, owned_metadata};
 use crate::objects::PodObject;
 use crate::placement::groups::GangMode;
 
@@ -106,14 +106,7 @@ impl PodGroups {
 /// A gang PodGroup berth keeps.
 fn pod_group(name: &str, min_count: u32, class: Option<String>) -> PodGroup {
     PodGroup {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.to_owned()),
-            labels: Some(BTreeMap::from([(
-                MANAGED_BY_LABEL.to_owned(),
-                FIELD_MANAGER.to_owned(),
-            )])),
-            ..Default::default()
-        },
+        metadata: owned_metadata(name),
         spec: PodGroupSpec {
             scheduling_policy: PodGroupSchedulingPolicy {
                 gang: Some(GangSchedulingPolicy {

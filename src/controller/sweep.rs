@@ -44,7 +44,10 @@ impl Sweeper {
         let found = found
             .into_iter()
             .filter(|c| c.name_any().starts_with(QUEUE_CLASS_PREFIX));
-        self.unused_classes = delete_unused(&api, found, &classes, &self.unused_classes).await;
+        let api_for = |_: &PriorityClass| api.clone();
+        let name = |c: &PriorityClass| c.name_any();
+        self.unused_classes =
+            delete_unused(found, &classes, &self.unused_classes, name, api_for).await;
 
         if !pod_groups {
             self.unused_groups.clear();
@@ -59,16 +62,11 @@ impl Sweeper {
                 ))
             })
             .collect();
-        let all: Api<PodGroup> = Api::all(client.clone());
-        let mut unused = BTreeSet::new();
-        for group in list_ours(&all).await {
-            let namespace = group.namespace().unwrap_or_default();
-            let api: Api<PodGroup> = Api::namespaced(client.clone(), &namespace);
-            let named = |g: &PodGroup| format!("{namespace}/{}", g.name_any());
-            unused
-                .extend(delete_unused_by(&api, [group], &groups, &self.unused_groups, named).await);
-        }
-        self.unused_groups = unused;
+        let found = list_ours(&Api::<PodGroup>::all(client.clone())).await;
+        let namespace = |g: &PodGroup| g.namespace().unwrap_or_default();
+        let api_for = |g: &PodGroup| Api::namespaced(client.clone(), &namespace(g));
+        let key = |g: &PodGroup| format!("{}/{}", namespace(g), g.name_any());
+        self.unused_groups = delete_unused(found, &groups, &self.unused_groups, key, api_for).await;
     }
 }
 
@@ -87,26 +85,15 @@ where
     }
 }
 
+/// Deletes the objects [`unused`] picks, each through `api_for` it; returns the
+/// keys unused now. Each delete is bound to the object's uid, so a namesake made in
+/// the meantime stays.
 async fn delete_unused<K>(
-    api: &Api<K>,
-    found: impl IntoIterator<Item = K>,
-    used: &BTreeSet<String>,
-    unused_before: &BTreeSet<String>,
-) -> BTreeSet<String>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    delete_unused_by(api, found, used, unused_before, |o: &K| o.name_any()).await
-}
-
-/// Deletes the objects [`unused`] picks; returns the keys unused now. Each delete
-/// is bound to the object's uid, so a namesake made in the meantime stays.
-async fn delete_unused_by<K>(
-    api: &Api<K>,
     found: impl IntoIterator<Item = K>,
     used: &BTreeSet<String>,
     unused_before: &BTreeSet<String>,
     key: impl Fn(&K) -> String,
+    api_for: impl Fn(&K) -> Api<K>,
 ) -> BTreeSet<String>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -127,7 +114,7 @@ where
             }),
             ..DeleteParams::default()
         };
-        match api.delete(&object.name_any(), &params).await {
+        match api_for(object).delete(&object.name_any(), &params).await {
             Ok(_) => tracing::info!(object = %key, "deleted, unused"),
             Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
             Err(e) => tracing::warn!(object = %key, error = %e, "cannot delete an unused object"),

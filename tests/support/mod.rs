@@ -147,6 +147,15 @@ impl TestCluster {
         self.dir.join("berth.kubeconfig")
     }
 
+    /// A PlacementPolicy `name` with `spec`, for the pods labelled `app: <name>`.
+    pub fn apply_app_policy(&self, name: &str, spec: Value) {
+        let mut spec = spec;
+        spec["podSelector"] = json!({"matchLabels": {"app": name}});
+        let policy = json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+            "metadata": {"name": name}, "spec": spec});
+        self.apply(&policy.to_string());
+    }
+
     /// `kubectl apply -f -` of `yaml`, which must succeed.
     pub fn apply(&self, yaml: &str) {
         let out = kubectl_with_input(&self.dir, &["apply", "-f", "-"], yaml);
@@ -605,6 +614,20 @@ pub fn test_pod(name: &str, labels: Value, extra_spec: Value) -> Pod {
     }
     serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": spec}))
         .unwrap()
+}
+
+/// Gang member `name` of group `group` of `size` under the policy that selects
+/// `app: <policy>` (the default `podGroup`/`minAvailable` labels), requesting `cpu`.
+pub fn gang_member(policy: &str, name: &str, group: &str, size: u32, cpu: &str) -> Pod {
+    let mut pod = test_pod(
+        name,
+        json!({"app": policy, "podGroup": group, "minAvailable": size.to_string()}),
+        json!({}),
+    );
+    let spec = pod.spec.as_mut().expect("spec");
+    spec.containers[0].resources =
+        Some(serde_json::from_value(json!({"requests": {"cpu": cpu}})).expect("resources"));
+    pod
 }
 
 /// Creates all pods concurrently, as a StatefulSet or a burst of Jobs would.
