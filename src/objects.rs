@@ -210,13 +210,21 @@ pub struct PodSpec {
     pub priority_class_name: Option<String>,
     #[serde(default)]
     pub scheduling_group: Option<Value>,
+    /// What decides where a pod may go beyond what berth's fit check reads, raw:
+    /// a held pod with any of it is not handed a set of nodes.
+    #[serde(default)]
+    pub topology_spread_constraints: Option<Value>,
+    #[serde(default)]
+    pub volumes: Option<Value>,
 }
 
-/// A container, as far as its resource requests.
+/// A container, as far as its resource requests and (raw) ports.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Container {
     #[serde(default, deserialize_with = "nullable")]
     pub resources: ContainerResources,
+    #[serde(default)]
+    pub ports: Option<Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use super::offline::{Ending, print};
 use crate::controller::exclusion::{self, ExclusionPod, Hold};
+use crate::controller::rooms::{Rooms, node_rooms};
 use crate::names::{AVOID_GATE, GROUP_GATES};
 use crate::objects::{
     MetaOnly, NamespaceMeta, NodeObject, PodObject, PolicyObject, Skip, read_json,
@@ -58,6 +59,8 @@ struct Cluster {
     namespace: NamespaceInfo,
     policies: PolicySet,
     nodes: NodeIndex,
+    /// The nodes with the room left on each, as the controller predicts fit.
+    rooms: Rooms,
     namespaces: NamespaceOptIn,
     pods: Vec<PodObject>,
     requester: Requester,
@@ -131,11 +134,12 @@ async fn read(client: &Client, target: &PodTarget) -> Result<Cluster, String> {
     let policies = PolicyCompiler::default()
         .compile(policies.iter().map(PolicyObject::source))
         .set;
-    let nodes = Api::<NodeObject>::all(client.clone())
+    let node_objects = Api::<NodeObject>::all(client.clone())
         .list(&list)
         .await
         .map_err(|e| format!("listing nodes: {e}"))?
-        .items
+        .items;
+    let nodes = node_objects
         .iter()
         .map(|n| {
             let info = NodeInfo {
@@ -150,6 +154,8 @@ async fn read(client: &Client, target: &PodTarget) -> Result<Cluster, String> {
         .await
         .map_err(|e| format!("listing pods: {e}"))?
         .items;
+    let node_objects: Vec<&NodeObject> = node_objects.iter().collect();
+    let rooms = node_rooms(&node_objects, &pods);
     let said = last_word(client, &pod).await;
     Ok(Cluster {
         said,
@@ -159,6 +165,7 @@ async fn read(client: &Client, target: &PodTarget) -> Result<Cluster, String> {
         namespace,
         policies,
         nodes,
+        rooms,
         namespaces: NamespaceOptIn::new(namespaces.iter().map(|ns| &ns.metadata)),
         pods,
     })
@@ -201,6 +208,7 @@ async fn explain_pod(target: &PodTarget) -> Result<String, String> {
     text.push_str(&standing(
         &cluster.pod,
         &cluster.pods,
+        &cluster.rooms,
         &cluster.policies,
         &cluster.namespaces,
     ));
@@ -229,6 +237,7 @@ fn group_standing(pod: &PodObject, said: Option<&(String, String)>) -> Option<St
 fn standing(
     pod: &PodObject,
     pods: &[PodObject],
+    rooms: &Rooms,
     policies: &PolicySet,
     opt_in: &dyn OptIn,
 ) -> String {
@@ -259,7 +268,7 @@ fn standing(
             group_gates.join(" and ")
         ));
     } else if gates.contains(&AVOID_GATE) {
-        out.push_str(&held(pod, pods, policies, opt_in));
+        out.push_str(&held(pod, pods, rooms, policies, opt_in));
     } else if others.is_empty() {
         match pod.unscheduled_reason() {
             Some(why) => out.push_str(&format!("not scheduled yet; the scheduler says: {why}")),
@@ -287,12 +296,15 @@ fn standing(
 }
 
 /// Why a pod with berth's gate is still held: the same plan the controller makes.
-fn held(pod: &PodObject, pods: &[PodObject], policies: &PolicySet, opt_in: &dyn OptIn) -> String {
+fn held(
+    pod: &PodObject,
+    pods: &[PodObject],
+    rooms: &Rooms,
+    policies: &PolicySet,
+    opt_in: &dyn OptIn,
+) -> String {
     let all: Vec<ExclusionPod> = pods.iter().filter_map(ExclusionPod::from_pod).collect();
-    // Which pods wait and why does not depend on node labels (they only decide
-    // where a released pod is narrowed): none are given.
-    let no_labels = exclusion::NodeLabels::new();
-    let plan = exclusion::plan(&all, policies, opt_in, &Default::default(), &no_labels);
+    let plan = exclusion::plan(&all, policies, opt_in, &Default::default(), rooms);
     let is_this = |p: &ExclusionPod| {
         Some(p.namespace.as_str()) == pod.metadata.namespace.as_deref()
             && Some(p.name.as_str()) == pod.metadata.name.as_deref()
@@ -305,8 +317,8 @@ fn held(pod: &PodObject, pods: &[PodObject], policies: &PolicySet, opt_in: &dyn 
         }) => {
             let mut text = format!(
                 "held by the scheduling gate {AVOID_GATE}: it must avoid {}/{} (policy {policy}), \
-                 which is released but not bound yet; berth's controller releases this pod once \
-                 that one is bound",
+                 which is released but not bound yet, and no nodes apart from it have room for \
+                 this pod; berth's controller releases this pod once that one is bound",
                 behind.namespace, behind.name
             );
             let blocker = pods.iter().find(|p| {
@@ -374,7 +386,7 @@ mod tests {
             pod("m1", false, None, Some("0/3 nodes are available")),
             pod("m2", true, None, None),
         ];
-        let text = standing(&pods[1], &pods, &masters(), &Everyone);
+        let text = standing(&pods[1], &pods, &Rooms::new(), &masters(), &Everyone);
         assert!(
             text.contains("it must avoid db/m1 (policy masters), which is released but not bound"),
             "{text}"
@@ -383,7 +395,7 @@ mod tests {
             text.contains("the scheduler says: 0/3 nodes are available"),
             "{text}"
         );
-        let text = standing(&pods[0], &pods, &masters(), &Everyone);
+        let text = standing(&pods[0], &pods, &Rooms::new(), &masters(), &Everyone);
         assert!(
             text.contains("not scheduled yet; the scheduler says: 0/3 nodes are available"),
             "{text}"
@@ -398,10 +410,10 @@ mod tests {
         ];
         let set = masters();
         assert_eq!(
-            standing(&pods[0], &pods, &set, &Everyone),
+            standing(&pods[0], &pods, &Rooms::new(), &set, &Everyone),
             "Now: bound to node node7.\n"
         );
-        let text = standing(&pods[1], &pods, &set, &Everyone);
+        let text = standing(&pods[1], &pods, &Rooms::new(), &set, &Everyone);
         assert!(text.contains("with nothing to wait for"), "{text}");
     }
 }

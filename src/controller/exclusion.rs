@@ -1,45 +1,81 @@
 //! Exact exclusion (SPEC "The controller"; seeds 001 and 002). Pods of `avoid`
 //! policies arrive held by the scheduling gate `berth.io/avoid`. A pure function
-//! decides which to release:
+//! decides which to release, and how: before its gate is removed, the pod's own
+//! required node affinity is narrowed (Kubernetes allows that while a pod is gated),
+//! because the anchor labels alone would not do: the scheduler's node cache may not
+//! have seen the newest label when the next pod arrives, while a constraint in the
+//! pod itself cannot be missed.
 //!
-//! - a held pod goes only when no pod it must avoid is *in flight* (released but
-//!   not bound yet), so two pods that must avoid each other are never scheduled at
-//!   the same time; pods that do not conflict are released together;
-//! - before its gate is removed, the pod's own required node affinity is narrowed
-//!   (Kubernetes allows that while a pod is gated) to keep off the nodes where the
-//!   pods it must avoid are bound. The anchor labels alone would not do: the
-//!   scheduler's node cache may not have seen the newest label when the next pod
-//!   arrives, while a constraint in the pod itself cannot be missed.
+//! - **On a set of nodes.** Pods that must avoid each other are released at the same
+//!   time, each confined to its own set of nodes (`kubernetes.io/hostname In
+//!   [...]`), disjoint from the sets of the others still in flight (released, not
+//!   bound yet) and free of the nodes where pods it must avoid are bound. A pod gets
+//!   a set only where its fit is predicted ([`super::rooms`]): resources left, its
+//!   selectors and tolerations; so it is never confined to nodes that cannot take
+//!   it.
+//! - **Alone.** A pod whose fit cannot be predicted (host ports, volumes, its own
+//!   inter-pod rules), or for which no set with room is found, goes only when no pod
+//!   it must avoid is in flight, narrowed off the nodes of those bound (one
+//!   `metadata.name NotIn` per node), and the scheduler may take any other node.
+//!   Until it is bound, the pods it must avoid wait.
 //!
-//! Everything is derived from the cluster as it is, so a restarted controller or a
-//! new leader picks up where the last one stopped, and no pod is released twice.
+//! Pods that do not conflict are released together either way. Everything is
+//! derived from the cluster as it is (an in-flight pod's set is read back from its
+//! affinity), so a restarted controller or a new leader picks up where the last one
+//! stopped, and no pod is released twice.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
 
 use super::desired::{anchors, applied_policies, entitled_policies};
+use super::rooms::{Fit, Rooms};
 use crate::names::{AVOID_GATE, anchor_label, placed_label};
 use crate::objects::PodObject;
 use crate::placement::pod::is_empty_term;
 use crate::policy::compile::Labels;
 use crate::policy::{CompiledPolicy, OptIn, PolicySet};
 
+/// The node label a set of nodes is written with: it holds the node's name on
+/// almost every node, and a node without it is never part of a set.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// A set holds at least this many nodes when it can (a few, so that one prediction
+/// that misses does not leave the pod without a node), and at most this many (the
+/// set is written into the pod).
+const FEWEST_NODES: usize = 4;
+const MOST_NODES: usize = 32;
+
+/// How many nodes one pod's search for a set looks at, at most: in a full cluster a
+/// pod then costs a bounded search and goes alone instead.
+const SEARCH_NODES: usize = 2048;
+
 /// The shape of one required nodeSelectorTerm, as far as narrowing cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Term {
+pub struct Term {
     /// Neither expressions nor fields: it matches no node and stays so.
-    Empty,
-    /// Expressions, no `matchFields` yet.
-    Expressions,
-    /// It has `matchFields` already.
-    Fields,
+    pub matches_nothing: bool,
+    /// It has a `matchExpressions` list to add to.
+    pub expressions: bool,
+    /// It has a `matchFields` list to add to.
+    pub fields: bool,
+}
+
+impl Term {
+    fn of(term: &Value) -> Term {
+        let list = |key: &str| term.get(key).is_some_and(Value::is_array);
+        Term {
+            matches_nothing: is_empty_term(term),
+            expressions: list("matchExpressions"),
+            fields: list("matchFields"),
+        }
+    }
 }
 
 /// A pod as exclusion sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ExclusionPod {
     pub namespace: String,
     pub name: String,
@@ -58,6 +94,11 @@ pub struct ExclusionPod {
     pub terminating: bool,
     /// The required nodeSelectorTerms, by shape.
     pub terms: Vec<Term>,
+    /// Released and not bound: the hostnames its required node affinity confines it
+    /// to, `None` when it may take any node.
+    pub hosts: Option<BTreeSet<String>>,
+    /// Held: what predicting where it fits needs, if the pod can be read.
+    pub fit: Option<Fit>,
 }
 
 impl ExclusionPod {
@@ -69,16 +110,17 @@ impl ExclusionPod {
             return None;
         }
         let meta = &pod.metadata;
-        let terms = pod
-            .spec
-            .affinity
-            .as_ref()
-            .and_then(|a| {
-                a.pointer("/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
-            })
+        let required = pod.spec.affinity.as_ref().and_then(|a| {
+            a.pointer(
+                "/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms",
+            )
+        });
+        let terms: Vec<Term> = required
             .and_then(Value::as_array)
-            .map(|terms| terms.iter().map(term_shape).collect())
+            .map(|terms| terms.iter().map(Term::of).collect())
             .unwrap_or_default();
+        let gate = pod.gate(AVOID_GATE);
+        let unbound = pod.spec.node_name.is_none();
         Some(ExclusionPod {
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
@@ -86,7 +128,7 @@ impl ExclusionPod {
             created: meta.creation_timestamp.clone(),
             labels: meta.labels.clone().unwrap_or_default(),
             applied: applied_policies(meta.annotations.as_ref()),
-            gate: pod.gate(AVOID_GATE),
+            gate,
             other_gates: pod
                 .spec
                 .scheduling_gates
@@ -95,51 +137,82 @@ impl ExclusionPod {
             node: pod.spec.node_name.clone(),
             terminating: pod.is_terminating(),
             terms,
+            hosts: (gate.is_none() && unbound)
+                .then(|| required.and_then(confined_hosts))
+                .flatten(),
+            fit: gate.and_then(|_| Fit::of(pod)),
         })
     }
-}
 
-impl ExclusionPod {
     /// The pod's uid, or its namespace and name.
     pub fn key(&self) -> String {
         self.uid
             .clone()
             .unwrap_or_else(|| format!("{}/{}", self.namespace, self.name))
     }
-}
 
-fn term_shape(term: &Value) -> Term {
-    if is_empty_term(term) {
-        Term::Empty
-    } else if term
-        .get("matchFields")
-        .and_then(Value::as_array)
-        .is_some_and(|f| !f.is_empty())
-    {
-        Term::Fields
-    } else {
-        Term::Expressions
+    /// Whether a `kubernetes.io/hostname In` expression added to its terms would
+    /// confine it: it has a term that matches some node.
+    fn can_confine(&self) -> bool {
+        self.terms.iter().any(|t| !t.matches_nothing)
     }
 }
 
-/// A held pod to release, and the nodes it must keep off.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The hostnames required nodeSelectorTerms confine a pod to: the union over its
+/// terms (they are ORed) of each term's `kubernetes.io/hostname In` values
+/// (intersected, they are ANDed). `None` when some term does not confine it.
+fn confined_hosts(terms: &Value) -> Option<BTreeSet<String>> {
+    let mut hosts = BTreeSet::new();
+    for term in terms.as_array()? {
+        if is_empty_term(term) {
+            continue;
+        }
+        let mut confined: Option<BTreeSet<String>> = None;
+        let expressions = term.get("matchExpressions").and_then(Value::as_array);
+        for expression in expressions.into_iter().flatten() {
+            let key = expression.get("key").and_then(Value::as_str);
+            let op = expression.get("operator").and_then(Value::as_str);
+            if key != Some(HOSTNAME_LABEL) || op != Some("In") {
+                continue;
+            }
+            let values: BTreeSet<String> = expression
+                .get("values")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect();
+            confined = Some(match confined {
+                Some(before) => before.intersection(&values).cloned().collect(),
+                None => values,
+            });
+        }
+        hosts.extend(confined?);
+    }
+    Some(hosts)
+}
+
+/// A held pod to release: confined to `hosts` when given a set, otherwise kept off
+/// `avoid_nodes`.
+#[derive(Debug, Clone)]
 pub struct Release<'a> {
     pub pod: &'a ExclusionPod,
     pub avoid_nodes: Vec<String>,
+    pub hosts: Option<Vec<String>>,
 }
 
 /// A held pod that stays held, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Waiting<'a> {
     pub pod: &'a ExclusionPod,
     pub reason: Hold<'a>,
 }
 
 /// Why a held pod stays held.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Hold<'a> {
-    /// A pod it must avoid (through `policy`) is released but not bound yet.
+    /// A pod it must avoid (through `policy`) is released but not bound yet, and
+    /// no set of nodes could be found beside it.
     Behind {
         pod: &'a ExclusionPod,
         policy: String,
@@ -156,76 +229,96 @@ pub struct Plan<'a> {
     pub waiting: Vec<Waiting<'a>>,
 }
 
-/// Why two pods must avoid each other.
-struct Conflict<'p> {
-    policy: &'p CompiledPolicy,
-    /// The node label that keeps `a` off the node of `b`: the policy's anchor
-    /// label when `a` is one of its pods, its placed label when `a` is a pod it
-    /// avoids.
-    keep_off: String,
-}
-
-/// A pod in a plan, with the avoid policies that apply to it (those its namespace
-/// opts into), worked out once per plan.
+/// A pod in a plan with its part in exclusion, worked out once per plan: the
+/// avoid policies that apply to it (those its namespace opts into), and those that
+/// avoid it, each with whether its namespace opts into that policy.
 struct Entry<'a, 'p> {
     pod: &'a ExclusionPod,
     avoids: Vec<&'p CompiledPolicy>,
+    avoided_by: Vec<(&'p CompiledPolicy, bool)>,
 }
 
 impl<'a, 'p> Entry<'a, 'p> {
-    fn new(pod: &'a ExclusionPod, policies: &'p PolicySet, opt_in: &dyn OptIn) -> Self {
-        let avoids = entitled_policies(&pod.applied, &pod.namespace, policies, opt_in)
-            .into_iter()
-            .filter(|p| p.spec.avoid.is_some())
+    /// `None` for a pod exclusion has nothing to do with.
+    fn new(
+        pod: &'a ExclusionPod,
+        avoid_policies: &[&'p CompiledPolicy],
+        policies: &'p PolicySet,
+        opt_in: &dyn OptIn,
+    ) -> Option<Self> {
+        let avoids: Vec<&CompiledPolicy> =
+            entitled_policies(&pod.applied, &pod.namespace, policies, opt_in)
+                .into_iter()
+                .filter(|p| p.spec.avoid.is_some())
+                .collect();
+        let avoided_by: Vec<(&CompiledPolicy, bool)> = avoid_policies
+            .iter()
+            .filter(|p| anchors(p, &pod.labels, &pod.namespace, opt_in))
+            .map(|p| (*p, opt_in.opts_in(p, &pod.namespace)))
             .collect();
-        Entry { pod, avoids }
+        (pod.gate.is_some() || !avoids.is_empty() || !avoided_by.is_empty()).then_some(Entry {
+            pod,
+            avoids,
+            avoided_by,
+        })
     }
 }
 
-/// The policy through which `a` and `b` must avoid each other, if any: one of
-/// them is a pod an avoid policy applies to (in a namespace that opts into it),
-/// and the other is one that policy avoids.
-fn conflict<'p>(a: &Entry<'_, 'p>, b: &Entry<'_, 'p>, opt_in: &dyn OptIn) -> Option<Conflict<'p>> {
-    let one_way = |x: &Entry<'_, 'p>, y: &Entry| {
-        x.avoids
+/// Whether `a` and `b` must avoid each other (an avoid policy that applies to one
+/// of them avoids the other), and if so the node label that keeps `a` off the node
+/// of `b`: the policy's anchor label when `a` is one of its pods, its placed label
+/// when `a` is a pod it avoids.
+fn conflict(a: &Entry, b: &Entry) -> Option<String> {
+    avoided_through(a, b)
+        .map(anchor_label)
+        .or_else(|| avoided_through(b, a).map(placed_label))
+}
+
+/// The avoid policy of `x` that avoids `y`, by name.
+fn avoided_through<'e>(x: &'e Entry, y: &Entry) -> Option<&'e str> {
+    x.avoids
+        .iter()
+        .find(|p| y.avoided_by.iter().any(|(q, _)| q.name == p.name))
+        .map(|p| p.name.as_str())
+}
+
+/// The policy through which the in-flight `other` holds the held `pod` back. Only
+/// a pod in a namespace that opts into the policy does: any tenant could otherwise
+/// label a pod that never schedules like a target and stall every pod of the
+/// policy, in every namespace.
+fn holds_back<'p>(pod: &Entry<'_, 'p>, other: &Entry<'_, 'p>) -> Option<&'p CompiledPolicy> {
+    let avoided = pod.avoids.iter().copied().find(|p| {
+        other
+            .avoided_by
+            .iter()
+            .any(|(q, opted)| *opted && q.name == p.name)
+    });
+    avoided.or_else(|| {
+        other
+            .avoids
             .iter()
             .copied()
-            .find(|p| anchors(p, &y.pod.labels, &y.pod.namespace, opt_in))
-    };
-    if let Some(policy) = one_way(a, b) {
-        return Some(Conflict {
-            policy,
-            keep_off: anchor_label(&policy.name),
-        });
-    }
-    one_way(b, a).map(|policy| Conflict {
-        policy,
-        keep_off: placed_label(&policy.name),
+            .find(|p| pod.avoided_by.iter().any(|(q, _)| q.name == p.name))
     })
 }
 
-/// The labels the controller's cache shows on each node.
-pub type NodeLabels = BTreeMap<String, Labels>;
-
-/// What this controller has released. Pods stay in `uncached` until the cache
-/// shows them released: the watch event trails the write, and a pod that still
-/// looks held must count as in flight, or a pod that must avoid it could be
-/// released beside it. `recent` remembers when, for [`Released::hurry`].
+/// What this controller has released. Pods stay in `uncached` (with the set each
+/// was confined to) until the cache shows them released: the watch event trails
+/// the write, and a pod that still looks held must count as in flight, or a pod
+/// that must avoid it could be released beside it. `recent` remembers when, for
+/// [`Released::hurry`].
 #[derive(Debug, Default)]
 pub struct Released {
-    uncached: BTreeSet<String>,
+    uncached: BTreeMap<String, Option<BTreeSet<String>>>,
     recent: BTreeMap<String, Instant>,
 }
 
 impl Released {
-    fn key(pod: &ExclusionPod) -> String {
-        pod.key()
-    }
-
-    /// Notes that `pod`'s gate was removed at `now`.
-    pub fn record(&mut self, pod: &ExclusionPod, now: Instant) {
-        self.uncached.insert(Self::key(pod));
-        self.recent.insert(Self::key(pod), now);
+    /// Notes that `pod`'s gate was removed at `now`, confining it to `hosts`.
+    pub fn record(&mut self, pod: &ExclusionPod, hosts: Option<&[String]>, now: Instant) {
+        let hosts = hosts.map(|h| h.iter().cloned().collect());
+        self.uncached.insert(pod.key(), hosts);
+        self.recent.insert(pod.key(), now);
     }
 
     /// Whether a held pod waits behind a pod released less than `window` ago. That
@@ -236,7 +329,7 @@ impl Released {
         self.recent
             .retain(|_, at| now.saturating_duration_since(*at) < window);
         plan.waiting.iter().any(|w| match &w.reason {
-            Hold::Behind { pod, .. } => self.recent.contains_key(&Self::key(pod)),
+            Hold::Behind { pod, .. } => self.recent.contains_key(&pod.key()),
             Hold::PolicyNotSeen(_) => false,
         })
     }
@@ -247,12 +340,13 @@ impl Released {
         let still_gated: BTreeSet<String> = pods
             .iter()
             .filter(|p| p.gate.is_some())
-            .map(Self::key)
+            .map(ExclusionPod::key)
             .collect();
-        self.uncached.retain(|key| still_gated.contains(key));
+        self.uncached.retain(|key, _| still_gated.contains(key));
         for pod in pods.iter_mut() {
-            if self.uncached.contains(&Self::key(pod)) {
+            if let Some(hosts) = self.uncached.get(&pod.key()) {
                 pod.gate = None;
+                pod.hosts = hosts.clone();
             }
         }
     }
@@ -270,39 +364,103 @@ fn in_flight(pod: &ExclusionPod) -> bool {
 /// kept off it for good, where native anti-affinity lets it in once the old pod has
 /// left. A pod bound and deleted a moment ago, before its node was labelled, is
 /// still narrowed against.
-fn narrow_off(other: &ExclusionPod, conflict: &Conflict, nodes: &NodeLabels) -> bool {
+fn narrow_off(other: &ExclusionPod, keep_off: &str, rooms: &Rooms) -> bool {
     let labelled = || {
         other
             .node
             .as_ref()
-            .and_then(|n| nodes.get(n))
-            .is_some_and(|labels| labels.contains_key(&conflict.keep_off))
+            .and_then(|n| rooms.get(n))
+            .is_some_and(|room| room.info.labels.contains_key(keep_off))
     };
     !other.terminating || !labelled()
 }
 
-/// Which held pods to release now, oldest first, with the nodes each must keep
-/// off, and why the others wait. `unseen` holds, by pod key, held pods the webhook
-/// admitted with a policy that exists but is not in `policies` yet: each waits for
-/// its policy. (A policy that is gone is simply absent: its pods no longer avoid
-/// anything.)
-/// `nodes` are the node labels the controller's cache holds.
+/// A pod in flight, and the hostnames it is confined to (`None`: any node).
+struct Flying<'e, 'a, 'p> {
+    entry: &'e Entry<'a, 'p>,
+    hosts: Option<BTreeSet<String>>,
+}
+
+/// The nodes sets are made of, and who holds which.
+struct Sets<'r, 'e, 'a, 'p> {
+    /// Nodes with a hostname label, by name, with their room.
+    nodes: Vec<(&'r str, &'r str, &'r super::rooms::NodeRoom)>,
+    /// Where the next search starts, so that consecutive sets spread over the nodes.
+    cursor: usize,
+    /// How many nodes a set aims for.
+    size: usize,
+    /// The pods in flight.
+    flying: Vec<Flying<'e, 'a, 'p>>,
+    /// Which in-flight pods (indices into `flying`) each hostname is in the set of.
+    claims: HashMap<String, Vec<usize>>,
+    /// The pods bound to each node.
+    bound: HashMap<&'a str, Vec<&'e Entry<'a, 'p>>>,
+}
+
+impl<'r, 'e, 'a, 'p> Sets<'r, 'e, 'a, 'p> {
+    fn fly(&mut self, entry: &'e Entry<'a, 'p>, hosts: Option<BTreeSet<String>>) {
+        let index = self.flying.len();
+        for host in hosts.iter().flatten() {
+            self.claims.entry(host.clone()).or_default().push(index);
+        }
+        self.flying.push(Flying { entry, hosts });
+    }
+
+    /// A set of nodes for the held `entry` where it fits, none of them claimed by a
+    /// pod in flight that it must avoid (`blockers`) or holding a pod it must avoid;
+    /// empty when the search finds none.
+    fn find(
+        &mut self,
+        entry: &Entry<'a, 'p>,
+        fit: &Fit,
+        blockers: &HashSet<usize>,
+        rooms: &Rooms,
+    ) -> Vec<String> {
+        let mut hosts = Vec::new();
+        let count = self.nodes.len();
+        let mut looked = 0;
+        while looked < count.min(SEARCH_NODES) && hosts.len() < self.size {
+            let (name, host, room) = self.nodes[(self.cursor + looked) % count];
+            looked += 1;
+            let claimed = self
+                .claims
+                .get(host)
+                .is_some_and(|c| c.iter().any(|i| blockers.contains(i)));
+            let avoided = self.bound.get(name).is_some_and(|on_node| {
+                on_node.iter().any(|other| {
+                    conflict(entry, other).is_some_and(|label| narrow_off(other.pod, &label, rooms))
+                })
+            });
+            if !claimed && !avoided && fit.fits(name, room).is_ok() {
+                hosts.push(host.to_owned());
+            }
+        }
+        self.cursor = (self.cursor + looked) % count.max(1);
+        hosts.sort();
+        hosts.dedup();
+        hosts
+    }
+}
+
+/// Which held pods to release now, oldest first, each with its set of nodes or
+/// the nodes it must keep off, and why the others wait. `unseen` holds, by pod key,
+/// held pods the webhook admitted with a policy that exists but is not in
+/// `policies` yet: each waits for its policy. (A policy that is gone is simply
+/// absent: its pods no longer avoid anything.) `rooms` are the nodes as the
+/// controller's cache holds them, with the room left on each.
 pub fn plan<'a>(
     pods: &'a [ExclusionPod],
     policies: &PolicySet,
     opt_in: &dyn OptIn,
     unseen: &BTreeMap<String, String>,
-    nodes: &NodeLabels,
+    rooms: &Rooms,
 ) -> Plan<'a> {
+    let avoid_policies: Vec<&CompiledPolicy> =
+        policies.iter().filter(|p| p.spec.avoid.is_some()).collect();
     let entries: Vec<Entry> = pods
         .iter()
-        .map(|p| Entry::new(p, policies, opt_in))
+        .filter_map(|p| Entry::new(p, &avoid_policies, policies, opt_in))
         .collect();
-    let mut flying: Vec<&Entry> = entries
-        .iter()
-        .filter(|e| in_flight(e.pod) && !e.pod.terminating)
-        .collect();
-    let bound: Vec<&Entry> = entries.iter().filter(|e| e.pod.node.is_some()).collect();
     // A pod held by another gate as well waits for that gate first; that gate's
     // own Event says why.
     let mut held: Vec<&Entry> = entries
@@ -313,6 +471,29 @@ pub fn plan<'a>(
         let (a, b) = (a.pod, b.pod);
         (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
     });
+    let nodes: Vec<_> = rooms
+        .iter()
+        .filter_map(|(name, room)| {
+            let host = room.info.labels.get(HOSTNAME_LABEL)?;
+            Some((name.as_str(), host.as_str(), room))
+        })
+        .collect();
+    let size = (nodes.len() / held.len().max(1)).clamp(FEWEST_NODES, MOST_NODES);
+    let mut sets = Sets {
+        nodes,
+        cursor: 0,
+        size,
+        flying: Vec::new(),
+        claims: HashMap::new(),
+        bound: HashMap::new(),
+    };
+    for entry in &entries {
+        if let Some(node) = &entry.pod.node {
+            sets.bound.entry(node.as_str()).or_default().push(entry);
+        } else if in_flight(entry.pod) && !entry.pod.terminating {
+            sets.fly(entry, entry.pod.hosts.clone());
+        }
+    }
     let mut plan = Plan::default();
     for entry in held {
         let pod = entry.pod;
@@ -323,35 +504,68 @@ pub fn plan<'a>(
             });
             continue;
         }
-        // Only a pod in a namespace that opts into the policy holds others back:
-        // any tenant could otherwise label a pod that never schedules like a
-        // target and stall every pod of the policy, in every namespace.
-        let blocker = flying.iter().find_map(|other| {
-            conflict(entry, other, opt_in)
-                .filter(|c| opt_in.opts_in(c.policy, &other.pod.namespace))
-                .map(|c| (other.pod, c.policy.name.clone()))
-        });
-        if let Some((behind, policy)) = blocker {
-            plan.waiting.push(Waiting {
+        let blockers: Vec<(usize, &CompiledPolicy)> = sets
+            .flying
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| Some((i, holds_back(entry, f.entry)?)))
+            .collect();
+        let behind = |i: usize, policy: &CompiledPolicy, sets: &Sets<'_, '_, 'a, '_>| Waiting {
+            pod,
+            reason: Hold::Behind {
+                pod: sets.flying[i].entry.pod,
+                policy: policy.name.clone(),
+            },
+        };
+        // One that may take any node leaves no set free of it.
+        if let Some((i, policy)) = blockers
+            .iter()
+            .find(|(i, _)| sets.flying[*i].hosts.is_none())
+        {
+            plan.waiting.push(behind(*i, policy, &sets));
+            continue;
+        }
+        let fit = pod
+            .fit
+            .as_ref()
+            .filter(|f| f.predictable && pod.can_confine());
+        let hosts = match fit {
+            Some(fit) => {
+                let blocking: HashSet<usize> = blockers.iter().map(|(i, _)| *i).collect();
+                sets.find(entry, fit, &blocking, rooms)
+            }
+            None => Vec::new(),
+        };
+        if !hosts.is_empty() {
+            sets.fly(entry, Some(hosts.iter().cloned().collect()));
+            plan.release.push(Release {
                 pod,
-                reason: Hold::Behind {
-                    pod: behind,
-                    policy,
-                },
+                avoid_nodes: Vec::new(),
+                hosts: Some(hosts),
             });
             continue;
         }
-        let mut avoid_nodes: Vec<String> = bound
+        if let Some((i, policy)) = blockers.first() {
+            plan.waiting.push(behind(*i, policy, &sets));
+            continue;
+        }
+        let mut avoid_nodes: Vec<String> = sets
+            .bound
             .iter()
-            .filter(|other| {
-                conflict(entry, other, opt_in).is_some_and(|c| narrow_off(other.pod, &c, nodes))
+            .filter(|(_, on_node)| {
+                on_node.iter().any(|other| {
+                    conflict(entry, other).is_some_and(|label| narrow_off(other.pod, &label, rooms))
+                })
             })
-            .filter_map(|other| other.pod.node.clone())
+            .map(|(node, _)| node.to_string())
             .collect();
         avoid_nodes.sort();
-        avoid_nodes.dedup();
-        plan.release.push(Release { pod, avoid_nodes });
-        flying.push(entry);
+        sets.fly(entry, None);
+        plan.release.push(Release {
+            pod,
+            avoid_nodes,
+            hosts: None,
+        });
     }
     plan
 }
@@ -396,8 +610,14 @@ mod tests {
             gate: gate.then_some(0),
             node: node.map(Into::into),
             terminating: false,
-            terms: vec![Term::Expressions],
+            terms: vec![Term {
+                matches_nothing: false,
+                expressions: true,
+                fields: false,
+            }],
             other_gates: false,
+            hosts: None,
+            fit: None,
         }
     }
 
@@ -412,8 +632,8 @@ mod tests {
         BTreeMap::new()
     }
 
-    fn no_labels() -> NodeLabels {
-        NodeLabels::new()
+    fn no_labels() -> Rooms {
+        Rooms::new()
     }
 
     fn names<'a>(releases: &[Release<'a>]) -> Vec<&'a str> {
@@ -552,10 +772,7 @@ mod tests {
             &no_labels(),
         );
         assert!(plan.release.is_empty(), "both would be released at once");
-        assert_eq!(
-            plan.waiting[1].reason,
-            Hold::PolicyNotSeen("masters".into())
-        );
+        assert!(matches!(&plan.waiting[1].reason, Hold::PolicyNotSeen(p) if p == "masters"));
     }
 
     #[test]
@@ -565,7 +782,7 @@ mod tests {
             pod("m2", "master", &["masters"], true, None),
         ];
         let mut released = Released::default();
-        released.record(&pods[0], Instant::now());
+        released.record(&pods[0], None, Instant::now());
         released.overlay(&mut pods);
         let plan = plan(&pods, &masters(), &Everyone, &none(), &no_labels());
         assert!(plan.release.is_empty(), "m1 is in flight, m2 must wait");
@@ -657,10 +874,13 @@ mod tests {
         assert_eq!(unlabelled.release[0].avoid_nodes, ["n3"]);
         // n3 carries the anchor label: it keeps m1 off while m0 is there, and lets it
         // in once m0 is gone, where narrowing would keep it off for good.
-        let labelled = NodeLabels::from([(
-            "n3".to_string(),
-            Labels::from([(anchor_label("masters"), "true".to_string())]),
-        )]);
+        let mut labelled = Rooms::new();
+        labelled
+            .entry("n3".to_string())
+            .or_default()
+            .info
+            .labels
+            .insert(anchor_label("masters"), "true".to_string());
         let plan = plan(&pods, &set, &Everyone, &none(), &labelled);
         assert!(plan.release[0].avoid_nodes.is_empty());
     }
@@ -680,11 +900,182 @@ mod tests {
             !released.hurry(&plan, start, window),
             "m1 was not released by this controller"
         );
-        released.record(&pods[0], start);
+        released.record(&pods[0], None, start);
         assert!(released.hurry(&plan, start + Duration::from_secs(1), window));
         assert!(
             !released.hurry(&plan, start + Duration::from_secs(6), window),
             "m1 has been unschedulable for a while: no hurry"
         );
+    }
+
+    /// A master held as the webhook leaves it: gated, with a required term, asking
+    /// for one cpu; `extra` is merged into its spec.
+    fn held_master(name: &str, extra: serde_json::Value) -> ExclusionPod {
+        let mut spec = json!({
+            "schedulingGates": [{"name": AVOID_GATE}],
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "berth.anchor.masters", "operator": "DoesNotExist"}]}]}}},
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        let pod: PodObject = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "db", "uid": name,
+                "labels": {"role": "master"}, "annotations": {"berth.io/applied": "masters"}},
+            "spec": spec}))
+        .unwrap();
+        ExclusionPod::from_pod(&pod).unwrap()
+    }
+
+    /// Nodes n00.. with a hostname label (h00..) and `cpu` free each.
+    fn nodes(count: usize, cpu: f64) -> Rooms {
+        (0..count)
+            .map(|i| {
+                let mut room = super::super::rooms::NodeRoom::default();
+                room.info
+                    .labels
+                    .insert(HOSTNAME_LABEL.into(), format!("h{i:02}"));
+                room.free = BTreeMap::from([("cpu".into(), cpu), ("pods".into(), 110.0)]);
+                (format!("n{i:02}"), room)
+            })
+            .collect()
+    }
+
+    fn hosts<'a>(release: &'a Release) -> BTreeSet<&'a str> {
+        release.hosts.iter().flatten().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn pods_that_avoid_each_other_go_at_once_each_on_its_own_nodes() {
+        let pods: Vec<ExclusionPod> = ["m1", "m2", "m3"]
+            .iter()
+            .map(|n| held_master(n, json!({})))
+            .collect();
+        let plan = plan(&pods, &masters(), &Everyone, &none(), &nodes(12, 4.0));
+        assert_eq!(names(&plan.release), ["m1", "m2", "m3"]);
+        let sets: Vec<BTreeSet<&str>> = plan.release.iter().map(hosts).collect();
+        for (i, set) in sets.iter().enumerate() {
+            assert_eq!(set.len(), 4, "12 nodes shared by 3: {set:?}");
+            for other in &sets[i + 1..] {
+                assert!(set.is_disjoint(other), "{set:?} and {other:?}");
+            }
+        }
+        assert!(plan.release.iter().all(|r| r.avoid_nodes.is_empty()));
+    }
+
+    #[test]
+    fn a_set_holds_only_nodes_where_the_pod_fits_and_no_pod_it_avoids_is_bound() {
+        let mut rooms = nodes(6, 4.0);
+        // n00: no room; n01: tainted; n02: a master is bound there; n03: no
+        // hostname label. n04 and n05 are left.
+        rooms.get_mut("n00").unwrap().free.insert("cpu".into(), 0.5);
+        rooms.get_mut("n01").unwrap().info.taints = vec![
+            serde_json::from_value(
+                json!({"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}),
+            )
+            .unwrap(),
+        ];
+        rooms.get_mut("n03").unwrap().info.labels.clear();
+        let pods = vec![
+            pod("m0", "master", &["masters"], false, Some("n02")),
+            held_master("m1", json!({})),
+        ];
+        let plan = plan(&pods, &masters(), &Everyone, &none(), &rooms);
+        assert_eq!(hosts(&plan.release[0]), BTreeSet::from(["h04", "h05"]));
+    }
+
+    #[test]
+    fn a_pod_in_flight_keeps_its_set_and_the_next_takes_other_nodes() {
+        // m1 was released onto h00..h03 (read back from its affinity) and is not
+        // bound yet.
+        let released: PodObject = serde_json::from_value(json!({
+            "metadata": {"name": "m1", "namespace": "db", "uid": "m1",
+                "labels": {"role": "master"}, "annotations": {"berth.io/applied": "masters"}},
+            "spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "berth.anchor.masters", "operator": "DoesNotExist"},
+                    {"key": HOSTNAME_LABEL, "operator": "In", "values": ["h00", "h01", "h02", "h03"]}]}]}}}}}))
+        .unwrap();
+        let m1 = ExclusionPod::from_pod(&released).unwrap();
+        assert_eq!(m1.hosts.as_ref().map(BTreeSet::len), Some(4));
+        let pods = vec![m1, held_master("m2", json!({}))];
+        let plan = plan(&pods, &masters(), &Everyone, &none(), &nodes(8, 4.0));
+        assert_eq!(names(&plan.release), ["m2"]);
+        assert_eq!(
+            hosts(&plan.release[0]),
+            BTreeSet::from(["h04", "h05", "h06", "h07"])
+        );
+        // Once no node is left beside m1, m2 waits behind it.
+        let plan = super::plan(&pods, &masters(), &Everyone, &none(), &nodes(4, 4.0));
+        assert!(plan.release.is_empty());
+        assert!(matches!(&plan.waiting[0].reason, Hold::Behind { pod, .. } if pod.name == "m1"));
+    }
+
+    #[test]
+    fn a_pod_whose_fit_cannot_be_predicted_goes_alone() {
+        let pods = vec![
+            held_master(
+                "m1",
+                json!({"containers": [{"name": "c", "ports": [{"hostPort": 80}]}]}),
+            ),
+            held_master("m2", json!({})),
+        ];
+        let plan = plan(&pods, &masters(), &Everyone, &none(), &nodes(8, 4.0));
+        assert_eq!(names(&plan.release), ["m1"]);
+        assert_eq!(
+            plan.release[0].hosts, None,
+            "any node, as the scheduler finds"
+        );
+        assert!(
+            matches!(&plan.waiting[0].reason, Hold::Behind { pod, .. } if pod.name == "m1"),
+            "m1 may take any node, so m2 has no set free of it"
+        );
+    }
+
+    #[test]
+    fn with_no_room_predicted_the_first_goes_alone_and_the_scheduler_decides() {
+        let pods = vec![held_master("m1", json!({})), held_master("m2", json!({}))];
+        let plan = plan(&pods, &masters(), &Everyone, &none(), &nodes(3, 0.5));
+        assert_eq!(names(&plan.release), ["m1"]);
+        assert_eq!(plan.release[0].hosts, None);
+        assert_eq!(plan.waiting.len(), 1);
+    }
+
+    #[test]
+    fn a_set_is_read_back_as_the_union_of_terms_each_confined() {
+        let read = |terms: serde_json::Value| confined_hosts(&terms);
+        let host_in =
+            |values: &[&str]| json!({"key": HOSTNAME_LABEL, "operator": "In", "values": values});
+        assert_eq!(
+            read(json!([
+                {"matchExpressions": [host_in(&["a", "b"]), host_in(&["b", "c"])]},
+                {"matchExpressions": [host_in(&["d"])]},
+                {}
+            ])),
+            Some(BTreeSet::from(["b".to_string(), "d".to_string()])),
+            "ANDed within a term, ORed across, an empty term adds nothing"
+        );
+        assert_eq!(
+            read(json!([{"matchExpressions": [host_in(&["a"])]},
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z"]}]}])),
+            None,
+            "the second term lets it go anywhere in zone z"
+        );
+        assert_eq!(read(json!("not a list")), None);
+    }
+
+    #[test]
+    fn a_release_the_cache_has_not_shown_yet_keeps_its_set() {
+        let mut pods = vec![held_master("m1", json!({})), held_master("m2", json!({}))];
+        let mut released = Released::default();
+        let set = ["h00".to_string(), "h01".to_string()];
+        released.record(&pods[0], Some(&set), Instant::now());
+        released.overlay(&mut pods);
+        assert_eq!(pods[0].gate, None);
+        let plan = plan(&pods, &masters(), &Everyone, &none(), &nodes(6, 4.0));
+        assert_eq!(names(&plan.release), ["m2"]);
+        assert!(hosts(&plan.release[0]).is_disjoint(&BTreeSet::from(["h00", "h01"])));
     }
 }

@@ -22,10 +22,10 @@ use std::collections::BTreeMap;
 use k8s_openapi::jiff::Timestamp;
 
 use super::desired::pod_entitlements;
+use super::rooms::Rooms;
 use crate::names::{GANG_GATE, RANK_GATE};
 use crate::objects::PodObject;
 use crate::placement::feasibility::node_fits;
-use crate::placement::{NodeIndex, NodeInfo};
 use crate::policy::compile::Labels;
 use crate::policy::groups::GangMember;
 use crate::policy::{CompiledPolicy, OptIn, PolicySet};
@@ -48,49 +48,6 @@ impl RankedWorkload {
     fn complete(&self) -> bool {
         self.rolled_out && self.ready >= self.desired
     }
-}
-
-/// What a node offers a gang's fit check.
-#[derive(Debug, Clone, Default)]
-pub struct NodeRoom {
-    pub info: NodeInfo,
-    /// Allocatable minus what the pods bound there request, per resource; `pods`
-    /// counts pods.
-    pub free: BTreeMap<String, f64>,
-}
-
-/// The nodes as the fit check sees them.
-pub type Rooms = BTreeMap<String, NodeRoom>;
-
-/// Builds each node's room from its allocatable and the pods bound to it.
-pub fn rooms(
-    nodes: &NodeIndex,
-    allocatable: &BTreeMap<String, BTreeMap<String, f64>>,
-    pods: &[std::sync::Arc<PodObject>],
-) -> Rooms {
-    let mut rooms: Rooms = nodes
-        .iter()
-        .map(|(name, info)| {
-            let free = allocatable.get(name).cloned().unwrap_or_default();
-            (
-                name.clone(),
-                NodeRoom {
-                    info: info.clone(),
-                    free,
-                },
-            )
-        })
-        .collect();
-    for pod in pods.iter().filter(|p| !p.is_terminated()) {
-        let Some(room) = pod.spec.node_name.as_ref().and_then(|n| rooms.get_mut(n)) else {
-            continue;
-        };
-        for (resource, amount) in pod.requests() {
-            *room.free.entry(resource).or_default() -= amount;
-        }
-        *room.free.entry("pods".into()).or_default() -= 1.0;
-    }
-    rooms
 }
 
 /// A pod held by a group gate.
@@ -431,7 +388,7 @@ fn fit(
                 mismatch.get_or_insert(format!("{node}: {why}"));
                 return None;
             }
-            if let Err(why) = room_left(&requests, room) {
+            if let Err(why) = room.has_room(&requests) {
                 short.get_or_insert(format!("{node}: {why}"));
                 return None;
             }
@@ -455,26 +412,9 @@ fn fit(
             ));
         };
         if let Some(room) = rooms.get_mut(&node) {
-            for (resource, amount) in &requests {
-                *room.free.entry(resource.clone()).or_default() -= amount;
-            }
-            *room.free.entry("pods".into()).or_default() -= 1.0;
+            room.take(&requests);
         }
         placed.push((node, pod));
-    }
-    Ok(())
-}
-
-/// Whether a node has room left for a pod with `requests`.
-fn room_left(requests: &BTreeMap<String, f64>, room: &NodeRoom) -> Result<(), String> {
-    if room.free.get("pods").copied().unwrap_or_default() < 1.0 {
-        return Err("no pod slots left".into());
-    }
-    for (resource, amount) in requests.iter().filter(|(_, a)| **a > 0.0) {
-        let free = room.free.get(resource).copied().unwrap_or_default();
-        if free < *amount {
-            return Err(format!("{resource}: {free} left, {amount} requested"));
-        }
     }
     Ok(())
 }
@@ -498,6 +438,7 @@ mod tests {
 
     use super::*;
     use crate::controller::desired::tests::{Everyone, Only};
+    use crate::placement::{NodeIndex, NodeInfo};
 
     fn policies(list: &[(&str, Value)]) -> PolicySet {
         let list: Vec<crate::policy::PlacementPolicy> = list
@@ -549,7 +490,7 @@ mod tests {
                 (n.to_string(), amounts)
             })
             .collect();
-        super::rooms(&index, &allocatable, &[])
+        crate::controller::rooms::rooms(&index, &allocatable, std::iter::empty())
     }
 
     fn released<'a>(plan: &'a GroupPlan) -> Vec<(&'a str, &'static str)> {
@@ -763,7 +704,7 @@ mod tests {
 
         let busy = pod("other", json!({}), &[], bound("n2"));
         let nodes = rooms(&[("n1", "8"), ("n2", "3")]);
-        let pods = vec![busy.clone()];
+        let pods = [busy.clone()];
         let index: NodeIndex = nodes
             .keys()
             .map(|n| (n.clone(), NodeInfo::default()))
@@ -772,7 +713,8 @@ mod tests {
             .iter()
             .map(|(n, r)| (n.clone(), r.free.clone()))
             .collect();
-        let taken = super::rooms(&index, &allocatable, &pods);
+        let taken =
+            crate::controller::rooms::rooms(&index, &allocatable, pods.iter().map(|p| p.as_ref()));
         assert_eq!(
             taken["n2"].free["cpu"], 1.0,
             "the bound pod's 2 cpus are taken"

@@ -9,6 +9,7 @@ pub mod exclusion;
 pub mod groups;
 pub mod podgroups;
 pub mod release;
+pub mod rooms;
 pub mod run;
 pub mod status;
 pub mod sweep;

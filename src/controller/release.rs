@@ -11,7 +11,8 @@ use kube::runtime::events::EventType;
 use serde_json::{Value, json};
 
 use super::events::event;
-use super::exclusion::{self, ExclusionPod, Hold, Term};
+use super::exclusion::{self, ExclusionPod, Hold};
+use super::rooms::Rooms;
 use super::run::{Pass, Snapshot};
 use futures::StreamExt;
 
@@ -22,32 +23,49 @@ use crate::telemetry::GateLabels;
 
 /// The JSON Patch that releases a held pod: the gate must still be where we saw it
 /// (so a stale cache cannot remove another gate, and no pod is released twice),
-/// every required term that matches some node is narrowed to keep off
-/// `avoid_nodes`, and the gate goes, in one update.
+/// every required term that matches some node is narrowed (confined to the pod's
+/// set of nodes, or kept off `avoid_nodes`), and the gate goes, in one update.
 pub fn release_patch(release: &exclusion::Release, gate: usize) -> Value {
     let mut ops = vec![
         json!({"op": "test", "path": format!("/spec/schedulingGates/{gate}/name"), "value": AVOID_GATE}),
     ];
-    if !release.avoid_nodes.is_empty() {
+    let terms = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms";
+    // What each term gains: a list key and its entries.
+    let narrowing: Option<(&str, Vec<Value>)> = match &release.hosts {
+        Some(hosts) => Some((
+            "matchExpressions",
+            vec![json!({"key": exclusion::HOSTNAME_LABEL, "operator": "In", "values": hosts})],
+        )),
         // A node field selector takes one value, so one NotIn per node, ANDed.
-        let keep_off: Vec<Value> = release
-            .avoid_nodes
-            .iter()
-            .map(|node| json!({"key": "metadata.name", "operator": "NotIn", "values": [node]}))
-            .collect();
-        let terms = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms";
+        None if !release.avoid_nodes.is_empty() => Some((
+            "matchFields",
+            release
+                .avoid_nodes
+                .iter()
+                .map(|node| json!({"key": "metadata.name", "operator": "NotIn", "values": [node]}))
+                .collect(),
+        )),
+        None => None,
+    };
+    if let Some((list, entries)) = narrowing {
         for (i, term) in release.pod.terms.iter().enumerate() {
-            match term {
-                // It matches no node; a field would make it match some.
-                Term::Empty => {}
-                Term::Fields => {
-                    for entry in &keep_off {
-                        ops.push(json!({"op": "add", "path": format!("{terms}/{i}/matchFields/-"), "value": entry}));
-                    }
+            // A term that matches no node would match some once it had an entry.
+            if term.matches_nothing {
+                continue;
+            }
+            let present = if list == "matchFields" {
+                term.fields
+            } else {
+                term.expressions
+            };
+            if present {
+                for entry in &entries {
+                    ops.push(json!({"op": "add", "path": format!("{terms}/{i}/{list}/-"), "value": entry}));
                 }
-                Term::Expressions => {
-                    ops.push(json!({"op": "add", "path": format!("{terms}/{i}/matchFields"), "value": keep_off}));
-                }
+            } else {
+                ops.push(
+                    json!({"op": "add", "path": format!("{terms}/{i}/{list}"), "value": entries}),
+                );
             }
         }
     }
@@ -169,7 +187,7 @@ pub async fn release_held_pods(
     pass: &Pass<'_>,
     snapshot: &Snapshot,
     pods: &[std::sync::Arc<PodObject>],
-    nodes: &exclusion::NodeLabels,
+    rooms: &Rooms,
     unseen: &BTreeMap<String, String>,
     released: &mut exclusion::Released,
     reported: &mut super::events::Reported,
@@ -180,40 +198,32 @@ pub async fn release_held_pods(
         .collect();
     released.overlay(&mut all);
     let policies = &snapshot.compiled.set;
-    let plan = exclusion::plan(&all, policies, &snapshot.namespaces, unseen, nodes);
+    let plan = exclusion::plan(&all, policies, &snapshot.namespaces, unseen, rooms);
     let held = all.iter().filter(|p| p.gate.is_some()).count();
     pass.metrics
         .gated_pods
         .get_or_create(&GateLabels::new(AVOID_GATE))
         .set((held - plan.release.len()) as i64);
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
-    for release in &plan.release {
+    let patches = plan.release.iter().filter_map(|release| {
         let pod = release.pod;
-        let Some(gate) = pod.gate else { continue };
         if pod.terms.is_empty() && !release.avoid_nodes.is_empty() {
             // berth gives every pod it holds a required term; without one there is
             // nothing to narrow, and the labels must do.
             tracing::warn!(pod = %pod.name, "held pod has no required node affinity to narrow");
         }
-        let api: Api<PodObject> = Api::namespaced(pass.client.clone(), &pod.namespace);
-        let Ok(patch) = serde_json::from_value::<json_patch::Patch>(release_patch(release, gate))
-        else {
-            continue;
-        };
-        match api
-            .patch(&pod.name, &params, &Patch::<()>::Json(patch))
-            .await
-        {
-            Ok(_) => {
-                released.record(pod, Instant::now());
+        let patch = release_patch(release, pod.gate?);
+        Some((release, pod.namespace.clone(), pod.name.clone(), patch))
+    });
+    for (release, result) in send_patches(pass, patches.collect()).await {
+        let pod = release.pod;
+        match result {
+            Ok(()) => {
+                released.record(pod, release.hosts.as_deref(), Instant::now());
                 pass.metrics
                     .gated_seconds
                     .get_or_create(&GateLabels::new(AVOID_GATE))
                     .observe(held_seconds(pod.created.as_ref()));
-                tracing::info!(pod = %pod.name, namespace = %pod.namespace, keep_off = ?release.avoid_nodes, "released from {AVOID_GATE}");
+                tracing::info!(pod = %pod.name, namespace = %pod.namespace, keep_off = ?release.avoid_nodes, hosts = ?release.hosts, "released from {AVOID_GATE}");
             }
             Err(e) => {
                 tracing::warn!(pod = %pod.name, error = %e, "release failed; retrying on the next pass")
@@ -254,6 +264,42 @@ pub async fn release_held_pods(
     released.hurry(&plan, Instant::now(), super::run::HURRY_WINDOW)
 }
 
+/// How many release patches are on their way at once.
+const PATCHES_IN_FLIGHT: usize = 16;
+
+/// Sends JSON Patches to pods (each item: what it is for, namespace, name, patch),
+/// several at once, and returns each item with its result. A patch that does not
+/// read as one fails like a request.
+async fn send_patches<T: Send>(
+    pass: &Pass<'_>,
+    items: Vec<(T, String, String, Value)>,
+) -> Vec<(T, Result<(), String>)> {
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let mut requests = Vec::with_capacity(items.len());
+    for (item, namespace, name, patch) in items {
+        let api: Api<PodObject> = Api::namespaced(pass.client.clone(), &namespace);
+        let params = params.clone();
+        requests.push(async move {
+            let result = match serde_json::from_value::<json_patch::Patch>(patch) {
+                Ok(patch) => api
+                    .patch(&name, &params, &Patch::<()>::Json(patch))
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(format!("not a JSON Patch: {e}")),
+            };
+            (item, result)
+        });
+    }
+    futures::stream::iter(requests)
+        .buffer_unordered(PATCHES_IN_FLIGHT)
+        .collect()
+        .await
+}
+
 /// The JSON Patch that removes the group gate `name` at `index`: the gate must
 /// still be where the cache saw it, so a stale cache cannot remove another gate.
 fn gate_patch(name: &str, index: usize) -> Value {
@@ -277,37 +323,16 @@ pub async fn release_group_pods(
             .get_or_create(&GateLabels::new(gate))
             .set(waiting as i64);
     }
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
-    // A gang's members go in one burst, each its own request, so the group is
-    // released within one pass.
-    let mut patches = Vec::new();
-    for held in &plan.release {
-        let pod = held.pod;
-        let (Some(index), Some(namespace)) = (pod.gate(held.gate), &pod.metadata.namespace) else {
-            continue;
-        };
-        let Ok(patch) = serde_json::from_value::<json_patch::Patch>(gate_patch(held.gate, index))
-        else {
-            continue;
-        };
-        let api: Api<PodObject> = Api::namespaced(pass.client.clone(), namespace);
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let params = params.clone();
-        patches.push(async move {
-            let result = api.patch(&name, &params, &Patch::<()>::Json(patch)).await;
-            (held, name, result)
-        });
-    }
-    let results: Vec<_> = futures::stream::iter(patches)
-        .buffer_unordered(16)
-        .collect()
-        .await;
-    for (held, name, result) in results {
+    // A gang's members go in one burst, so the group is released within one pass.
+    let patches = plan.release.iter().filter_map(|held| {
+        let meta = &held.pod.metadata;
+        let patch = gate_patch(held.gate, held.pod.gate(held.gate)?);
+        Some((held, meta.namespace.clone()?, meta.name.clone()?, patch))
+    });
+    for (held, result) in send_patches(pass, patches.collect()).await {
+        let name = held.pod.metadata.name.as_deref().unwrap_or_default();
         match result {
-            Ok(_) => {
+            Ok(()) => {
                 pass.metrics
                     .gated_seconds
                     .get_or_create(&GateLabels::new(held.gate))
@@ -346,6 +371,84 @@ pub async fn release_group_pods(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::objects::PodObject;
+
+    fn held(terms: Value) -> ExclusionPod {
+        let pod: PodObject = serde_json::from_value(json!({
+            "metadata": {"name": "m1", "namespace": "db"},
+            "spec": {"schedulingGates": [{"name": "other"}, {"name": AVOID_GATE}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                    {"nodeSelectorTerms": terms}}}}}))
+        .unwrap();
+        ExclusionPod::from_pod(&pod).unwrap()
+    }
+
+    /// The pod's required terms once `patch` is applied to it.
+    fn applied(pod: &ExclusionPod, terms: Value, patch: Value) -> Value {
+        let mut doc = json!({"spec": {"schedulingGates": [{"name": "other"}, {"name": AVOID_GATE}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                {"nodeSelectorTerms": terms}}}}});
+        let patch: json_patch::Patch = serde_json::from_value(patch).unwrap();
+        json_patch::patch(&mut doc, &patch).unwrap();
+        assert_eq!(
+            doc["spec"]["schedulingGates"],
+            json!([{"name": "other"}]),
+            "{pod:?}"
+        );
+        doc["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"]
+            .clone()
+    }
+
+    #[test]
+    fn a_release_confines_every_term_that_matches_some_node_to_its_set() {
+        let terms = json!([
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]},
+            {}
+        ]);
+        let pod = held(terms.clone());
+        let release = exclusion::Release {
+            pod: &pod,
+            avoid_nodes: Vec::new(),
+            hosts: Some(vec!["h1".into(), "h2".into()]),
+        };
+        let host_in =
+            json!({"key": "kubernetes.io/hostname", "operator": "In", "values": ["h1", "h2"]});
+        assert_eq!(
+            applied(&pod, terms, release_patch(&release, 1)),
+            json!([
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}, host_in]},
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}],
+                    "matchExpressions": [host_in]},
+                {}
+            ]),
+            "the empty term matches no node and stays so"
+        );
+    }
+
+    #[test]
+    fn a_release_alone_keeps_every_term_off_the_nodes_it_must_avoid() {
+        let terms = json!([
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n0"]}]}
+        ]);
+        let pod = held(terms.clone());
+        let release = exclusion::Release {
+            pod: &pod,
+            avoid_nodes: vec!["n1".into(), "n2".into()],
+            hosts: None,
+        };
+        let not_in = |n: &str| json!({"key": "metadata.name", "operator": "NotIn", "values": [n]});
+        assert_eq!(
+            applied(&pod, terms, release_patch(&release, 1)),
+            json!([
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}],
+                    "matchFields": [not_in("n1"), not_in("n2")]},
+                {"matchFields": [not_in("n0"), not_in("n1"), not_in("n2")]}
+            ])
+        );
+    }
 
     #[test]
     fn a_name_is_gone_only_when_a_list_taken_after_the_pod_lacks_it() {

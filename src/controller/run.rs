@@ -26,16 +26,17 @@ use super::desired::applied_policies;
 use super::desired::{BoundPod, DesiredNode, desired_node_state};
 use super::events::Reported;
 use super::exclusion;
+use super::rooms::{Rooms, node_rooms};
 use super::writer::{Written, in_sync, write_node};
-use crate::names::{APPLIED_ANNOTATION, GANG_GATE, GROUP_GATES, is_berth_gate};
+use crate::names::{APPLIED_ANNOTATION, GROUP_GATES, is_berth_gate};
 use crate::objects::{
     DaemonSetObject, DeploymentObject, NamespaceMeta, NodeObject, PodObject, PolicyObject,
     StatefulSetObject, WorkloadObject,
 };
+use crate::placement::NamespaceInfo;
 use crate::placement::groups::GangMode;
 use crate::placement::matching::match_policies;
 use crate::placement::pod::PodView;
-use crate::placement::{NamespaceInfo, NodeIndex, NodeInfo};
 use crate::policy::NamespaceOptIn;
 use crate::policy::compile::{Compiled, PolicyCompiler};
 use crate::telemetry::GateLabels;
@@ -113,12 +114,21 @@ fn strip_pod(pod: &mut PodObject) {
     if let Some(annotations) = pod.metadata.annotations.as_mut() {
         annotations.retain(|k, _| k == APPLIED_ANNOTATION);
     }
-    // A held pod's node affinity is narrowed when it is released, and a held
-    // gang's fit check reads where each member may go.
-    if pod.spec.scheduling_gates.is_empty() {
-        pod.spec.affinity = None;
-        pod.spec.node_selector = None;
-        pod.spec.tolerations = None;
+    // A held pod's fit is predicted and its node affinity narrowed when it is
+    // released; a released pod's affinity says which nodes it may still take
+    // until it is bound.
+    let spec = &mut pod.spec;
+    if spec.scheduling_gates.is_empty() {
+        if spec.node_name.is_some() {
+            spec.affinity = None;
+        }
+        spec.node_selector = None;
+        spec.tolerations = None;
+        spec.topology_spread_constraints = None;
+        spec.volumes = None;
+        for container in spec.containers.iter_mut().chain(&mut spec.init_containers) {
+            container.ports = None;
+        }
     }
     // Ordered start waits for lower ranks to be Ready.
     pod.status.conditions.retain(|c| c.type_ == "Ready");
@@ -294,12 +304,6 @@ pub async fn run(
         // applied to a pod in the cache must not look deleted because the snapshot
         // predates it (that would release every pod of it at once).
         let pods = stores.pods.state();
-        let nodes: exclusion::NodeLabels = stores
-            .nodes
-            .state()
-            .iter()
-            .map(|n| (n.name_any(), n.labels().clone()))
-            .collect();
         let snapshot = Snapshot::take(&stores, &mut compiler);
         let held: Vec<(String, Vec<String>)> = pods
             .iter()
@@ -312,19 +316,33 @@ pub async fn run(
             .map(|p| (p.key(), applied_policies(p.metadata.annotations.as_ref())))
             .collect();
         let unseen = lookups.waits(&client, &snapshot, &held).await;
+        // Where held pods would fit: built only while some pod is held.
+        let rooms = if held.is_empty() {
+            Rooms::new()
+        } else {
+            node_rooms(&stores.nodes.state(), pods.iter().map(|p| p.as_ref()))
+        };
         let hurry = super::release::release_held_pods(
             &pass,
             &snapshot,
             &pods,
-            &nodes,
+            &rooms,
             &unseen,
             &mut released,
             &mut reported,
         )
         .await;
         debounce = if hurry { HURRIED_DEBOUNCE } else { DEBOUNCE };
-        let (groups, next_timeout) =
-            release_groups(&pass, &stores, &snapshot, &pods, &unseen, &mut reported).await;
+        let (groups, next_timeout) = release_groups(
+            &pass,
+            &stores,
+            &snapshot,
+            &pods,
+            &rooms,
+            &unseen,
+            &mut reported,
+        )
+        .await;
         gang_timeout = next_timeout.map(|d| tokio::time::Instant::now() + d);
         let groups = super::status::GroupStatus {
             gang_mode,
@@ -499,6 +517,7 @@ async fn release_groups(
     stores: &Stores,
     snapshot: &Snapshot,
     pods: &[Arc<PodObject>],
+    rooms: &Rooms,
     unseen: &BTreeMap<String, String>,
     reported: &mut Reported,
 ) -> (BTreeMap<String, Vec<String>>, Option<Duration>) {
@@ -519,18 +538,13 @@ async fn release_groups(
         "StatefulSet",
         snapshot,
     ));
-    let rooms = if pods.iter().any(|p| p.gate(GANG_GATE).is_some()) {
-        node_rooms(&stores.nodes.state(), pods)
-    } else {
-        super::groups::Rooms::new()
-    };
     let waiting_for_policy = |pod: &PodObject| unseen.contains_key(&pod.key());
     let plan = super::groups::plan(
         pods,
         &workloads,
         policies,
         &snapshot.namespaces,
-        &rooms,
+        rooms,
         &waiting_for_policy,
         k8s_openapi::jiff::Timestamp::now(),
     );
@@ -589,39 +603,6 @@ fn ranked_workloads<K>(
         });
     }
     ranked
-}
-
-/// Each node's labels, taints and resources left, for a gang's fit check.
-fn node_rooms(nodes: &[Arc<NodeObject>], pods: &[Arc<PodObject>]) -> super::groups::Rooms {
-    let index: NodeIndex = nodes
-        .iter()
-        .map(|n| {
-            let taints = n
-                .spec
-                .taints
-                .iter()
-                .filter_map(|t| serde_json::from_value(t.clone()).ok())
-                .collect();
-            let info = NodeInfo {
-                labels: n.labels().clone(),
-                taints,
-            };
-            (n.name_any(), info)
-        })
-        .collect();
-    let allocatable: BTreeMap<String, BTreeMap<String, f64>> = nodes
-        .iter()
-        .map(|n| {
-            let amounts = n
-                .status
-                .allocatable
-                .iter()
-                .filter_map(|(k, v)| Some((k.clone(), crate::quantity::from_json(v)?)))
-                .collect();
-            (n.name_any(), amounts)
-        })
-        .collect();
-    super::groups::rooms(&index, &allocatable, pods)
 }
 
 /// Patches the templates of DaemonSets that miss a pool's toleration or exclusion.

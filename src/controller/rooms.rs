@@ -1,0 +1,230 @@
+//! Room on nodes, as the controller predicts it before it lets a held pod go: a
+//! gang is released only when every member finds a node at once, and a pod of an
+//! exclusion group is handed only nodes where it fits. The prediction covers what
+//! kube-scheduler checks that berth can see: resources left after the pods bound
+//! there, the pod's node selector, required node affinity and tolerations. What it
+//! cannot see (host ports, volumes, inter-pod rules) is left to the scheduler, and
+//! [`Fit::predictable`] says when that matters.
+
+use kube::ResourceExt;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+use crate::objects::{NodeObject, PodObject};
+use crate::placement::feasibility::node_fits;
+use crate::placement::pod::PodView;
+use crate::placement::{NodeIndex, NodeInfo};
+
+/// What a node offers a held pod.
+#[derive(Debug, Clone, Default)]
+pub struct NodeRoom {
+    pub info: NodeInfo,
+    /// Allocatable minus what the pods bound there request, per resource; `pods`
+    /// counts pods.
+    pub free: BTreeMap<String, f64>,
+}
+
+/// The nodes as the fit check sees them, by name.
+pub type Rooms = BTreeMap<String, NodeRoom>;
+
+/// Builds each node's room from its allocatable and the pods bound to it.
+pub fn rooms<'p>(
+    nodes: &NodeIndex,
+    allocatable: &BTreeMap<String, BTreeMap<String, f64>>,
+    pods: impl IntoIterator<Item = &'p PodObject>,
+) -> Rooms {
+    let mut rooms: Rooms = nodes
+        .iter()
+        .map(|(name, info)| {
+            let free = allocatable.get(name).cloned().unwrap_or_default();
+            (
+                name.clone(),
+                NodeRoom {
+                    info: info.clone(),
+                    free,
+                },
+            )
+        })
+        .collect();
+    for pod in pods.into_iter().filter(|p| !p.is_terminated()) {
+        let Some(room) = pod.spec.node_name.as_ref().and_then(|n| rooms.get_mut(n)) else {
+            continue;
+        };
+        room.take(&pod.requests());
+    }
+    rooms
+}
+
+/// Each cached node's labels, taints and resources left.
+pub fn node_rooms<'p>(
+    nodes: &[impl std::ops::Deref<Target = NodeObject>],
+    pods: impl IntoIterator<Item = &'p PodObject>,
+) -> Rooms {
+    let index: NodeIndex = nodes
+        .iter()
+        .map(|n| {
+            let taints = n
+                .spec
+                .taints
+                .iter()
+                .filter_map(|t| serde_json::from_value(t.clone()).ok())
+                .collect();
+            let info = NodeInfo {
+                labels: n.labels().clone(),
+                taints,
+            };
+            (n.name_any(), info)
+        })
+        .collect();
+    let allocatable: BTreeMap<String, BTreeMap<String, f64>> = nodes
+        .iter()
+        .map(|n| {
+            let amounts = n
+                .status
+                .allocatable
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), crate::quantity::from_json(v)?)))
+                .collect();
+            (n.name_any(), amounts)
+        })
+        .collect();
+    rooms(&index, &allocatable, pods)
+}
+
+impl NodeRoom {
+    /// Counts a pod with `requests` as placed here.
+    pub fn take(&mut self, requests: &BTreeMap<String, f64>) {
+        for (resource, amount) in requests {
+            *self.free.entry(resource.clone()).or_default() -= amount;
+        }
+        *self.free.entry("pods".into()).or_default() -= 1.0;
+    }
+
+    /// Whether there is room left for a pod with `requests`.
+    pub fn has_room(&self, requests: &BTreeMap<String, f64>) -> Result<(), String> {
+        if self.free.get("pods").copied().unwrap_or_default() < 1.0 {
+            return Err("no pod slots left".into());
+        }
+        for (resource, amount) in requests.iter().filter(|(_, a)| **a > 0.0) {
+            let free = self.free.get(resource).copied().unwrap_or_default();
+            if free < *amount {
+                return Err(format!("{resource}: {free} left, {amount} requested"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the fit check needs of a held pod.
+#[derive(Debug, Clone)]
+pub struct Fit {
+    pub view: PodView,
+    pub requests: BTreeMap<String, f64>,
+    /// Whether the check sees everything that decides where the pod may go.
+    pub predictable: bool,
+}
+
+impl Fit {
+    /// The fit check's view of a held pod; `None` when it cannot be read.
+    pub fn of(pod: &PodObject) -> Option<Fit> {
+        Some(Fit {
+            view: pod.placement_view()?,
+            requests: pod.requests(),
+            predictable: predictable(pod),
+        })
+    }
+
+    /// Whether the pod may go to `node` and finds room there; the error says why not.
+    pub fn fits(&self, node: &str, room: &NodeRoom) -> Result<(), String> {
+        node_fits(&self.view, node, &room.info)?;
+        room.has_room(&self.requests)
+    }
+}
+
+/// Whether nothing the fit check cannot see constrains where the pod goes: no
+/// inter-pod (anti-)affinity, no topology spread, no host port, no volume bound to
+/// a zone or node (a claim, or an ephemeral one).
+fn predictable(pod: &PodObject) -> bool {
+    let spec = &pod.spec;
+    let inter_pod = spec.affinity.as_ref().is_some_and(|a| {
+        ["podAffinity", "podAntiAffinity"]
+            .iter()
+            .any(|k| a.get(k).is_some_and(|v| !v.is_null()))
+    });
+    let spread = spec
+        .topology_spread_constraints
+        .as_ref()
+        .and_then(Value::as_array)
+        .is_some_and(|c| !c.is_empty());
+    let host_port = spec
+        .containers
+        .iter()
+        .chain(&spec.init_containers)
+        .flat_map(|c| {
+            c.ports
+                .as_ref()
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+        })
+        .any(|p| p.get("hostPort").is_some_and(|h| !h.is_null()));
+    let bound_volume = spec
+        .volumes
+        .as_ref()
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|v| v.get("persistentVolumeClaim").is_some() || v.get("ephemeral").is_some());
+    !(inter_pod || spread || host_port || bound_volume)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(spec: Value) -> PodObject {
+        serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec})).unwrap()
+    }
+
+    #[test]
+    fn what_the_check_cannot_see_makes_a_pod_unpredictable() {
+        let plain = json!({"containers": [{"name": "c", "ports": [{"containerPort": 80}]}],
+            "volumes": [{"name": "cfg", "configMap": {"name": "x"}}],
+            "affinity": {"nodeAffinity": {}}});
+        assert!(predictable(&pod(plain)));
+        for spec in [
+            json!({"affinity": {"podAntiAffinity": {}}}),
+            json!({"affinity": {"podAffinity": {}}}),
+            json!({"topologySpreadConstraints": [{"maxSkew": 1}]}),
+            json!({"containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 80}]}]}),
+            json!({"initContainers": [{"name": "c", "ports": [{"hostPort": 9}]}]}),
+            json!({"volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "d"}}]}),
+            json!({"volumes": [{"name": "d", "ephemeral": {}}]}),
+        ] {
+            assert!(!predictable(&pod(spec.clone())), "{spec}");
+        }
+    }
+
+    #[test]
+    fn room_counts_requests_and_pod_slots() {
+        let mut room = NodeRoom {
+            free: BTreeMap::from([("cpu".into(), 2.0), ("pods".into(), 2.0)]),
+            ..NodeRoom::default()
+        };
+        let one = BTreeMap::from([("cpu".to_string(), 1.0)]);
+        assert!(room.has_room(&one).is_ok());
+        room.take(&one);
+        room.take(&BTreeMap::new());
+        assert_eq!(
+            room.has_room(&BTreeMap::new()).unwrap_err(),
+            "no pod slots left"
+        );
+        room.free.insert("pods".into(), 5.0);
+        assert_eq!(
+            room.has_room(&BTreeMap::from([("cpu".to_string(), 1.5)]))
+                .unwrap_err(),
+            "cpu: 1 left, 1.5 requested"
+        );
+    }
+}
