@@ -12,7 +12,10 @@
 //! - pod creates per second through the apiserver with berth's webhook registered,
 //!   with a minimal webhook (`floor/minimal_webhook.rs`: axum + rustls, reads the
 //!   uid, allows) registered in its place, and with none;
-//! - a dedicated pool over every node, until each has berth's label and taint.
+//! - one change at a time: a pod bound to a node or deleted, until the node's
+//!   anchor label follows (p99 over 80 changes);
+//! - a dedicated pool over every node, until each has berth's label and taint;
+//!   then an idle resync, which must write nothing.
 //!
 //! Each row prints its times and the ratio of berth to the alternative beside the
 //! target of issue 12, and berth's CPU seconds over the row; the run ends with
@@ -40,6 +43,9 @@ use support::{Berth, Nodes, create_at_once, fresh_namespace, opt_in, test_pod};
 
 /// How many `a` pods the co-location rows place their pods beside.
 const ANCHORS: usize = 10;
+
+/// berth's resync period in this bench: short, so that an idle resync fits in the run.
+const RESYNC: Duration = Duration::from_secs(15);
 
 /// How long any one row may take before the bench gives up on it.
 const LIMIT: Duration = Duration::from_secs(600);
@@ -312,6 +318,61 @@ impl Row {
     }
 }
 
+/// How many single changes the latency row makes (each a pod bound, then deleted).
+const CHANGES: usize = 40;
+
+/// The time from one change to its node to berth's label on that node, `CHANGES`
+/// times each way: an `a` pod created already bound to a node (nodeName: no
+/// scheduler in the way) until the node carries the `beside` anchor label, then
+/// the pod deleted until the label is gone. `ns` opts into `beside`.
+async fn change_latencies(client: &Client, ns: &str, node_count: usize) -> Vec<Duration> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let label = berth::names::anchor_label("beside");
+    let has_label = |node: Node| node.metadata.labels.is_some_and(|l| l.contains_key(&label));
+    let mut latencies = Vec::new();
+    for i in 0..CHANGES {
+        let node = format!("node{}", node_count - i);
+        let mut pod = test_pod(&format!("change-{i}"), json!({"app": "a"}), json!({}));
+        pod.spec.as_mut().expect("spec").node_name = Some(node.clone());
+        for wanted in [true, false] {
+            let started = Instant::now();
+            if wanted {
+                pods.create(&Default::default(), &pod)
+                    .await
+                    .expect("create");
+            } else {
+                let now = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..DeleteParams::default()
+                };
+                pods.delete(&format!("change-{i}"), &now)
+                    .await
+                    .expect("delete");
+            }
+            loop {
+                let labelled = nodes.get(&node).await.map(has_label).unwrap_or(!wanted);
+                if labelled == wanted {
+                    break;
+                }
+                assert!(started.elapsed() < LIMIT, "{node}: label never {wanted}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            latencies.push(started.elapsed());
+        }
+    }
+    latencies.sort();
+    latencies
+}
+
+/// berth's node writes so far (labels and taints).
+fn node_writes(berth: &Berth) -> f64 {
+    ["labels", "taints"]
+        .iter()
+        .filter_map(|kind| berth.metric(&format!("berth_node_writes_total{{kind=\"{kind}\"}}")))
+        .sum()
+}
+
 #[tokio::main]
 async fn main() {
     // `cargo test --all-targets` builds benches and runs them as tests; this one
@@ -327,7 +388,8 @@ async fn main() {
         prefix: "node",
     };
     let started = Instant::now();
-    let berth = Berth::shared(nodes);
+    let resync = RESYNC.as_secs().to_string();
+    let berth = Berth::shared_with(nodes, &[], &["--resync-seconds", &resync]);
     println!(
         "cluster with {node_count} nodes and berth up in {:.0} s",
         started.elapsed().as_secs_f64()
@@ -423,9 +485,28 @@ async fn main() {
         target: "≤ 1.0x".into(),
         cpu,
     });
-    for ns in [&berth_ns, &native_ns, &plain_ns] {
+    for ns in [&native_ns, &plain_ns] {
         delete_pods(&client, ns).await;
     }
+
+    // One change at a time: a pod bound or deleted, until its node shows it.
+    delete_pods(&client, &berth_ns).await;
+    cpu_since();
+    let latencies = change_latencies(&client, &berth_ns, node_count).await;
+    let p99 = latencies[(latencies.len() * 99).div_ceil(100) - 1];
+    let p50 = latencies[latencies.len() / 2];
+    rows.push(Row {
+        what: format!(
+            "one pod bound or deleted, until its node's label follows ({} changes, p50 {} ms)",
+            latencies.len(),
+            p50.as_millis()
+        ),
+        berth: p99,
+        other: None,
+        plain: None,
+        target: "p99 ≤ 1 s".into(),
+        cpu: cpu_since(),
+    });
 
     // /mutate itself, no apiserver: a Deployment's pod in a namespace opted into
     // cdn, against berth and against the minimal webhook.
@@ -478,13 +559,22 @@ async fn main() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let pool_time = started.elapsed();
+    let pool_cpu = cpu_since();
+
+    // Nothing changes for longer than a resync: berth must write nothing.
+    let writes = node_writes(berth);
+    let passes = berth.metric("berth_reconciles_total").unwrap_or(0.0);
+    tokio::time::sleep(RESYNC + Duration::from_secs(3)).await;
+    let idle_writes = node_writes(berth) - writes;
+    let idle_passes = berth.metric("berth_reconciles_total").unwrap_or(0.0) - passes;
     rows.push(Row {
         what: format!("a dedicated pool over all {node_count} nodes, until labelled and tainted"),
-        berth: started.elapsed(),
+        berth: pool_time,
         other: None,
         plain: None,
         target: "≤ 10 s".into(),
-        cpu: cpu_since(),
+        cpu: pool_cpu,
     });
 
     println!();
@@ -523,7 +613,11 @@ async fn main() {
     );
     println!();
     println!(
-        "berth's peak RSS over the run: {:.0} MiB",
+        "An idle {} s with every node in the pool: {idle_passes:.0} controller passes, {idle_writes:.0} node writes (target 0)",
+        (RESYNC + Duration::from_secs(3)).as_secs()
+    );
+    println!(
+        "berth's peak RSS over the run: {:.0} MiB (target ≤ 64 MiB)",
         peak_rss_mib(pid)
     );
 }
