@@ -2,13 +2,17 @@
 //! scheduler enforces pools and co-location, and releases pods held for exact
 //! exclusion.
 
+pub mod caches;
 pub mod daemonsets;
 pub mod desired;
 pub mod events;
 pub mod exclusion;
 pub mod groups;
+pub mod limit;
+pub mod nodes;
 pub mod podgroups;
 pub mod release;
+pub mod releaser;
 pub mod rooms;
 pub mod run;
 pub mod status;

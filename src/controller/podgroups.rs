@@ -13,8 +13,9 @@ use k8s_openapi::api::scheduling::v1beta1::{
 use kube::Client;
 use kube::api::{Api, PostParams};
 
+use super::caches::Snapshot;
 use super::desired::pod_entitlements;
-use super::run::{Pass, Snapshot};
+use super::run::Pass;
 use crate::names::{FIELD_MANAGER, owned_metadata};
 use crate::objects::PodObject;
 use crate::placement::groups::GangMode;

@@ -10,10 +10,11 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use serde_json::{Value, json};
 
+use super::caches::Snapshot;
 use super::events::event;
 use super::exclusion::{self, ExclusionPod, Hold};
 use super::rooms::Rooms;
-use super::run::{Pass, Snapshot};
+use super::run::Pass;
 use futures::StreamExt;
 
 use crate::names::{AVOID_GATE, FIELD_MANAGER, GANG_GATE, RANK_GATE};
@@ -192,6 +193,19 @@ pub async fn release_held_pods(
     released: &mut exclusion::Released,
     reported: &mut super::events::Reported,
 ) -> bool {
+    // The family's guard must not live across an await.
+    let gauge = |held: usize| {
+        pass.metrics
+            .gated_pods
+            .get_or_create(&GateLabels::new(AVOID_GATE))
+            .set(held as i64);
+    };
+    // Nothing held: nothing to plan (a pass is then as cheap as a look at each pod).
+    if !pods.iter().any(|p| p.gate(AVOID_GATE).is_some()) {
+        released.overlay(&mut []);
+        gauge(0);
+        return false;
+    }
     let mut all: Vec<ExclusionPod> = pods
         .iter()
         .filter_map(|p| ExclusionPod::from_pod(p))
@@ -200,10 +214,7 @@ pub async fn release_held_pods(
     let policies = &snapshot.compiled.set;
     let plan = exclusion::plan(&all, policies, &snapshot.namespaces, unseen, rooms);
     let held = all.iter().filter(|p| p.gate.is_some()).count();
-    pass.metrics
-        .gated_pods
-        .get_or_create(&GateLabels::new(AVOID_GATE))
-        .set((held - plan.release.len()) as i64);
+    gauge(held - plan.release.len());
     let patches = plan.release.iter().filter_map(|release| {
         let pod = release.pod;
         if pod.terms.is_empty() && !release.avoid_nodes.is_empty() {

@@ -12,9 +12,10 @@ use kube::{Resource, ResourceExt};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::caches::Snapshot;
 use super::desired::DesiredNode;
 use super::events::{Reported, event};
-use super::run::{Pass, Snapshot};
+use super::run::Pass;
 use crate::names::{FIELD_MANAGER, POOL_LABEL, POOL_TAINT, policy_of_node_label};
 use crate::objects::{NodeObject, PolicyObject};
 use crate::policy::crd::PlacementPolicyStatus;

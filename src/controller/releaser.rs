@@ -1,0 +1,220 @@
+//! The releases loop: on every change that concerns held pods, lets go those
+//! that may go now (exclusion, ordered start, gangs), tells the others why they
+//! wait, and keeps the PodGroups of gangs in PodGroup mode. It runs beside the
+//! nodes loop, so that node writes never delay a release.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::caches::{Snapshot, Stores};
+use super::desired::applied_policies;
+use super::events::Reported;
+use super::exclusion;
+use super::podgroups::PodGroups;
+use super::release::{PolicyLookups, release_held_pods};
+use super::rooms::{Rooms, node_rooms};
+use super::run::{Context, DEBOUNCE, HURRIED_DEBOUNCE, Pass, leadership_changed, until};
+use crate::names::{GROUP_GATES, is_berth_gate};
+use crate::objects::{PodObject, WorkloadObject};
+use crate::placement::NamespaceInfo;
+use crate::placement::groups::GangMode;
+use crate::placement::matching::match_policies;
+use crate::placement::pod::PodView;
+use crate::policy::compile::PolicyCompiler;
+use crate::telemetry::GateLabels;
+
+/// The releases loop; see the module.
+pub async fn run(
+    context: Context,
+    mut leadership: watch::Receiver<bool>,
+    shutdown: CancellationToken,
+) {
+    let Context {
+        client,
+        stores,
+        options,
+        shared,
+        ..
+    } = &context;
+    let mut resync = tokio::time::interval(options.resync);
+    let mut reported = Reported::default();
+    let mut released = exclusion::Released::default();
+    let mut lookups = PolicyLookups::default();
+    let mut compiler = PolicyCompiler::default();
+    let mut pod_groups = PodGroups::default();
+    let mut debounce = DEBOUNCE;
+    let mut gang_timeout: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            changed = leadership_changed(&mut leadership) => if changed.is_none() {
+                break;
+            },
+            () = context.wakes.releases.notified() => tokio::time::sleep(debounce).await,
+            // A held gang reaches its timeoutSeconds: report it on time.
+            () = until(gang_timeout) => gang_timeout = None,
+            _ = resync.tick() => pod_groups.forget(),
+        }
+        if !*leadership.borrow() {
+            continue;
+        }
+        let pass = context.pass();
+        // The policies are read after the pods, never before: a policy the webhook
+        // applied to a pod in the cache must not look deleted because the snapshot
+        // predates it (that would release every pod of it at once).
+        let pods = stores.pods.state();
+        let snapshot = Snapshot::take(stores, &mut compiler);
+        let held: Vec<(String, Vec<String>)> = pods
+            .iter()
+            .filter(|p| {
+                p.spec
+                    .scheduling_gates
+                    .iter()
+                    .any(|g| is_berth_gate(&g.name))
+            })
+            .map(|p| (p.key(), applied_policies(p.metadata.annotations.as_ref())))
+            .collect();
+        let unseen = lookups.waits(client, &snapshot, &held).await;
+        // Where held pods would fit: built only while some pod is held.
+        let rooms = if held.is_empty() {
+            Rooms::new()
+        } else {
+            node_rooms(&stores.nodes.state(), pods.iter().map(|p| p.as_ref()))
+        };
+        let hurry = release_held_pods(
+            &pass,
+            &snapshot,
+            &pods,
+            &rooms,
+            &unseen,
+            &mut released,
+            &mut reported,
+        )
+        .await;
+        debounce = if hurry { HURRIED_DEBOUNCE } else { DEBOUNCE };
+        let (timed_out, next_timeout) = release_groups(
+            &pass,
+            stores,
+            &snapshot,
+            &pods,
+            &rooms,
+            &unseen,
+            &mut reported,
+        )
+        .await;
+        gang_timeout = next_timeout.map(|d| tokio::time::Instant::now() + d);
+        let changed = {
+            let mut shared_timed_out = shared.timed_out.lock().unwrap_or_else(|e| e.into_inner());
+            let changed = *shared_timed_out != timed_out;
+            *shared_timed_out = timed_out;
+            changed
+        };
+        if changed {
+            // The policies' status reports timed-out gangs.
+            context.wakes.nodes.notify_one();
+        }
+        if shared.gang_mode() == GangMode::PodGroup {
+            pod_groups.keep(&pass, &pods, &snapshot).await;
+        }
+        reported.end_pass();
+    }
+}
+
+/// Releases the pods held by `berth.io/rank` and `berth.io/gang` that may go (see
+/// [`super::groups`]); returns the gangs held past their timeout, by policy.
+async fn release_groups(
+    pass: &Pass<'_>,
+    stores: &Stores,
+    snapshot: &Snapshot,
+    pods: &[Arc<PodObject>],
+    rooms: &Rooms,
+    unseen: &BTreeMap<String, String>,
+    reported: &mut Reported,
+) -> (BTreeMap<String, Vec<String>>, Option<Duration>) {
+    let held = |p: &Arc<PodObject>| GROUP_GATES.iter().any(|g| p.gate(g).is_some());
+    if !pods.iter().any(held) {
+        for gate in GROUP_GATES {
+            pass.metrics
+                .gated_pods
+                .get_or_create(&GateLabels::new(gate))
+                .set(0);
+        }
+        return (BTreeMap::new(), None);
+    }
+    let policies = &snapshot.compiled.set;
+    let mut workloads = ranked_workloads(&stores.deployments.state(), "Deployment", snapshot);
+    workloads.extend(ranked_workloads(
+        &stores.statefulsets.state(),
+        "StatefulSet",
+        snapshot,
+    ));
+    let waiting_for_policy = |pod: &PodObject| unseen.contains_key(&pod.key());
+    let plan = super::groups::plan(
+        pods,
+        &workloads,
+        policies,
+        &snapshot.namespaces,
+        rooms,
+        &waiting_for_policy,
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    super::release::release_group_pods(pass, &plan, reported).await;
+    (plan.timed_out, plan.next_timeout)
+}
+
+/// The Deployments or StatefulSets a `startOrder` policy ranks: their pod
+/// template matches the policy in a namespace that opts into it, and carries a
+/// rank.
+fn ranked_workloads<K>(
+    workloads: &[Arc<WorkloadObject<K>>],
+    kind: &str,
+    snapshot: &Snapshot,
+) -> Vec<super::groups::RankedWorkload> {
+    let policies = &snapshot.compiled.set;
+    if !policies.iter().any(|p| p.spec.start_order.is_some()) {
+        return Vec::new();
+    }
+    let mut ranked = Vec::new();
+    for workload in workloads {
+        let namespace = workload.metadata.namespace.clone().unwrap_or_default();
+        let Some((config, labels)) = snapshot.namespaces.get(&namespace) else {
+            continue;
+        };
+        let Ok(view) = PodView::read(&workload.template_pod()) else {
+            continue;
+        };
+        let info = NamespaceInfo {
+            name: namespace.clone(),
+            labels: labels.clone(),
+            annotations: Default::default(),
+        };
+        let matches = match_policies(&view, &info, Some(config), policies);
+        let order = matches
+            .applied
+            .iter()
+            .find_map(|(p, _)| Some((*p, p.spec.start_order.as_ref()?)));
+        let Some((policy, order)) = order else {
+            continue;
+        };
+        let Ok(Some(rank)) = order.rank(view.labels()) else {
+            continue;
+        };
+        ranked.push(super::groups::RankedWorkload {
+            namespace,
+            name: format!(
+                "{kind}/{}",
+                workload.metadata.name.as_deref().unwrap_or_default()
+            ),
+            policy: policy.name.clone(),
+            rank,
+            desired: workload.desired(),
+            ready: workload.ready(),
+            rolled_out: workload.rolled_out(),
+        });
+    }
+    ranked
+}
