@@ -13,13 +13,13 @@ use kube::{Client, ResourceExt};
 use serde_json::Value;
 
 use super::offline::{Ending, print};
-use crate::controller::exclusion::{self, ExclusionPod, Hold};
-use crate::controller::rooms::{Rooms, node_rooms};
 use crate::names::{AVOID_GATE, GROUP_GATES};
 use crate::objects::{
     MetaOnly, NamespaceMeta, NodeObject, PodObject, PolicyObject, Skip, read_json,
 };
+use crate::placement::exclusion::{self, ExclusionPod, Hold};
 use crate::placement::explain::explain;
+use crate::placement::rooms::{Rooms, node_rooms};
 use crate::placement::{Input, NamespaceInfo, NodeIndex, NodeInfo, Requester, build_patch, decide};
 use crate::policy::compile::PolicyCompiler;
 use crate::policy::{NamespaceOptIn, OptIn, PolicySet};
@@ -347,7 +347,7 @@ fn held(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::desired::tests::Everyone;
+    use crate::placement::opt_in::tests::Everyone;
     use crate::policy::PlacementPolicy;
     use serde_json::json;
 

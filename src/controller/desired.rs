@@ -10,10 +10,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Taint;
 
-use crate::names::{APPLIED_ANNOTATION, POOL_LABEL, anchor_label, placed_label};
+use crate::names::{POOL_LABEL, anchor_label, placed_label};
 use crate::objects::PodObject;
+use crate::placement::opt_in::{anchors, applied_policies};
 use crate::policy::compile::Labels;
-use crate::policy::crd::AnchorNamespaces;
 use crate::policy::{CompiledPolicy, OptIn, PolicySet};
 
 /// A pod bound to a node, reduced to what the controller needs.
@@ -25,7 +25,7 @@ pub struct BoundPod {
     pub node: String,
     pub labels: Labels,
     /// Policies the webhook applied (`berth.io/applied`), as the pod says: weigh
-    /// against the namespace's opt-in before trusting ([`entitled_policies`]).
+    /// against the namespace's opt-in before trusting ([`crate::placement::opt_in::entitled_policies`]).
     pub applied: Vec<String>,
     /// Whether its controller is a DaemonSet that exists in its namespace.
     pub daemonset: bool,
@@ -73,46 +73,6 @@ pub struct DesiredNode {
     /// Pods on a dedicated pool node that are not entitled to it: (namespace,
     /// name, uid).
     pub unentitled: Vec<(String, String, String)>,
-}
-
-/// The policies named in a pod's `berth.io/applied`, as written.
-pub fn applied_policies(annotations: Option<&Labels>) -> Vec<String> {
-    annotations
-        .and_then(|a| a.get(APPLIED_ANNOTATION))
-        .map(|a| a.split(',').map(|p| p.trim().to_owned()).collect())
-        .unwrap_or_default()
-}
-
-/// The policies of `applied` that count for a pod in `namespace`: those the
-/// namespace opts into. A tenant can annotate its own pod with anything.
-pub fn entitled_policies<'p>(
-    applied: &[String],
-    namespace: &str,
-    policies: &'p PolicySet,
-    opt_in: &dyn OptIn,
-) -> Vec<&'p CompiledPolicy> {
-    applied
-        .iter()
-        .filter_map(|name| policies.get(name))
-        .filter(|p| opt_in.opts_in(p, namespace))
-        .collect()
-}
-
-/// The policies a pod counts under: those its `berth.io/applied` names that its
-/// namespace opts into.
-pub fn pod_entitlements<'p>(
-    pod: &crate::objects::PodObject,
-    policies: &'p PolicySet,
-    opt_in: &dyn OptIn,
-) -> Vec<&'p CompiledPolicy> {
-    let meta = &pod.metadata;
-    let applied = applied_policies(meta.annotations.as_ref());
-    entitled_policies(
-        &applied,
-        meta.namespace.as_deref().unwrap_or_default(),
-        policies,
-        opt_in,
-    )
 }
 
 /// What the node `name` should carry.
@@ -168,22 +128,6 @@ pub fn desired_node_state(
     desired
 }
 
-/// Whether a pod with these labels in `namespace` is one `policy`'s anchor label
-/// follows: it matches `colocateWith` or `avoid`, and its namespace counts:
-/// any for `anchorNamespaces: All`, one that opts into the policy for `Same`.
-pub fn anchors(
-    policy: &CompiledPolicy,
-    labels: &Labels,
-    namespace: &str,
-    opt_in: &dyn OptIn,
-) -> bool {
-    policy.is_anchor_pod(labels)
-        && match policy.spec.anchor_namespaces {
-            AnchorNamespaces::All => true,
-            AnchorNamespaces::Same => opt_in.opts_in(policy, namespace),
-        }
-}
-
 /// A pod may sit on `owner`'s dedicated node when the webhook applied the policy
 /// to it in a namespace that opts in, or it is a DaemonSet pod whose namespace the
 /// pool takes DaemonSets from.
@@ -195,36 +139,10 @@ fn is_entitled(pod: &BoundPod, owner: &CompiledPolicy, opt_in: &dyn OptIn) -> bo
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::placement::opt_in::tests::{Everyone, Only};
     use crate::policy::PlacementPolicy;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use serde_json::json;
-
-    /// Every namespace opts into every policy, and pools take every DaemonSet.
-    pub(crate) struct Everyone;
-    impl OptIn for Everyone {
-        fn opts_in(&self, _: &CompiledPolicy, _: &str) -> bool {
-            true
-        }
-        fn takes_daemonsets(&self, policy: &CompiledPolicy, _: &str) -> bool {
-            policy.takes_daemonsets_from(&Labels::new())
-        }
-        fn named(&self, _: &str) -> &[String] {
-            &[]
-        }
-    }
-    /// Only one namespace opts in.
-    pub(crate) struct Only(pub &'static str);
-    impl OptIn for Only {
-        fn opts_in(&self, _: &CompiledPolicy, namespace: &str) -> bool {
-            namespace == self.0
-        }
-        fn takes_daemonsets(&self, policy: &CompiledPolicy, namespace: &str) -> bool {
-            namespace == self.0 && policy.takes_daemonsets_from(&Labels::new())
-        }
-        fn named(&self, _: &str) -> &[String] {
-            &[]
-        }
-    }
 
     fn policy(name: &str, created: &str, spec: serde_json::Value) -> PlacementPolicy {
         let mut p: PlacementPolicy = serde_json::from_value(json!({

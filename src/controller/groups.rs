@@ -21,11 +21,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::desired::pod_entitlements;
-use super::rooms::Rooms;
 use crate::names::{GANG_GATE, RANK_GATE};
 use crate::objects::PodObject;
 use crate::placement::feasibility::node_fits;
+use crate::placement::opt_in::pod_entitlements;
+use crate::placement::rooms::Rooms;
 use crate::policy::compile::Labels;
 use crate::policy::groups::GangMember;
 use crate::policy::{CompiledPolicy, OptIn, PolicySet};
@@ -116,7 +116,7 @@ fn live(pod: &PodObject) -> bool {
 }
 
 /// Plans the release of pods held by `berth.io/rank` and `berth.io/gang`.
-/// `waiting_for_policy` holds the keys ([`pod_key`]) of pods that name a policy the
+/// `waiting_for_policy` holds the keys ([`PodObject::key`]) of pods that name a policy the
 /// cache has not seen yet: they wait. `now` dates gang timeouts.
 pub fn plan<'a>(
     pods: &'a [std::sync::Arc<PodObject>],
@@ -437,7 +437,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::controller::desired::tests::{Everyone, Only};
+    use crate::placement::opt_in::tests::{Everyone, Only};
     use crate::placement::{NodeIndex, NodeInfo};
 
     fn policies(list: &[(&str, Value)]) -> PolicySet {
@@ -490,7 +490,7 @@ mod tests {
                 (n.to_string(), amounts)
             })
             .collect();
-        crate::controller::rooms::rooms(&index, &allocatable, std::iter::empty())
+        crate::placement::rooms::rooms(&index, &allocatable, std::iter::empty())
     }
 
     fn released<'a>(plan: &'a GroupPlan) -> Vec<(&'a str, &'static str)> {
@@ -714,7 +714,7 @@ mod tests {
             .map(|(n, r)| (n.clone(), r.free.clone()))
             .collect();
         let taken =
-            crate::controller::rooms::rooms(&index, &allocatable, pods.iter().map(|p| p.as_ref()));
+            crate::placement::rooms::rooms(&index, &allocatable, pods.iter().map(|p| p.as_ref()));
         assert_eq!(
             taken["n2"].free["cpu"], 1.0,
             "the bound pod's 2 cpus are taken"

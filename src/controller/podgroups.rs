@@ -14,11 +14,11 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 
 use super::caches::Snapshot;
-use super::desired::pod_entitlements;
 use super::run::Pass;
 use crate::names::{FIELD_MANAGER, owned_metadata};
 use crate::objects::PodObject;
 use crate::placement::groups::GangMode;
+use crate::placement::opt_in::pod_entitlements;
 
 /// The API the PodGroups of native gang scheduling are served under.
 pub const POD_GROUP_API: &str = "scheduling.k8s.io/v1beta1";

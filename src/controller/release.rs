@@ -1,4 +1,4 @@
-//! Releasing pods held by `berth.io/avoid` (see [`super::exclusion`] for which and
+//! Releasing pods held by `berth.io/avoid` (see [`crate::placement::exclusion`] for which and
 //! when): one test-guarded JSON Patch per pod that narrows its node affinity and
 //! removes the gate.
 
@@ -12,9 +12,9 @@ use serde_json::{Value, json};
 
 use super::caches::Snapshot;
 use super::events::event;
-use super::exclusion::{self, ExclusionPod, Hold};
-use super::rooms::Rooms;
 use super::run::Pass;
+use crate::placement::exclusion::{self, ExclusionPod, Hold};
+use crate::placement::rooms::Rooms;
 use futures::StreamExt;
 
 use crate::names::{AVOID_GATE, FIELD_MANAGER, GANG_GATE, RANK_GATE};
@@ -92,7 +92,7 @@ const LIST_EVERY: Duration = Duration::from_secs(1);
 /// created a moment ago; releasing it as if the policy were gone would ignore what
 /// the policy avoids. A pod names only policies that existed when it was admitted,
 /// so one missing from a list taken after the controller first saw the pod is gone.
-/// One list of names answers for every pod, at most every [`LIST_EVERY`], however
+/// One list of names answers for every pod, at most every `LIST_EVERY`, however
 /// many names pods carry: a tenant's pod naming thousands costs nothing more.
 #[derive(Debug, Default)]
 pub struct PolicyLookups {

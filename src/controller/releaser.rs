@@ -11,19 +11,19 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::caches::{Snapshot, Stores};
-use super::desired::applied_policies;
 use super::events::Reported;
-use super::exclusion;
 use super::podgroups::PodGroups;
 use super::release::{PolicyLookups, release_held_pods};
-use super::rooms::{Rooms, node_rooms};
 use super::run::{Context, DEBOUNCE, HURRIED_DEBOUNCE, Pass, leadership_changed, until};
 use crate::names::{GROUP_GATES, is_berth_gate};
 use crate::objects::{PodObject, WorkloadObject};
 use crate::placement::NamespaceInfo;
+use crate::placement::exclusion;
 use crate::placement::groups::GangMode;
 use crate::placement::matching::match_policies;
+use crate::placement::opt_in::applied_policies;
 use crate::placement::pod::PodView;
+use crate::placement::rooms::{Rooms, node_rooms};
 use crate::policy::compile::PolicyCompiler;
 use crate::telemetry::GateLabels;
 

@@ -4,7 +4,7 @@
 //! full list:
 //!
 //! - the **releases** ([`super::releaser`]): held pods that may go now, for
-//!   exclusion ([`super::exclusion`]) and groups ([`super::groups`]);
+//!   exclusion ([`crate::placement::exclusion`]) and groups ([`super::groups`]);
 //! - the **nodes** ([`super::nodes`]): every node's berth labels and taints, the
 //!   policies' status and finalizers, DaemonSet templates, and the sweep of unused
 //!   objects.

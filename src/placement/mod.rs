@@ -6,14 +6,17 @@
 pub mod avoid;
 pub mod daemonset;
 pub mod entitlement;
+pub mod exclusion;
 pub mod explain;
 pub mod feasibility;
 pub mod grants;
 pub mod groups;
 pub mod matching;
+pub mod opt_in;
 pub mod patch;
 pub mod pod;
 pub mod records;
+pub mod rooms;
 pub mod scheduler;
 pub mod warning;
 

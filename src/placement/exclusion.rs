@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
 
-use super::desired::{anchors, applied_policies, entitled_policies};
+use super::opt_in::{anchors, applied_policies, entitled_policies};
 use super::rooms::{Fit, Rooms};
 use crate::names::{AVOID_GATE, anchor_label, placed_label};
 use crate::objects::PodObject;
@@ -573,7 +573,7 @@ pub fn plan<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::desired::tests::{Everyone, Only};
+    use crate::placement::opt_in::tests::{Everyone, Only};
     use crate::policy::PlacementPolicy;
     use serde_json::json;
 
