@@ -41,8 +41,11 @@ use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::{Value, json};
 use support::{Berth, Nodes, create_at_once, fresh_namespace, opt_in, test_pod};
 
-/// How many `a` pods the co-location rows place their pods beside.
-const ANCHORS: usize = 10;
+/// How many `a` pods the co-location rows place `pods` beside: at least ten, and
+/// room for every pod twice over (a node takes 80 of these pods by CPU).
+fn anchors_for(pods: usize) -> usize {
+    (pods / 40).max(10)
+}
 
 /// berth's resync period in this bench: short, so that an idle resync fits in the run.
 const RESYNC: Duration = Duration::from_secs(15);
@@ -472,20 +475,21 @@ async fn main() {
         "beside",
         json!({"podSelector": selector("beside"), "colocateWith": selector("a")}),
     );
-    // Ten `a` pods: one node takes at most 110 pods, and 80 of these by CPU.
+    // The `a` pods (see `anchors_for`).
     let berth_ns = opted(&client, "bench-beside", "beside", "beside").await;
-    time_to_bind(&client, &berth_ns, pods("a", ANCHORS, &json!({}))).await;
+    let anchors = anchors_for(exclusion);
+    time_to_bind(&client, &berth_ns, pods("a", anchors, &json!({}))).await;
     cpu_since();
     let berth_time = time_to_bind(&client, &berth_ns, pods("beside", exclusion, &json!({}))).await;
     let cpu = cpu_since();
     let native_ns = fresh_namespace(&client, "bench-affinity").await;
-    time_to_bind(&client, &native_ns, pods("a", ANCHORS, &json!({}))).await;
+    time_to_bind(&client, &native_ns, pods("a", anchors, &json!({}))).await;
     let affinity = json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": selector("a"), "topologyKey": "kubernetes.io/hostname"}]}}});
     let native_time = time_to_bind(&client, &native_ns, pods("near", exclusion, &affinity)).await;
     let plain_time = time_to_bind(&client, &plain_ns, pods("plain", exclusion, &json!({}))).await;
     rows.push(Row {
-        what: format!("{exclusion} pods beside one of {ANCHORS} `a` pods"),
+        what: format!("{exclusion} pods beside one of {anchors} `a` pods"),
         berth: berth_time,
         other: Some(("required podAffinity".into(), native_time)),
         plain: Some(plain_time),
