@@ -268,9 +268,7 @@ pub async fn release_held_pods(
             behind.namespace, behind.name
         );
         let event = event(EventType::Normal, "HeldForExclusion", "Hold", note);
-        reported
-            .publish(pass.recorder, key, event, &reference)
-            .await;
+        reported.publish(pass.events, key, event, &reference);
     }
     released.hurry(&plan, Instant::now(), super::run::HURRY_WINDOW)
 }
@@ -373,9 +371,7 @@ pub async fn release_group_pods(
             EventType::Normal
         };
         let event = event(type_, wait.reason, "Hold", wait.note.clone());
-        reported
-            .publish(pass.recorder, key, event, &reference)
-            .await;
+        reported.publish(pass.events, key, event, &reference);
     }
 }
 

@@ -14,7 +14,7 @@ use super::caches::{Snapshot, Stores};
 use super::events::Reported;
 use super::podgroups::PodGroups;
 use super::release::{PolicyLookups, release_held_pods};
-use super::run::{Context, DEBOUNCE, HURRIED_DEBOUNCE, Pass, leadership_changed, until};
+use super::run::{Context, HURRIED_DEBOUNCE, Pass, leadership_changed, until};
 use crate::names::{GROUP_GATES, is_berth_gate};
 use crate::objects::{PodObject, WorkloadObject};
 use crate::placement::NamespaceInfo;
@@ -23,9 +23,14 @@ use crate::placement::groups::GangMode;
 use crate::placement::matching::match_policies;
 use crate::placement::opt_in::applied_policies;
 use crate::placement::pod::PodView;
-use crate::placement::rooms::{Rooms, node_rooms};
+use crate::placement::rooms::{RoomCache, Rooms};
 use crate::policy::compile::PolicyCompiler;
 use crate::telemetry::GateLabels;
+
+/// Changes within this window are handled in one release pass: shorter than the
+/// nodes loop's, since a held pod waits for it, and a pass with nothing held is
+/// only a look at each pod.
+const DEBOUNCE: Duration = Duration::from_millis(25);
 
 /// The releases loop; see the module.
 pub async fn run(
@@ -46,6 +51,7 @@ pub async fn run(
     let mut lookups = PolicyLookups::default();
     let mut compiler = PolicyCompiler::default();
     let mut pod_groups = PodGroups::default();
+    let mut room_cache = RoomCache::default();
     let mut debounce = DEBOUNCE;
     let mut gang_timeout: Option<tokio::time::Instant> = None;
     loop {
@@ -83,7 +89,7 @@ pub async fn run(
         let rooms = if held.is_empty() {
             Rooms::new()
         } else {
-            node_rooms(&stores.nodes.state(), pods.iter().map(|p| p.as_ref()))
+            room_cache.rooms(&stores.nodes.state(), pods.iter().map(|p| p.as_ref()))
         };
         let hurry = release_held_pods(
             &pass,

@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::caches::{Stores, Wakes};
+use super::events::Events;
 use crate::placement::groups::GangMode;
 use crate::telemetry::Metrics;
 
@@ -52,7 +53,7 @@ pub struct ControllerOptions {
 pub struct Context {
     pub client: Client,
     pub metrics: Arc<Metrics>,
-    pub recorder: Recorder,
+    pub events: Events,
     pub stores: Stores,
     pub wakes: Arc<Wakes>,
     pub options: ControllerOptions,
@@ -64,7 +65,7 @@ impl Context {
         Pass {
             client: &self.client,
             metrics: &self.metrics,
-            recorder: &self.recorder,
+            events: &self.events,
         }
     }
 }
@@ -146,7 +147,7 @@ pub async fn run(
     let context = Context {
         client,
         metrics: metrics.clone(),
-        recorder,
+        events: Events::start(recorder),
         stores,
         wakes,
         options,
@@ -182,5 +183,5 @@ pub async fn leadership_changed(leadership: &mut watch::Receiver<bool>) -> Optio
 pub struct Pass<'a> {
     pub client: &'a Client,
     pub metrics: &'a Metrics,
-    pub recorder: &'a Recorder,
+    pub events: &'a Events,
 }

@@ -333,9 +333,7 @@ pub async fn update_statuses(
         }
         for (key, type_, reason, note) in events {
             let event = event(type_, reason, "Reconcile", note);
-            reported
-                .publish(pass.recorder, key, event, &reference)
-                .await;
+            reported.publish(pass.events, key, event, &reference);
         }
     }
 }

@@ -442,6 +442,15 @@ impl<'r, 'e, 'a, 'p> Sets<'r, 'e, 'a, 'p> {
     }
 }
 
+/// A node index in `0..count` that `key` points at, the same every time.
+fn start_of(key: &str, count: usize) -> usize {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    // `DefaultHasher::new` has fixed keys: the same start on every pass.
+    let mut hasher = DefaultHasher::new();
+    key.hash(&mut hasher);
+    (hasher.finish() % count.max(1) as u64) as usize
+}
+
 /// Which held pods to release now, oldest first, each with its set of nodes or
 /// the nodes it must keep off, and why the others wait. `unseen` holds, by pod key,
 /// held pods the webhook admitted with a policy that exists but is not in
@@ -479,9 +488,15 @@ pub fn plan<'a>(
         })
         .collect();
     let size = (nodes.len() / held.len().max(1)).clamp(FEWEST_NODES, MOST_NODES);
+    // Each pass starts where its oldest held pod points, not at the first node by
+    // name: passes for unrelated policies would otherwise all crowd the same nodes.
+    let cursor = held
+        .first()
+        .map(|e| start_of(&e.pod.key(), nodes.len()))
+        .unwrap_or_default();
     let mut sets = Sets {
         nodes,
-        cursor: 0,
+        cursor,
         size,
         flying: Vec::new(),
         claims: HashMap::new(),
@@ -875,10 +890,8 @@ mod tests {
         // n3 carries the anchor label: it keeps m1 off while m0 is there, and lets it
         // in once m0 is gone, where narrowing would keep it off for good.
         let mut labelled = Rooms::new();
-        labelled
-            .entry("n3".to_string())
-            .or_default()
-            .info
+        let n3 = labelled.entry("n3".to_string()).or_default();
+        std::sync::Arc::make_mut(&mut n3.info)
             .labels
             .insert(anchor_label("masters"), "true".to_string());
         let plan = plan(&pods, &set, &Everyone, &none(), &labelled);
@@ -934,7 +947,7 @@ mod tests {
         (0..count)
             .map(|i| {
                 let mut room = super::super::rooms::NodeRoom::default();
-                room.info
+                std::sync::Arc::make_mut(&mut room.info)
                     .labels
                     .insert(HOSTNAME_LABEL.into(), format!("h{i:02}"));
                 room.free = BTreeMap::from([("cpu".into(), cpu), ("pods".into(), 110.0)]);
@@ -971,13 +984,15 @@ mod tests {
         // n00: no room; n01: tainted; n02: a master is bound there; n03: no
         // hostname label. n04 and n05 are left.
         rooms.get_mut("n00").unwrap().free.insert("cpu".into(), 0.5);
-        rooms.get_mut("n01").unwrap().info.taints = vec![
+        std::sync::Arc::make_mut(&mut rooms.get_mut("n01").unwrap().info).taints = vec![
             serde_json::from_value(
                 json!({"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}),
             )
             .unwrap(),
         ];
-        rooms.get_mut("n03").unwrap().info.labels.clear();
+        std::sync::Arc::make_mut(&mut rooms.get_mut("n03").unwrap().info)
+            .labels
+            .clear();
         let pods = vec![
             pod("m0", "master", &["masters"], false, Some("n02")),
             held_master("m1", json!({})),

@@ -8,7 +8,8 @@
 
 use kube::ResourceExt;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use crate::objects::{NodeObject, PodObject};
 use crate::placement::feasibility::node_fits;
@@ -18,7 +19,8 @@ use crate::placement::{NodeIndex, NodeInfo};
 /// What a node offers a held pod.
 #[derive(Debug, Clone, Default)]
 pub struct NodeRoom {
-    pub info: NodeInfo,
+    /// Labels and taints, shared: a pass copies the room, not the labels.
+    pub info: Arc<NodeInfo>,
     /// Allocatable minus what the pods bound there request, per resource; `pods`
     /// counts pods.
     pub free: BTreeMap<String, f64>,
@@ -36,59 +38,95 @@ pub fn rooms<'p>(
     let mut rooms: Rooms = nodes
         .iter()
         .map(|(name, info)| {
-            let free = allocatable.get(name).cloned().unwrap_or_default();
-            (
-                name.clone(),
-                NodeRoom {
-                    info: info.clone(),
-                    free,
-                },
-            )
+            let room = NodeRoom {
+                info: Arc::new(info.clone()),
+                free: allocatable.get(name).cloned().unwrap_or_default(),
+            };
+            (name.clone(), room)
         })
         .collect();
+    take_bound(&mut rooms, pods);
+    rooms
+}
+
+/// Counts every pod bound to a node (and not finished) as placed there.
+fn take_bound<'p>(rooms: &mut Rooms, pods: impl IntoIterator<Item = &'p PodObject>) {
     for pod in pods.into_iter().filter(|p| !p.is_terminated()) {
         let Some(room) = pod.spec.node_name.as_ref().and_then(|n| rooms.get_mut(n)) else {
             continue;
         };
         room.take(&pod.requests());
     }
-    rooms
 }
 
-/// Each cached node's labels, taints and resources left.
+/// A node's labels, taints and allocatable, before any pod.
+fn empty_room(node: &NodeObject) -> NodeRoom {
+    let taints = node
+        .spec
+        .taints
+        .iter()
+        .filter_map(|t| serde_json::from_value(t.clone()).ok())
+        .collect();
+    let free = node
+        .status
+        .allocatable
+        .iter()
+        .filter_map(|(k, v)| Some((k.clone(), crate::quantity::from_json(v)?)))
+        .collect();
+    NodeRoom {
+        info: Arc::new(NodeInfo {
+            labels: node.labels().clone(),
+            taints,
+        }),
+        free,
+    }
+}
+
+/// Each node's labels, taints and resources left.
 pub fn node_rooms<'p>(
     nodes: &[impl std::ops::Deref<Target = NodeObject>],
     pods: impl IntoIterator<Item = &'p PodObject>,
 ) -> Rooms {
-    let index: NodeIndex = nodes
+    let mut rooms = nodes
         .iter()
-        .map(|n| {
-            let taints = n
-                .spec
-                .taints
-                .iter()
-                .filter_map(|t| serde_json::from_value(t.clone()).ok())
-                .collect();
-            let info = NodeInfo {
-                labels: n.labels().clone(),
-                taints,
-            };
-            (n.name_any(), info)
-        })
+        .map(|n| (n.name_any(), empty_room(n)))
         .collect();
-    let allocatable: BTreeMap<String, BTreeMap<String, f64>> = nodes
-        .iter()
-        .map(|n| {
-            let amounts = n
-                .status
-                .allocatable
-                .iter()
-                .filter_map(|(k, v)| Some((k.clone(), crate::quantity::from_json(v)?)))
-                .collect();
-            (n.name_any(), amounts)
-        })
-        .collect();
-    rooms(&index, &allocatable, pods)
+    take_bound(&mut rooms, pods);
+    rooms
+}
+
+/// The nodes' empty rooms, kept from pass to pass and read again only for a node
+/// whose resourceVersion changed: a controller pass with held pods then costs a
+/// look at each node, not a parse of each node.
+#[derive(Debug, Default)]
+pub struct RoomCache {
+    empty: HashMap<String, (Option<String>, NodeRoom)>,
+}
+
+impl RoomCache {
+    /// Each cached node's labels, taints and resources left after `pods`.
+    pub fn rooms<'p>(
+        &mut self,
+        nodes: &[Arc<NodeObject>],
+        pods: impl IntoIterator<Item = &'p PodObject>,
+    ) -> Rooms {
+        let mut rooms = Rooms::new();
+        for node in nodes {
+            let name = node.name_any();
+            let version = node.resource_version();
+            let fresh = self
+                .empty
+                .get(&name)
+                .is_some_and(|(v, _)| version.is_some() && *v == version);
+            if !fresh {
+                self.empty.insert(name.clone(), (version, empty_room(node)));
+            }
+            rooms.insert(name.clone(), self.empty[&name].1.clone());
+        }
+        self.empty.retain(|name, _| rooms.contains_key(name));
+        take_bound(&mut rooms, pods);
+        rooms
+    }
 }
 
 impl NodeRoom {
@@ -204,6 +242,35 @@ mod tests {
         ] {
             assert!(!predictable(&pod(spec.clone())), "{spec}");
         }
+    }
+
+    fn node(name: &str, version: &str, zone: &str) -> Arc<NodeObject> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "resourceVersion": version, "labels": {"zone": zone}},
+                "status": {"allocatable": {"cpu": "4", "pods": "110"}}}))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn the_room_cache_reads_a_node_again_only_when_it_changed() {
+        let mut cache = RoomCache::default();
+        let bound = pod(json!({"nodeName": "n1",
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}));
+        let first = cache.rooms(&[node("n1", "1", "a"), node("n2", "1", "a")], [&bound]);
+        assert_eq!(first["n1"].free["cpu"], 3.0);
+        assert_eq!(first["n2"].free["cpu"], 4.0);
+        // Same versions: the labels are shared, not read again; the pods are
+        // counted afresh each time.
+        let again = cache.rooms(&[node("n1", "1", "a"), node("n2", "1", "a")], []);
+        assert!(Arc::ptr_eq(&first["n1"].info, &again["n1"].info));
+        assert_eq!(again["n1"].free["cpu"], 4.0);
+        // n1 changed, n2 is gone.
+        let later = cache.rooms(&[node("n1", "2", "b")], []);
+        assert_eq!(later["n1"].info.labels["zone"], "b");
+        assert!(!later.contains_key("n2"));
+        assert_eq!(cache.empty.len(), 1);
     }
 
     #[test]
