@@ -17,6 +17,9 @@
 //! - a dedicated pool over every node, until each has berth's label and taint;
 //!   then an idle resync, which must write nothing.
 //!
+//! `BENCH_ROWS=mutate` runs only the `/mutate` row, in a few minutes rather than
+//! many (the cluster still has its `BENCH_NODES` nodes, but is otherwise idle).
+//!
 //! Each row prints its times and the ratio of berth to the alternative beside the
 //! target of issue 12, and berth's CPU seconds over the row; the run ends with
 //! berth's peak RSS. Ratios are what to compare: absolute times on a shared
@@ -174,19 +177,7 @@ async fn mutate_reviews(berth: &Berth, client: &Client) -> (usize, f64, f64) {
     let ns = fresh_namespace(client, "bench-reviews").await;
     let probe = common::pod("probe", "example/cdn-uploader:1");
     opt_in(client, &ns, "cdn", &probe, LIMIT).await;
-    let mut pod = typical_pod::typical_pod();
-    pod["metadata"]["namespace"] = json!(ns);
-    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "request": {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "namespace": ns, "operation": "CREATE",
-            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
-                "groups": ["system:serviceaccounts", "system:authenticated"]},
-            "object": pod, "oldObject": null, "dryRun": false,
-            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}}});
+    let review = typical_pod::typical_review(&ns);
     let body = hyper::body::Bytes::from(review.to_string());
     let certs = berth.certs_dir();
     let read = |f: &str| std::fs::read(certs.join(f)).expect("berth's certificates");
@@ -198,6 +189,19 @@ async fn mutate_reviews(berth: &Berth, client: &Client) -> (usize, f64, f64) {
     let berth_rate = rate(at_berth).await;
     let floor_rate = rate(floor).await;
     (body.len(), berth_rate, floor_rate)
+}
+
+/// Prints the `/mutate` row from [`mutate_reviews`]' answer.
+fn print_reviews((bytes, berth_rate, floor_rate): (usize, f64, f64)) {
+    println!(
+        "/mutate, a {} kB Deployment pod, {REVIEWS_IN_FLIGHT} in flight on one HTTP/2 connection for {} s:",
+        bytes / 1000,
+        REVIEW_ROUND.as_secs()
+    );
+    println!(
+        "berth {berth_rate:.0} reviews/s, the minimal webhook {floor_rate:.0}/s: {:.2}x (target ≥ 0.6x)",
+        berth_rate / floor_rate
+    );
 }
 
 /// How long each round of pod creates runs.
@@ -420,6 +424,10 @@ async fn main() {
     let pid = berth.pid();
     let client = berth.cluster.client().await;
     let mut rows = Vec::new();
+    if std::env::var("BENCH_ROWS").as_deref() == Ok("mutate") {
+        print_reviews(mutate_reviews(berth, &client).await);
+        return;
+    }
     let mut cpu_mark = cpu_seconds(pid);
     let mut cpu_since = || {
         let now = cpu_seconds(pid);
@@ -626,17 +634,7 @@ async fn main() {
         row.print();
     }
     println!();
-    println!(
-        "/mutate, a {} kB Deployment pod, {REVIEWS_IN_FLIGHT} in flight on one HTTP/2 connection for {} s:",
-        reviews.0 / 1000,
-        REVIEW_ROUND.as_secs()
-    );
-    println!(
-        "berth {:.0} reviews/s, the minimal webhook {:.0}/s: {:.2}x (target ≥ 0.6x)",
-        reviews.1,
-        reviews.2,
-        reviews.1 / reviews.2
-    );
+    print_reviews(reviews);
     println!();
     println!(
         "Pod creates through the apiserver, {} at a time for {} s each:",

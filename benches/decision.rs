@@ -1,17 +1,29 @@
 //! Decision + patch for a typical Deployment pod (5–8 KB of JSON) against 1, 20 and
 //! 200 policies; with 20 policies and 1,000 or 5,000 nodes passed, as the webhook
 //! passes its node cache; and 20 plus a group policy (gang, ranks, queue) that
-//! applies: what the webhook spends per admission, TLS and HTTP aside.
+//! applies: what the webhook spends per admission, TLS and HTTP aside. Then the
+//! whole `/mutate` review as the handler runs it, from the request body's bytes to
+//! the response's, with 0, 1,000 and 5,000 nodes in the webhook's node cache.
 
+use std::collections::BTreeMap;
 use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
 
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::Request;
+use berth::admission::body::BodyLimits;
+use berth::admission::handlers::{AppState, router};
+use berth::admission::state::FixedView;
 use berth::placement::{Input, NamespaceInfo, NodeIndex, NodeInfo, Requester, build_patch, decide};
 use berth::policy::{PlacementPolicy, PolicySet};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 #[path = "common/typical_pod.rs"]
 mod typical_pod;
 use serde_json::json;
-use typical_pod::typical_pod;
+use tower::ServiceExt;
+use typical_pod::{typical_pod, typical_review};
 
 /// `n` policies of every kind; the namespace opts into the first three, and every
 /// tenth selects namespaces by label, so matching has real work to do.
@@ -32,6 +44,35 @@ fn policies(n: usize) -> Vec<PlacementPolicy> {
                 "metadata": {"name": format!("policy-{i}")}, "spec": spec
             }))
             .expect("bench policy")
+        })
+        .collect()
+}
+
+/// A node cache of `count` nodes with the labels kwok's nodes carry, one of them
+/// `pool_node`. The others' names sort before it, so a scan of the cache in order
+/// meets the pool's node last.
+fn node_cache(count: usize, pool_node: &str) -> NodeIndex {
+    (0..count)
+        .map(|i| {
+            let name = if i == 0 {
+                pool_node.to_string()
+            } else {
+                format!("n-{i:05}")
+            };
+            let zone = if i % 2 == 0 { "a" } else { "b" };
+            let labels = [
+                ("kubernetes.io/hostname", name.as_str()),
+                ("kubernetes.io/os", "linux"),
+                ("topology.kubernetes.io/zone", zone),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            let info = NodeInfo {
+                labels,
+                taints: Vec::new(),
+            };
+            (name, info)
         })
         .collect()
 }
@@ -113,31 +154,7 @@ fn bench(c: &mut Criterion) {
     // some node of the pool fits the pod. The other nodes' names sort before node0,
     // so a scan of the cache in order would meet the pool's node last.
     for count in [1_000usize, 5_000] {
-        let nodes: NodeIndex = (0..count)
-            .map(|i| {
-                let name = if i == 0 {
-                    "node0".to_string()
-                } else {
-                    format!("n-{i:05}")
-                };
-                let labels = [
-                    ("kubernetes.io/hostname", name.as_str()),
-                    ("kubernetes.io/os", "linux"),
-                    (
-                        "topology.kubernetes.io/zone",
-                        if i % 2 == 0 { "a" } else { "b" },
-                    ),
-                ]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-                let info = NodeInfo {
-                    labels,
-                    taints: Vec::new(),
-                };
-                (name, info)
-            })
-            .collect();
+        let nodes = node_cache(count, "node0");
         let start = std::time::Instant::now();
         for _ in 0..ROUNDS {
             let input = Input {
@@ -205,5 +222,98 @@ fn bench(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, bench);
+/// How many nodes the webhook's cache holds in the review bench.
+const CACHED_NODES: [usize; 3] = [0, 1_000, 5_000];
+
+/// The webhook's state as `make bench-cluster` has it for its `/mutate` row: the
+/// policy of `policies/cdn.yaml` (a dedicated pool on node2), a namespace `bench`
+/// opted into it, and `nodes` nodes in the cache, node2 among them.
+fn review_state(nodes: usize) -> Arc<AppState> {
+    let cdn: PlacementPolicy =
+        serde_yaml_ng::from_str(include_str!("../policies/cdn.yaml")).expect("policies/cdn.yaml");
+    let (policies, errors) = PolicySet::compile([&cdn]);
+    assert!(errors.is_empty());
+    let mut namespace = NamespaceInfo::new("bench");
+    namespace
+        .annotations
+        .insert("berth.io/policies".into(), "cdn".into());
+    let view = FixedView {
+        policies: Arc::new(policies),
+        nodes: Arc::new(node_cache(nodes, "node2")),
+        namespaces: BTreeMap::from([("bench".to_string(), namespace)]),
+        groups: Arc::default(),
+    };
+    Arc::new(AppState {
+        view: Arc::new(view),
+        metrics: Arc::default(),
+        tls_ready: true.into(),
+        limits: BodyLimits::new(19 << 20, 128 << 20, Duration::from_secs(10)),
+        berth_user: "system:serviceaccount:berth-system:berth".into(),
+    })
+}
+
+/// One review through the router: the response body's bytes.
+async fn post_review(app: &Router, body: &Bytes) -> Bytes {
+    let request = Request::post("/mutate")
+        .header("content-type", "application/json")
+        .body(Body::from(body.clone()))
+        .expect("request");
+    let response = app.clone().oneshot(request).await.expect("infallible");
+    axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("response body")
+}
+
+/// The whole `/mutate` review, body bytes in, response bytes out (TLS and HTTP/2
+/// framing aside), with 0, 1,000 and 5,000 nodes cached: a review should cost the
+/// same whatever the size of the cluster.
+fn review(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let body = Bytes::from(typical_review("bench").to_string());
+    let apps: Vec<(usize, Router)> = CACHED_NODES
+        .into_iter()
+        .map(|n| (n, router(review_state(n), 256)))
+        .collect();
+    // The review bench measures a pod that is patched, not one turned away early.
+    let answer: serde_json::Value =
+        serde_json::from_slice(&runtime.block_on(post_review(&apps[0].1, &body))).unwrap();
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(answer["response"]["patchType"], "JSONPatch", "{answer}");
+
+    let mut group = c.benchmark_group("mutate_review");
+    for (n, app) in &apps {
+        group.bench_with_input(BenchmarkId::new("nodes", n), app, |b, app| {
+            b.iter(|| runtime.block_on(post_review(app, black_box(&body))))
+        });
+    }
+    group.finish();
+
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    const ROUNDS: u32 = 20_000;
+    let times: Vec<(usize, f64)> = apps
+        .iter()
+        .map(|(n, app)| {
+            let start = std::time::Instant::now();
+            for _ in 0..ROUNDS {
+                runtime.block_on(post_review(app, &body));
+            }
+            (*n, (start.elapsed() / ROUNDS).as_secs_f64())
+        })
+        .collect();
+    for (n, t) in &times {
+        println!(
+            "summary: /mutate review ({} B), {n:>5} nodes cached: {:>6.1} µs, {:.2}x of no nodes",
+            body.len(),
+            t * 1e6,
+            t / times[0].1
+        );
+    }
+}
+
+criterion_group!(benches, bench, review);
 criterion_main!(benches);

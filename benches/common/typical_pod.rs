@@ -52,3 +52,21 @@ pub fn typical_pod() -> Value {
         }
     })
 }
+
+/// The AdmissionReview the apiserver sends for the typical pod's CREATE in
+/// `namespace`, as the ReplicaSet controller makes it.
+pub fn typical_review(namespace: &str) -> Value {
+    let mut pod = typical_pod();
+    pod["metadata"]["namespace"] = json!(namespace);
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": namespace, "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
+                "groups": ["system:serviceaccounts", "system:authenticated"]},
+            "object": pod, "oldObject": null, "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}}})
+}

@@ -314,9 +314,23 @@ impl AdmissionResponse {
     }
 
     /// The AdmissionReview that carries this response.
-    pub fn into_review(self) -> Value {
-        json!({"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": self})
+    pub fn into_review(self) -> Review {
+        Review {
+            api_version: API_VERSION,
+            kind: "AdmissionReview",
+            response: self,
+        }
     }
+}
+
+/// An AdmissionReview answering a request, serialised as it stands (no
+/// intermediate JSON value).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Review {
+    api_version: &'static str,
+    kind: &'static str,
+    response: AdmissionResponse,
 }
 
 #[cfg(test)]

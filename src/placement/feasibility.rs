@@ -5,6 +5,7 @@
 //! scheduler.
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration};
+use serde_json::{Map, Value};
 
 use super::grants::Grants;
 use super::pod::PodView;
@@ -137,10 +138,24 @@ pub fn describe_requirement(r: &NodeSelectorRequirement) -> String {
     }
 }
 
-/// The pod as it will be after berth's patch.
-pub fn patched_pod(raw: &serde_json::Value, grants: &Grants) -> Option<PodView> {
-    let mut pod = raw.clone();
-    json_patch::patch(&mut pod, &build_patch(raw, grants)).ok()?;
+/// The fields of a pod spec that [`node_fits`] reads.
+const PLACEMENT_FIELDS: [&str; 4] = ["nodeName", "nodeSelector", "affinity", "tolerations"];
+
+/// The pod as it will be after berth's patch, as far as [`node_fits`] reads it.
+///
+/// Only the spec fields the fit check reads are copied and patched, not the whole
+/// pod (containers, env, volumes: most of its bytes). The patch is built against
+/// that copy, and its operations on those fields look at nothing else, so they
+/// come out as they would on the whole pod.
+pub fn patched_pod(raw: &Value, grants: &Grants) -> Option<PodView> {
+    let spec = raw.get("spec").and_then(Value::as_object);
+    let placement: Map<String, Value> = PLACEMENT_FIELDS
+        .iter()
+        .filter_map(|&field| Some((field.to_owned(), spec?.get(field)?.clone())))
+        .collect();
+    let mut pod = Value::Object(Map::from_iter([("spec".into(), Value::Object(placement))]));
+    let patch = build_patch(&pod, grants);
+    json_patch::patch(&mut pod, &patch).ok()?;
     PodView::read(&pod).ok()
 }
 
@@ -154,9 +169,6 @@ pub fn pool_warnings(input: &Input, grants: &Grants, nodes: &NodeIndex) -> Vec<S
         return Vec::new();
     };
     let pools = pool_expression.values.as_deref().unwrap_or_default();
-    let Some(pod) = patched_pod(input.pod, grants) else {
-        return Vec::new();
-    };
     // A pool of named nodes can own only those: look them up rather than scan
     // the cluster, so a pod of such a pool costs the same on 5,000 nodes as on 5.
     let named: Option<Vec<&String>> = pools
@@ -173,18 +185,22 @@ pub fn pool_warnings(input: &Input, grants: &Grants, nodes: &NodeIndex) -> Vec<S
         Some(names) => Box::new(names.into_iter().filter_map(|n| nodes.get_key_value(n))),
         None => Box::new(nodes.iter()),
     };
-    let mut pool_nodes = candidates.filter_map(|(name, node)| {
-        let owner = input.policies.pool_of_node(name, Some(&node.labels))?;
-        pools
-            .contains(&owner.name)
-            .then(|| (name, with_pool_state(name, node, input.policies)))
-    });
-    let mut any = false;
-    let fits = pool_nodes.any(|(name, node)| {
-        any = true;
-        node_fits(&pod, name, &node).is_ok()
-    });
-    if !any || fits {
+    let mut pool_nodes = candidates
+        .filter_map(|(name, node)| {
+            let owner = input.policies.pool_of_node(name, Some(&node.labels))?;
+            pools
+                .contains(&owner.name)
+                .then(|| (name, with_pool_state(name, node, input.policies)))
+        })
+        .peekable();
+    // With no pool node known there is nothing to fit, and no patched pod to make.
+    if pool_nodes.peek().is_none() {
+        return Vec::new();
+    }
+    let Some(pod) = patched_pod(input.pod, grants) else {
+        return Vec::new();
+    };
+    if pool_nodes.any(|(name, node)| node_fits(&pod, name, &node).is_ok()) {
         return Vec::new();
     }
     vec![bounded(format!(
@@ -199,6 +215,44 @@ mod tests {
 
     fn req(op: &str, values: &[&str]) -> NodeSelectorRequirement {
         super::super::grants::requirement("k", op, values)
+    }
+
+    #[test]
+    fn the_patched_placement_fields_are_those_of_the_whole_patched_pod() {
+        let raw = serde_json::json!({"kind": "Pod",
+            "metadata": {"labels": {"app": "a"}},
+            "spec": {"nodeSelector": {"disk": "ssd"},
+                "containers": [{"name": "c", "image": "nginx", "env": [{"name": "A", "value": "1"}]}],
+                "tolerations": [{"key": POOL_TAINT, "operator": "Equal", "value": "forged"},
+                                {"key": "other", "operator": "Exists"}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                                          {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]}}}}});
+        let mut grants = Grants::default();
+        grants.require(super::super::grants::requirement(
+            POOL_LABEL,
+            "In",
+            &["cdn"],
+        ));
+        grants.tolerate(Toleration {
+            key: Some(POOL_TAINT.into()),
+            operator: Some("Equal".into()),
+            value: Some("cdn".into()),
+            effect: Some("NoSchedule".into()),
+            toleration_seconds: None,
+        });
+        grants.gate("berth.io/avoid");
+        grants.applied = vec!["cdn".into()];
+
+        let mut whole = raw.clone();
+        json_patch::patch(&mut whole, &build_patch(&raw, &grants)).unwrap();
+        let whole = PodView::read(&whole).unwrap();
+        let placement = patched_pod(&raw, &grants).expect("patched");
+        assert_eq!(placement.required_terms(), whole.required_terms());
+        assert_eq!(placement.tolerations(), whole.tolerations());
+        assert_eq!(placement.node_selector(), whole.node_selector());
+        assert_eq!(placement.node_name(), whole.node_name());
+        assert_eq!(placement.tolerations().len(), 2, "forged one out, cdn in");
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! Matching is anchored at both ends, so `registry.example.com/cdn/*` can never
 //! match `registry.example.com.evil.io/cdn/app`.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use oci_spec::distribution::Reference;
@@ -24,14 +26,46 @@ pub struct ImageRef {
 
 impl ImageRef {
     pub fn new(written: &str) -> ImageRef {
-        let normalised = match written.parse::<Reference>() {
-            Ok(reference) => normalise(&reference),
-            Err(_) => written.to_owned(),
-        };
         ImageRef {
             written: written.to_owned(),
-            normalised,
+            normalised: remembered(written),
         }
+    }
+}
+
+/// How many normalised references [`remembered`] keeps, and the longest it keeps.
+const REMEMBERED: usize = 1024;
+const REMEMBERED_LENGTH: usize = 256;
+
+/// `written` normalised. Parsing a reference runs oci-spec's regex, about 5 µs an
+/// image, and every pod admitted names its images again; a cluster runs few
+/// distinct images, each in many pods, so the answers are remembered. The memory
+/// is bounded (it is forgotten whole when full, so tenants churning names only
+/// make it useless, never large).
+fn remembered(written: &str) -> String {
+    static SEEN: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    let seen = SEEN.get_or_init(Mutex::default);
+    let lock = || seen.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(normalised) = lock().get(written) {
+        return normalised.clone();
+    }
+    let normalised = normalised(written);
+    if written.len() <= REMEMBERED_LENGTH {
+        let mut seen = lock();
+        if seen.len() >= REMEMBERED {
+            seen.clear();
+        }
+        seen.insert(written.to_owned(), normalised.clone());
+    }
+    normalised
+}
+
+/// `written` as a normalised reference; a string that is not a valid reference is
+/// kept as written.
+fn normalised(written: &str) -> String {
+    match written.parse::<Reference>() {
+        Ok(reference) => normalise(&reference),
+        Err(_) => written.to_owned(),
     }
 }
 
