@@ -18,7 +18,8 @@
 //!   then an idle resync, which must write nothing.
 //!
 //! `BENCH_ROWS=mutate` runs only the `/mutate` row, in a few minutes rather than
-//! many (the cluster still has its `BENCH_NODES` nodes, but is otherwise idle).
+//! many (the cluster still has its `BENCH_NODES` nodes, but is otherwise idle);
+//! `BENCH_ROWS=exclusion` only the exclusion row.
 //!
 //! Each row prints its times and the ratio of berth to the alternative beside the
 //! target of issue 12, and berth's CPU seconds over the row; the run ends with
@@ -465,6 +466,10 @@ async fn main() {
         },
     );
     delete_pods(&client, &plain_ns).await;
+    if std::env::var("BENCH_ROWS").as_deref() == Ok("exclusion") {
+        println!("berth's peak RSS: {:.0} MiB", peak_rss_mib(pid));
+        return;
+    }
 
     // Ordinary pods beside berth's exclusion pods, then beside the native ones.
     let ordinary_ns = fresh_namespace(&client, "bench-ordinary").await;

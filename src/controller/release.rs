@@ -182,8 +182,7 @@ fn waiting_for<'n>(
 }
 
 /// Releases the held pods that may go now and tells the others, with an Event,
-/// which pod they wait for. True when the next pass should come quickly: a held pod
-/// waits behind a pod released a moment ago.
+/// which pod they wait for.
 pub async fn release_held_pods(
     pass: &Pass<'_>,
     snapshot: &Snapshot,
@@ -192,7 +191,7 @@ pub async fn release_held_pods(
     unseen: &BTreeMap<String, String>,
     released: &mut exclusion::Released,
     reported: &mut super::events::Reported,
-) -> bool {
+) {
     // The family's guard must not live across an await.
     let gauge = |held: usize| {
         pass.metrics
@@ -204,7 +203,7 @@ pub async fn release_held_pods(
     if !pods.iter().any(|p| p.gate(AVOID_GATE).is_some()) {
         released.overlay(&mut []);
         gauge(0);
-        return false;
+        return;
     }
     let mut all: Vec<ExclusionPod> = pods
         .iter()
@@ -229,7 +228,7 @@ pub async fn release_held_pods(
         let pod = release.pod;
         match result {
             Ok(()) => {
-                released.record(pod, release.hosts.as_deref(), Instant::now());
+                released.record(pod, release.hosts.as_deref());
                 pass.metrics
                     .gated_seconds
                     .get_or_create(&GateLabels::new(AVOID_GATE))
@@ -270,7 +269,6 @@ pub async fn release_held_pods(
         let event = event(EventType::Normal, "HeldForExclusion", "Hold", note);
         reported.publish(pass.events, key, event, &reference);
     }
-    released.hurry(&plan, Instant::now(), super::run::HURRY_WINDOW)
 }
 
 /// How many release patches are on their way at once.

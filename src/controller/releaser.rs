@@ -14,7 +14,7 @@ use super::caches::{Snapshot, Stores};
 use super::events::Reported;
 use super::podgroups::PodGroups;
 use super::release::{PolicyLookups, release_held_pods};
-use super::run::{Context, HURRIED_DEBOUNCE, Pass, leadership_changed, until};
+use super::run::{Context, Pass, leadership_changed, until};
 use crate::names::{GROUP_GATES, is_berth_gate};
 use crate::objects::{PodObject, WorkloadObject};
 use crate::placement::NamespaceInfo;
@@ -52,7 +52,6 @@ pub async fn run(
     let mut compiler = PolicyCompiler::default();
     let mut pod_groups = PodGroups::default();
     let mut room_cache = RoomCache::default();
-    let mut debounce = DEBOUNCE;
     let mut gang_timeout: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
@@ -60,7 +59,7 @@ pub async fn run(
             changed = leadership_changed(&mut leadership) => if changed.is_none() {
                 break;
             },
-            () = context.wakes.releases.notified() => tokio::time::sleep(debounce).await,
+            () = context.wakes.releases.notified() => tokio::time::sleep(DEBOUNCE).await,
             // A held gang reaches its timeoutSeconds: report it on time.
             () = until(gang_timeout) => gang_timeout = None,
             _ = resync.tick() => pod_groups.forget(),
@@ -91,7 +90,7 @@ pub async fn run(
         } else {
             room_cache.rooms(&stores.nodes.state(), pods.iter().map(|p| p.as_ref()))
         };
-        let hurry = release_held_pods(
+        release_held_pods(
             &pass,
             &snapshot,
             &pods,
@@ -101,7 +100,6 @@ pub async fn run(
             &mut reported,
         )
         .await;
-        debounce = if hurry { HURRIED_DEBOUNCE } else { DEBOUNCE };
         let (timed_out, next_timeout) = release_groups(
             &pass,
             stores,

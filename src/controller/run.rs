@@ -29,11 +29,6 @@ use crate::telemetry::Metrics;
 
 /// Changes within this window are handled in one pass.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
-/// The window instead, while held pods wait behind a pod released a moment ago:
-/// the next should follow that pod's binding without a full window's delay.
-pub const HURRIED_DEBOUNCE: Duration = Duration::from_millis(10);
-/// How long after its release a pod's binding counts as a moment away.
-pub const HURRY_WINDOW: Duration = Duration::from_secs(5);
 
 /// How the controller runs.
 #[derive(Debug, Clone)]

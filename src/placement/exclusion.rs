@@ -25,7 +25,6 @@
 //! stopped, and no pod is released twice.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
@@ -305,33 +304,17 @@ fn holds_back<'p>(pod: &Entry<'_, 'p>, other: &Entry<'_, 'p>) -> Option<&'p Comp
 /// What this controller has released. Pods stay in `uncached` (with the set each
 /// was confined to) until the cache shows them released: the watch event trails
 /// the write, and a pod that still looks held must count as in flight, or a pod
-/// that must avoid it could be released beside it. `recent` remembers when, for
-/// [`Released::hurry`].
+/// that must avoid it could be released beside it.
 #[derive(Debug, Default)]
 pub struct Released {
     uncached: BTreeMap<String, Option<BTreeSet<String>>>,
-    recent: BTreeMap<String, Instant>,
 }
 
 impl Released {
-    /// Notes that `pod`'s gate was removed at `now`, confining it to `hosts`.
-    pub fn record(&mut self, pod: &ExclusionPod, hosts: Option<&[String]>, now: Instant) {
+    /// Notes that `pod`'s gate was removed, confining it to `hosts`.
+    pub fn record(&mut self, pod: &ExclusionPod, hosts: Option<&[String]>) {
         let hosts = hosts.map(|h| h.iter().cloned().collect());
         self.uncached.insert(pod.key(), hosts);
-        self.recent.insert(pod.key(), now);
-    }
-
-    /// Whether a held pod waits behind a pod released less than `window` ago. That
-    /// pod's binding is a moment away, and the next one should follow it without
-    /// the controller's usual batching delay; a blocker released long ago (one that
-    /// cannot be scheduled) does not make the controller hurry.
-    pub fn hurry(&mut self, plan: &Plan, now: Instant, window: Duration) -> bool {
-        self.recent
-            .retain(|_, at| now.saturating_duration_since(*at) < window);
-        plan.waiting.iter().any(|w| match &w.reason {
-            Hold::Behind { pod, .. } => self.recent.contains_key(&pod.key()),
-            Hold::PolicyNotSeen(_) => false,
-        })
     }
 
     /// Shows the pods released but still gated in the cache as released, and
@@ -375,12 +358,6 @@ fn narrow_off(other: &ExclusionPod, keep_off: &str, rooms: &Rooms) -> bool {
     !other.terminating || !labelled()
 }
 
-/// A pod in flight, and the hostnames it is confined to (`None`: any node).
-struct Flying<'e, 'a, 'p> {
-    entry: &'e Entry<'a, 'p>,
-    hosts: Option<BTreeSet<String>>,
-}
-
 /// The nodes sets are made of, and who holds which.
 struct Sets<'r, 'e, 'a, 'p> {
     /// Nodes with a hostname label, by name, with their room.
@@ -390,42 +367,89 @@ struct Sets<'r, 'e, 'a, 'p> {
     /// How many nodes a set aims for.
     size: usize,
     /// The pods in flight.
-    flying: Vec<Flying<'e, 'a, 'p>>,
+    flying: Vec<&'e Entry<'a, 'p>>,
     /// Which in-flight pods (indices into `flying`) each hostname is in the set of.
     claims: HashMap<String, Vec<usize>>,
+    /// In-flight pods that may take any node.
+    unbounded: Vec<usize>,
+    /// In-flight pods by the policies that avoid them (in a namespace that opts in)
+    /// and by their own avoid policies: who holds back a held pod is found by its
+    /// policies, not by a look at every pod in flight.
+    avoided_by: HashMap<&'p str, Vec<usize>>,
+    avoiding: HashMap<&'p str, Vec<usize>>,
     /// The pods bound to each node.
     bound: HashMap<&'a str, Vec<&'e Entry<'a, 'p>>>,
+    /// The policies of held pods whose search this pass looked at every node and
+    /// found none: a pod with the same policies does not search again until the
+    /// next pass.
+    exhausted: HashSet<Vec<&'p str>>,
 }
 
 impl<'r, 'e, 'a, 'p> Sets<'r, 'e, 'a, 'p> {
-    fn fly(&mut self, entry: &'e Entry<'a, 'p>, hosts: Option<BTreeSet<String>>) {
+    fn fly(&mut self, entry: &'e Entry<'a, 'p>, hosts: Option<&BTreeSet<String>>) {
         let index = self.flying.len();
-        for host in hosts.iter().flatten() {
-            self.claims.entry(host.clone()).or_default().push(index);
+        match hosts {
+            Some(hosts) => {
+                for host in hosts {
+                    self.claims.entry(host.clone()).or_default().push(index);
+                }
+            }
+            None => self.unbounded.push(index),
         }
-        self.flying.push(Flying { entry, hosts });
+        for (policy, opted) in &entry.avoided_by {
+            if *opted {
+                self.avoided_by.entry(&policy.name).or_default().push(index);
+            }
+        }
+        for policy in &entry.avoids {
+            self.avoiding.entry(&policy.name).or_default().push(index);
+        }
+        self.flying.push(entry);
+    }
+
+    /// The first pod in flight that holds `entry` back, and through which policy.
+    fn first_blocker(&self, entry: &Entry<'a, 'p>) -> Option<(usize, &'p CompiledPolicy)> {
+        let avoided = entry.avoids.iter().filter_map(|p| {
+            let first = *self.avoided_by.get(p.name.as_str())?.first()?;
+            Some((first, *p))
+        });
+        let avoiding = entry.avoided_by.iter().filter_map(|(p, _)| {
+            let first = *self.avoiding.get(p.name.as_str())?.first()?;
+            Some((first, *p))
+        });
+        avoided.chain(avoiding).min_by_key(|(i, _)| *i)
+    }
+
+    /// An in-flight pod that may take any node and holds `entry` back.
+    fn unbounded_blocker(&self, entry: &Entry<'a, 'p>) -> Option<(usize, &'p CompiledPolicy)> {
+        self.unbounded
+            .iter()
+            .find_map(|i| Some((*i, holds_back(entry, self.flying[*i])?)))
     }
 
     /// A set of nodes for the held `entry` where it fits, none of them claimed by a
-    /// pod in flight that it must avoid (`blockers`) or holding a pod it must avoid;
-    /// empty when the search finds none.
-    fn find(
-        &mut self,
-        entry: &Entry<'a, 'p>,
-        fit: &Fit,
-        blockers: &HashSet<usize>,
-        rooms: &Rooms,
-    ) -> Vec<String> {
+    /// pod in flight that holds it back or holding a pod it must avoid; empty when
+    /// the search finds none.
+    fn find(&mut self, entry: &Entry<'a, 'p>, fit: &Fit, rooms: &Rooms) -> Vec<String> {
+        let signature: Vec<&'p str> = entry
+            .avoids
+            .iter()
+            .map(|p| p.name.as_str())
+            .chain(entry.avoided_by.iter().map(|(p, _)| p.name.as_str()))
+            .collect();
+        if self.exhausted.contains(&signature) {
+            return Vec::new();
+        }
         let mut hosts = Vec::new();
         let count = self.nodes.len();
         let mut looked = 0;
         while looked < count.min(SEARCH_NODES) && hosts.len() < self.size {
             let (name, host, room) = self.nodes[(self.cursor + looked) % count];
             looked += 1;
-            let claimed = self
-                .claims
-                .get(host)
-                .is_some_and(|c| c.iter().any(|i| blockers.contains(i)));
+            let claimed = self.claims.get(host).is_some_and(|c| {
+                c.iter()
+                    .any(|i| holds_back(entry, self.flying[*i]).is_some())
+            });
             let avoided = self.bound.get(name).is_some_and(|on_node| {
                 on_node.iter().any(|other| {
                     conflict(entry, other).is_some_and(|label| narrow_off(other.pod, &label, rooms))
@@ -436,6 +460,9 @@ impl<'r, 'e, 'a, 'p> Sets<'r, 'e, 'a, 'p> {
             }
         }
         self.cursor = (self.cursor + looked) % count.max(1);
+        if hosts.is_empty() {
+            self.exhausted.insert(signature);
+        }
         hosts.sort();
         hosts.dedup();
         hosts
@@ -500,13 +527,17 @@ pub fn plan<'a>(
         size,
         flying: Vec::new(),
         claims: HashMap::new(),
+        unbounded: Vec::new(),
+        avoided_by: HashMap::new(),
+        avoiding: HashMap::new(),
         bound: HashMap::new(),
+        exhausted: HashSet::new(),
     };
     for entry in &entries {
         if let Some(node) = &entry.pod.node {
             sets.bound.entry(node.as_str()).or_default().push(entry);
         } else if in_flight(entry.pod) && !entry.pod.terminating {
-            sets.fly(entry, entry.pod.hosts.clone());
+            sets.fly(entry, entry.pod.hosts.as_ref());
         }
     }
     let mut plan = Plan::default();
@@ -519,25 +550,16 @@ pub fn plan<'a>(
             });
             continue;
         }
-        let blockers: Vec<(usize, &CompiledPolicy)> = sets
-            .flying
-            .iter()
-            .enumerate()
-            .filter_map(|(i, f)| Some((i, holds_back(entry, f.entry)?)))
-            .collect();
         let behind = |i: usize, policy: &CompiledPolicy, sets: &Sets<'_, '_, 'a, '_>| Waiting {
             pod,
             reason: Hold::Behind {
-                pod: sets.flying[i].entry.pod,
+                pod: sets.flying[i].pod,
                 policy: policy.name.clone(),
             },
         };
         // One that may take any node leaves no set free of it.
-        if let Some((i, policy)) = blockers
-            .iter()
-            .find(|(i, _)| sets.flying[*i].hosts.is_none())
-        {
-            plan.waiting.push(behind(*i, policy, &sets));
+        if let Some((i, policy)) = sets.unbounded_blocker(entry) {
+            plan.waiting.push(behind(i, policy, &sets));
             continue;
         }
         let fit = pod
@@ -545,14 +567,11 @@ pub fn plan<'a>(
             .as_ref()
             .filter(|f| f.predictable && pod.can_confine());
         let hosts = match fit {
-            Some(fit) => {
-                let blocking: HashSet<usize> = blockers.iter().map(|(i, _)| *i).collect();
-                sets.find(entry, fit, &blocking, rooms)
-            }
+            Some(fit) => sets.find(entry, fit, rooms),
             None => Vec::new(),
         };
         if !hosts.is_empty() {
-            sets.fly(entry, Some(hosts.iter().cloned().collect()));
+            sets.fly(entry, Some(&hosts.iter().cloned().collect()));
             plan.release.push(Release {
                 pod,
                 avoid_nodes: Vec::new(),
@@ -560,8 +579,8 @@ pub fn plan<'a>(
             });
             continue;
         }
-        if let Some((i, policy)) = blockers.first() {
-            plan.waiting.push(behind(*i, policy, &sets));
+        if let Some((i, policy)) = sets.first_blocker(entry) {
+            plan.waiting.push(behind(i, policy, &sets));
             continue;
         }
         let mut avoid_nodes: Vec<String> = sets
@@ -797,7 +816,7 @@ mod tests {
             pod("m2", "master", &["masters"], true, None),
         ];
         let mut released = Released::default();
-        released.record(&pods[0], None, Instant::now());
+        released.record(&pods[0], None);
         released.overlay(&mut pods);
         let plan = plan(&pods, &masters(), &Everyone, &none(), &no_labels());
         assert!(plan.release.is_empty(), "m1 is in flight, m2 must wait");
@@ -896,29 +915,6 @@ mod tests {
             .insert(anchor_label("masters"), "true".to_string());
         let plan = plan(&pods, &set, &Everyone, &none(), &labelled);
         assert!(plan.release[0].avoid_nodes.is_empty());
-    }
-
-    #[test]
-    fn the_controller_hurries_only_behind_a_pod_it_released_a_moment_ago() {
-        let pods = vec![
-            pod("m1", "master", &["masters"], false, None),
-            pod("m2", "master", &["masters"], true, None),
-        ];
-        let set = masters();
-        let plan = plan(&pods, &set, &Everyone, &none(), &no_labels());
-        let window = Duration::from_secs(5);
-        let start = Instant::now();
-        let mut released = Released::default();
-        assert!(
-            !released.hurry(&plan, start, window),
-            "m1 was not released by this controller"
-        );
-        released.record(&pods[0], None, start);
-        assert!(released.hurry(&plan, start + Duration::from_secs(1), window));
-        assert!(
-            !released.hurry(&plan, start + Duration::from_secs(6), window),
-            "m1 has been unschedulable for a while: no hurry"
-        );
     }
 
     /// A master held as the webhook leaves it: gated, with a required term, asking
@@ -1086,7 +1082,7 @@ mod tests {
         let mut pods = vec![held_master("m1", json!({})), held_master("m2", json!({}))];
         let mut released = Released::default();
         let set = ["h00".to_string(), "h01".to_string()];
-        released.record(&pods[0], Some(&set), Instant::now());
+        released.record(&pods[0], Some(&set));
         released.overlay(&mut pods);
         assert_eq!(pods[0].gate, None);
         let plan = plan(&pods, &masters(), &Everyone, &none(), &nodes(6, 4.0));
