@@ -4,6 +4,7 @@
 //! small. Every store is fed leniently ([`crate::objects`]): one object berth
 //! cannot read never blinds a watch.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -51,13 +52,13 @@ impl Stores {
     pub fn start(client: &Client, wakes: &Wakes) -> Stores {
         let both = [&wakes.releases, &wakes.nodes];
         Stores {
-            policies: watch(client, &both, keep_all),
-            nodes: watch(client, &both, keep_all),
-            namespaces: watch(client, &both, keep_all),
-            pods: watch(client, &both, strip_pod),
-            daemonsets: watch(client, &[&wakes.nodes], strip_daemonset),
-            deployments: watch(client, &[&wakes.releases], strip_workload),
-            statefulsets: watch(client, &[&wakes.releases], strip_workload),
+            policies: watch(client, &both, keep_all, None),
+            nodes: watch(client, &both, keep_all, Some(node_kept)),
+            namespaces: watch(client, &both, keep_all, None),
+            pods: watch(client, &both, strip_pod, None),
+            daemonsets: watch(client, &[&wakes.nodes], strip_daemonset, None),
+            deployments: watch(client, &[&wakes.releases], strip_workload, None),
+            statefulsets: watch(client, &[&wakes.releases], strip_workload, None),
         }
     }
 
@@ -80,8 +81,14 @@ impl Stores {
 }
 
 /// Starts a watch on every `K` in the cluster, feeding a store of them as `strip`
-/// leaves them; every event wakes each loop in `wakes`.
-fn watch<K>(client: &Client, wakes: &[&Arc<Notify>], strip: fn(&mut K)) -> Store<K>
+/// leaves them; every event wakes each loop in `wakes`, except an update that
+/// leaves `kept` (what berth reads of the object) as it was.
+fn watch<K>(
+    client: &Client,
+    wakes: &[&Arc<Notify>],
+    strip: fn(&mut K),
+    kept: Option<fn(&K) -> u64>,
+) -> Store<K>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
@@ -97,9 +104,23 @@ where
     let wakes: Vec<Arc<Notify>> = wakes.iter().map(|w| Arc::clone(w)).collect();
     tokio::spawn(async move {
         let mut events = stream.boxed();
+        let mut seen: HashMap<String, u64> = HashMap::new();
         while let Some(event) = events.next().await {
-            if let Err(e) = event {
-                tracing::warn!(error = %e, "watch failed; retrying");
+            match (&event, kept) {
+                (Err(e), _) => tracing::warn!(error = %e, "watch failed; retrying"),
+                (
+                    Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)),
+                    Some(kept),
+                ) => {
+                    let hash = kept(object);
+                    if seen.insert(object.name_any(), hash) == Some(hash) {
+                        continue;
+                    }
+                }
+                (Ok(watcher::Event::Delete(object)), Some(_)) => {
+                    seen.remove(&object.name_any());
+                }
+                _ => {}
             }
             for wake in &wakes {
                 wake.notify_one();
@@ -107,6 +128,23 @@ where
         }
     });
     store
+}
+
+/// What berth reads of a node, hashed: its labels, taints, allocatable and whether
+/// it is being deleted. A kubelet's heartbeat (every node, every minute) changes
+/// none of it and wakes nothing.
+fn node_kept(node: &NodeObject) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut hasher = DefaultHasher::new();
+    node.metadata.labels.hash(&mut hasher);
+    node.metadata.deletion_timestamp.is_some().hash(&mut hasher);
+    for taint in &node.spec.taints {
+        taint.to_string().hash(&mut hasher);
+    }
+    for (resource, amount) in &node.status.allocatable {
+        (resource, amount.to_string()).hash(&mut hasher);
+    }
+    hasher.finish()
 }
 
 /// Keeps only what anchors, entitlement and exclusion need of a pod, so the cache
@@ -180,5 +218,28 @@ impl Snapshot {
     /// Whether the cache holds a policy named `policy`.
     pub fn has(&self, policy: &str) -> bool {
         self.objects.iter().any(|p| p.name_any() == policy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(version: &str, zone: &str, taints: serde_json::Value) -> NodeObject {
+        serde_json::from_value(json!({
+            "metadata": {"name": "n1", "resourceVersion": version, "labels": {"zone": zone}},
+            "spec": {"taints": taints},
+            "status": {"allocatable": {"cpu": "4"}, "conditions": [{"type": "Ready"}]}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_heartbeat_wakes_nothing_a_label_or_taint_does() {
+        let before = node_kept(&node("1", "a", json!([])));
+        assert_eq!(before, node_kept(&node("2", "a", json!([]))), "heartbeat");
+        assert_ne!(before, node_kept(&node("3", "b", json!([]))), "label");
+        let tainted = json!([{"key": "k", "effect": "NoSchedule"}]);
+        assert_ne!(before, node_kept(&node("4", "a", tainted)), "taint");
     }
 }
