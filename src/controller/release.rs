@@ -272,7 +272,7 @@ pub async fn release_held_pods(
 }
 
 /// How many release patches are on their way at once.
-const PATCHES_IN_FLIGHT: usize = 16;
+const PATCHES_IN_FLIGHT: usize = 32;
 
 /// Sends JSON Patches to pods (each item: what it is for, namespace, name, patch),
 /// several at once, and returns each item with its result. A patch that does not
