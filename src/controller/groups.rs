@@ -439,20 +439,7 @@ mod tests {
     use super::*;
     use crate::placement::opt_in::tests::{Everyone, Only};
     use crate::placement::{NodeIndex, NodeInfo};
-
-    fn policies(list: &[(&str, Value)]) -> PolicySet {
-        let list: Vec<crate::policy::PlacementPolicy> = list
-            .iter()
-            .map(|(name, spec)| {
-                serde_json::from_value(json!({"apiVersion": "berth.io/v1alpha1",
-                    "kind": "PlacementPolicy", "metadata": {"name": name}, "spec": spec}))
-                .unwrap()
-            })
-            .collect();
-        let (set, errors) = PolicySet::compile(&list);
-        assert!(errors.is_empty(), "{errors:?}");
-        set
-    }
+    use crate::policy::test_policies as policies;
 
     fn pod(name: &str, labels: Value, gates: &[&str], extra: Value) -> Arc<PodObject> {
         let gates: Vec<Value> = gates.iter().map(|g| json!({"name": g})).collect();

@@ -207,22 +207,8 @@ fn excluded_pools(view: &PodView) -> BTreeSet<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::PlacementPolicy;
+    use crate::policy::test_policies as policies;
     use serde_json::json;
-
-    fn policies(specs: &[(&str, Value)]) -> PolicySet {
-        let list: Vec<PlacementPolicy> = specs
-            .iter()
-            .map(|(name, spec)| {
-                serde_json::from_value(
-                    json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
-                    "metadata": {"name": name}, "spec": spec}),
-                )
-                .unwrap()
-            })
-            .collect();
-        PolicySet::compile(&list).0
-    }
 
     fn daemonset(spec: Value) -> Value {
         json!({"spec": {"template": {"spec": spec}}})

@@ -608,24 +608,8 @@ pub fn plan<'a>(
 mod tests {
     use super::*;
     use crate::placement::opt_in::tests::{Everyone, Only};
-    use crate::policy::PlacementPolicy;
+    use crate::policy::test_policies as policies;
     use serde_json::json;
-
-    fn policies(specs: &[(&str, serde_json::Value)]) -> PolicySet {
-        let list: Vec<PlacementPolicy> = specs
-            .iter()
-            .map(|(name, spec)| {
-                serde_json::from_value(
-                    json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
-                    "metadata": {"name": name}, "spec": spec}),
-                )
-                .unwrap()
-            })
-            .collect();
-        let (set, errors) = PolicySet::compile(&list);
-        assert!(errors.is_empty(), "{errors:?}");
-        set
-    }
 
     fn pod(
         name: &str,

@@ -13,3 +13,20 @@ pub use compile::{CompiledPolicy, PolicyError, PolicySet};
 pub use crd::{PlacementPolicy, PlacementPolicySpec};
 pub use image::{ImagePatterns, ImageRef};
 pub use opt_in::{NamespaceOptIn, OptIn};
+
+/// A compiled set of policies named and specified as given, for tests; every one
+/// must compile.
+#[cfg(test)]
+pub(crate) fn test_policies(specs: &[(&str, serde_json::Value)]) -> PolicySet {
+    let list: Vec<PlacementPolicy> = specs
+        .iter()
+        .map(|(name, spec)| {
+            serde_json::from_value(serde_json::json!({"apiVersion": "berth.io/v1alpha1",
+                "kind": "PlacementPolicy", "metadata": {"name": name}, "spec": spec}))
+            .expect("a PlacementPolicy")
+        })
+        .collect();
+    let (set, errors) = PolicySet::compile(&list);
+    assert!(errors.is_empty(), "{errors:?}");
+    set
+}
