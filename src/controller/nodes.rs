@@ -67,7 +67,7 @@ pub async fn run(
             () = context.wakes.nodes.notified() => tokio::time::sleep(pause).await,
             _ = resync.tick() => {
                 let mode = discover_gang_mode(client, shared.gang_mode()).await;
-                *shared.gang_mode.lock().unwrap_or_else(|e| e.into_inner()) = mode;
+                shared.set_gang_mode(mode);
                 sweep = true;
             }
         }

@@ -31,15 +31,19 @@ pub fn release_patch(release: &exclusion::Release, gate: usize) -> Value {
         json!({"op": "test", "path": format!("/spec/schedulingGates/{gate}/name"), "value": AVOID_GATE}),
     ];
     let terms = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms";
-    // What each term gains: a list key and its entries.
-    let narrowing: Option<(&str, Vec<Value>)> = match &release.hosts {
+    // What each term gains: a list key, whether a term already has that list, and
+    // the entries.
+    type Has = fn(&exclusion::Term) -> bool;
+    let narrowing: Option<(&str, Has, Vec<Value>)> = match &release.hosts {
         Some(hosts) => Some((
             "matchExpressions",
+            |t| t.expressions,
             vec![json!({"key": exclusion::HOSTNAME_LABEL, "operator": "In", "values": hosts})],
         )),
         // A node field selector takes one value, so one NotIn per node, ANDed.
         None if !release.avoid_nodes.is_empty() => Some((
             "matchFields",
+            |t| t.fields,
             release
                 .avoid_nodes
                 .iter()
@@ -48,18 +52,13 @@ pub fn release_patch(release: &exclusion::Release, gate: usize) -> Value {
         )),
         None => None,
     };
-    if let Some((list, entries)) = narrowing {
+    if let Some((list, has, entries)) = narrowing {
         for (i, term) in release.pod.terms.iter().enumerate() {
             // A term that matches no node would match some once it had an entry.
             if term.matches_nothing {
                 continue;
             }
-            let present = if list == "matchFields" {
-                term.fields
-            } else {
-                term.expressions
-            };
-            if present {
+            if has(term) {
                 for entry in &entries {
                     ops.push(json!({"op": "add", "path": format!("{terms}/{i}/{list}/-"), "value": entry}));
                 }

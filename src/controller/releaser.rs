@@ -111,13 +111,7 @@ pub async fn run(
         )
         .await;
         gang_timeout = next_timeout.map(|d| tokio::time::Instant::now() + d);
-        let changed = {
-            let mut shared_timed_out = shared.timed_out.lock().unwrap_or_else(|e| e.into_inner());
-            let changed = *shared_timed_out != timed_out;
-            *shared_timed_out = timed_out;
-            changed
-        };
-        if changed {
+        if shared.set_timed_out(timed_out) {
             // The policies' status reports timed-out gangs.
             context.wakes.nodes.notify_one();
         }

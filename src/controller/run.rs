@@ -70,21 +70,35 @@ impl Context {
 pub struct Shared {
     /// Gangs held past their timeout, by policy (the releases find them, the
     /// policies' status reports them).
-    pub timed_out: Mutex<BTreeMap<String, Vec<String>>>,
+    timed_out: Mutex<BTreeMap<String, Vec<String>>>,
     /// How the cluster enforces gangs (looked up at each resync).
-    pub gang_mode: Mutex<GangMode>,
+    gang_mode: Mutex<GangMode>,
+}
+
+/// The value behind `mutex`; a loop that panicked holding it left a whole value.
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Shared {
     pub fn gang_mode(&self) -> GangMode {
-        *self.gang_mode.lock().unwrap_or_else(|e| e.into_inner())
+        *locked(&self.gang_mode)
+    }
+
+    pub fn set_gang_mode(&self, mode: GangMode) {
+        *locked(&self.gang_mode) = mode;
     }
 
     pub fn timed_out(&self) -> BTreeMap<String, Vec<String>> {
-        self.timed_out
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        locked(&self.timed_out).clone()
+    }
+
+    /// Replaces the timed-out gangs; true when they changed.
+    pub fn set_timed_out(&self, timed_out: BTreeMap<String, Vec<String>>) -> bool {
+        let mut current = locked(&self.timed_out);
+        let changed = *current != timed_out;
+        *current = timed_out;
+        changed
     }
 }
 
@@ -135,10 +149,8 @@ pub async fn run(
     tracing::info!("controller caches synced");
     let (leadership, lease_task) = manager.watch().await;
     let gang_mode = super::podgroups::discover_gang_mode(&client, Default::default()).await;
-    let shared = Arc::new(Shared {
-        gang_mode: Mutex::new(gang_mode),
-        ..Shared::default()
-    });
+    let shared = Arc::new(Shared::default());
+    shared.set_gang_mode(gang_mode);
     let context = Context {
         client,
         metrics: metrics.clone(),
