@@ -360,6 +360,7 @@ fn narrow_off(other: &ExclusionPod, keep_off: &str, rooms: &Rooms) -> bool {
 
 /// The nodes sets are made of, and who holds which.
 struct Sets<'r, 'e, 'a, 'p> {
+    rooms: &'r Rooms,
     /// Nodes with a hostname label, by name, with their room.
     nodes: Vec<(&'r str, &'r str, &'r super::rooms::NodeRoom)>,
     /// Where the next search starts, so that consecutive sets spread over the nodes.
@@ -427,10 +428,21 @@ impl<'r, 'e, 'a, 'p> Sets<'r, 'e, 'a, 'p> {
             .find_map(|i| Some((*i, holds_back(entry, self.flying[*i])?)))
     }
 
+    /// Whether a pod it must avoid is bound to `node` and keeps `entry` off it (see
+    /// [`narrow_off`]).
+    fn keeps_off(&self, entry: &Entry<'a, 'p>, node: &str) -> bool {
+        self.bound.get(node).is_some_and(|on_node| {
+            on_node.iter().any(|other| {
+                conflict(entry, other)
+                    .is_some_and(|label| narrow_off(other.pod, &label, self.rooms))
+            })
+        })
+    }
+
     /// A set of nodes for the held `entry` where it fits, none of them claimed by a
     /// pod in flight that holds it back or holding a pod it must avoid; empty when
     /// the search finds none.
-    fn find(&mut self, entry: &Entry<'a, 'p>, fit: &Fit, rooms: &Rooms) -> Vec<String> {
+    fn find(&mut self, entry: &Entry<'a, 'p>, fit: &Fit) -> Vec<String> {
         let signature: Vec<&'p str> = entry
             .avoids
             .iter()
@@ -450,12 +462,7 @@ impl<'r, 'e, 'a, 'p> Sets<'r, 'e, 'a, 'p> {
                 c.iter()
                     .any(|i| holds_back(entry, self.flying[*i]).is_some())
             });
-            let avoided = self.bound.get(name).is_some_and(|on_node| {
-                on_node.iter().any(|other| {
-                    conflict(entry, other).is_some_and(|label| narrow_off(other.pod, &label, rooms))
-                })
-            });
-            if !claimed && !avoided && fit.fits(name, room).is_ok() {
+            if !claimed && !self.keeps_off(entry, name) && fit.fits(name, room).is_ok() {
                 hosts.push(host.to_owned());
             }
         }
@@ -522,6 +529,7 @@ pub fn plan<'a>(
         .map(|e| start_of(&e.pod.key(), nodes.len()))
         .unwrap_or_default();
     let mut sets = Sets {
+        rooms,
         nodes,
         cursor,
         size,
@@ -567,7 +575,7 @@ pub fn plan<'a>(
             .as_ref()
             .filter(|f| f.predictable && pod.can_confine());
         let hosts = match fit {
-            Some(fit) => sets.find(entry, fit, rooms),
+            Some(fit) => sets.find(entry, fit),
             None => Vec::new(),
         };
         if !hosts.is_empty() {
@@ -585,13 +593,9 @@ pub fn plan<'a>(
         }
         let mut avoid_nodes: Vec<String> = sets
             .bound
-            .iter()
-            .filter(|(_, on_node)| {
-                on_node.iter().any(|other| {
-                    conflict(entry, other).is_some_and(|label| narrow_off(other.pod, &label, rooms))
-                })
-            })
-            .map(|(node, _)| node.to_string())
+            .keys()
+            .filter(|node| sets.keeps_off(entry, node))
+            .map(|node| node.to_string())
             .collect();
         avoid_nodes.sort();
         sets.fly(entry, None);
