@@ -77,6 +77,37 @@ fn node_cache(count: usize, pool_node: &str) -> NodeIndex {
         .collect()
 }
 
+/// One admission as the webhook makes it: decide, then build the patch.
+fn admit(
+    pod: &serde_json::Value,
+    namespace: &NamespaceInfo,
+    set: &PolicySet,
+    nodes: Option<&NodeIndex>,
+) {
+    let input = Input {
+        pod,
+        namespace,
+        policies: set,
+        nodes,
+        requester: Requester::Other,
+        groups: Default::default(),
+    };
+    let decision = decide(black_box(&input));
+    black_box(build_patch(pod, &decision.grants));
+}
+
+/// Rounds each summary line times.
+const ROUNDS: u32 = 20_000;
+
+/// Seconds per call of `f`, over [`ROUNDS`] calls.
+fn seconds_per_round(mut f: impl FnMut()) -> f64 {
+    let start = std::time::Instant::now();
+    for _ in 0..ROUNDS {
+        f();
+    }
+    (start.elapsed() / ROUNDS).as_secs_f64()
+}
+
 fn bench(c: &mut Criterion) {
     let pod = typical_pod();
     let size = serde_json::to_vec(&pod).unwrap().len();
@@ -93,18 +124,6 @@ fn bench(c: &mut Criterion) {
         "policy-0, policy-1, policy-2".into(),
     );
 
-    let admit = |set: &PolicySet| {
-        let input = Input {
-            pod: &pod,
-            namespace: &namespace,
-            policies: set,
-            nodes: None,
-            requester: Requester::Other,
-            groups: Default::default(),
-        };
-        let decision = decide(black_box(&input));
-        black_box(build_patch(&pod, &decision.grants))
-    };
     let sets: Vec<(usize, PolicySet)> = [1, 20, 200]
         .into_iter()
         .map(|n| {
@@ -117,7 +136,7 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("decide_and_patch");
     for (n, set) in &sets {
         group.bench_with_input(BenchmarkId::from_parameter(n), set, |b, set| {
-            b.iter(|| admit(set))
+            b.iter(|| admit(&pod, &namespace, set, None))
         });
     }
     group.finish();
@@ -128,18 +147,10 @@ fn bench(c: &mut Criterion) {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    const ROUNDS: u32 = 20_000;
-    let per_admission = |set: &PolicySet| {
-        let start = std::time::Instant::now();
-        for _ in 0..ROUNDS {
-            admit(set);
-        }
-        start.elapsed() / ROUNDS
-    };
-    admit(&sets[0].1); // warm the caches before the first timing
+    admit(&pod, &namespace, &sets[0].1, None); // warm the caches before the first timing
     let times: Vec<(usize, f64)> = sets
         .iter()
-        .map(|(n, set)| (*n, per_admission(set).as_secs_f64()))
+        .map(|(n, set)| (*n, seconds_per_round(|| admit(&pod, &namespace, set, None))))
         .collect();
     for (n, t) in &times {
         println!(
@@ -155,20 +166,7 @@ fn bench(c: &mut Criterion) {
     // so a scan of the cache in order would meet the pool's node last.
     for count in [1_000usize, 5_000] {
         let nodes = node_cache(count, "node0");
-        let start = std::time::Instant::now();
-        for _ in 0..ROUNDS {
-            let input = Input {
-                pod: &pod,
-                namespace: &namespace,
-                policies: &sets[1].1,
-                nodes: Some(&nodes),
-                requester: Requester::Other,
-                groups: Default::default(),
-            };
-            let decision = decide(black_box(&input));
-            black_box(build_patch(&pod, &decision.grants));
-        }
-        let t = (start.elapsed() / ROUNDS).as_secs_f64();
+        let t = seconds_per_round(|| admit(&pod, &namespace, &sets[1].1, Some(&nodes)));
         println!(
             "summary:  20 policies, {count} nodes passed (a pool pod): {:>6.1} µs per admission, {:.2}x of no nodes",
             t * 1e6,
@@ -201,20 +199,7 @@ fn bench(c: &mut Criterion) {
         "berth.io/policies".into(),
         "policy-0, policy-1, policy-2, training".into(),
     );
-    let start = std::time::Instant::now();
-    for _ in 0..ROUNDS {
-        let input = Input {
-            pod: &grouped,
-            namespace: &opted,
-            policies: &with_groups,
-            nodes: None,
-            requester: Requester::Other,
-            groups: Default::default(),
-        };
-        let decision = decide(black_box(&input));
-        black_box(build_patch(&grouped, &decision.grants));
-    }
-    let t = (start.elapsed() / ROUNDS).as_secs_f64();
+    let t = seconds_per_round(|| admit(&grouped, &opted, &with_groups, None));
     println!(
         "summary:  20 policies + a gang/rank/queue policy that applies: {:>6.1} µs per admission, {:.2}x of 20 policies",
         t * 1e6,
@@ -294,15 +279,13 @@ fn review(c: &mut Criterion) {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    const ROUNDS: u32 = 20_000;
     let times: Vec<(usize, f64)> = apps
         .iter()
         .map(|(n, app)| {
-            let start = std::time::Instant::now();
-            for _ in 0..ROUNDS {
+            let t = seconds_per_round(|| {
                 runtime.block_on(post_review(app, &body));
-            }
-            (*n, (start.elapsed() / ROUNDS).as_secs_f64())
+            });
+            (*n, t)
         })
         .collect();
     for (n, t) in &times {
