@@ -48,6 +48,11 @@ pub async fn serve_tls(
             },
             () = shutdown.cancelled() => break,
         };
+        // An answer goes out at once: with Nagle's algorithm a small response can
+        // wait for the ACK of the one before, and the apiserver waits on each.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+        }
         let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(app.clone());
         let watcher = graceful.watcher();
