@@ -21,8 +21,11 @@
 //! many (the cluster still has its `BENCH_NODES` nodes, but is otherwise idle);
 //! `BENCH_ROWS=exclusion` only the exclusion row.
 //!
-//! Each row prints its times and the ratio of berth to the alternative beside the
-//! target of issue 12, and berth's CPU seconds over the row; the run ends with
+//! The side-by-side rows run `BENCH_ROUNDS` rounds (default 3), berth, the
+//! alternative and no constraint taking turns in an order rotated each round, and
+//! report the median of each. Each row prints its times and the ratio of berth to
+//! the alternative beside the target of issue 12, and berth's CPU seconds (per
+//! round in the side-by-side rows); the run ends with
 //! berth's peak RSS. Ratios are what to compare: absolute times on a shared
 //! 2-core machine are noise.
 
@@ -42,6 +45,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams};
+use minimal_webhook::Floor;
 use serde_json::{Value, json};
 use support::{Berth, Nodes, create_at_once, fresh_namespace, opt_in, test_pod};
 
@@ -151,6 +155,81 @@ async fn delete_pods(client: &Client, ns: &str) {
     }
 }
 
+/// How many rounds each side-by-side row runs (`BENCH_ROUNDS`, default 3).
+fn rounds() -> usize {
+    env_number("BENCH_ROUNDS", 3).max(1)
+}
+
+/// One way of doing a side-by-side row's job: pods placed first and not timed
+/// (`setup`), then the pods whose binding is timed, each list in its namespace.
+struct Contender {
+    setup: Vec<(String, Vec<Pod>)>,
+    timed: (String, Vec<Pod>),
+}
+
+impl Contender {
+    /// Only timed pods, in `ns`.
+    fn timed(ns: &str, pods: Vec<Pod>) -> Contender {
+        Contender {
+            setup: Vec::new(),
+            timed: (ns.to_owned(), pods),
+        }
+    }
+
+    /// One round: the setup placed, the timed pods created at once until bound,
+    /// then every pod of the round deleted, so that the next round starts from
+    /// the same cluster.
+    async fn round(&self, client: &Client) -> Duration {
+        for (ns, pods) in &self.setup {
+            time_to_bind(client, ns, pods.clone()).await;
+        }
+        let (ns, pods) = &self.timed;
+        let time = time_to_bind(client, ns, pods.clone()).await;
+        delete_pods(client, ns).await;
+        for (ns, _) in &self.setup {
+            delete_pods(client, ns).await;
+        }
+        time
+    }
+}
+
+/// Runs berth, the alternative and no constraint (in that order) [`rounds`] times,
+/// taking turns in an order rotated each round, so that a slow spell of the machine
+/// or a cluster warmed by the turn before falls on each alike. Returns the median
+/// time of each and berth's CPU seconds per round (its deletes included).
+async fn side_by_side(
+    client: &Client,
+    pid: u32,
+    contenders: [&Contender; 3],
+) -> ([Duration; 3], f64) {
+    let rounds = rounds();
+    let mut times: [Vec<Duration>; 3] = Default::default();
+    let mut berth_cpu = 0.0;
+    for round in 0..rounds {
+        for turn in 0..contenders.len() {
+            let which = (round + turn) % contenders.len();
+            let cpu = cpu_seconds(pid);
+            times[which].push(contenders[which].round(client).await);
+            if which == 0 {
+                berth_cpu += cpu_seconds(pid) - cpu;
+            }
+        }
+    }
+    for (name, times) in ["berth", "alternative", "none"].iter().zip(&times) {
+        let each: Vec<String> = times
+            .iter()
+            .map(|t| format!("{:.2}", t.as_secs_f64()))
+            .collect();
+        println!("  rounds, {name}: {} s", each.join(", "));
+    }
+    let median = |times: &mut Vec<Duration>| {
+        times.sort();
+        times[times.len() / 2]
+    };
+    let [a, b, c] = &mut times;
+    ([median(a), median(b), median(c)], berth_cpu / rounds as f64)
+}
+
 fn apply_policy(berth: &Berth, name: &str, spec: Value) {
     let policy = json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
         "metadata": {"name": name}, "spec": spec});
@@ -166,7 +245,7 @@ async fn opted(client: &Client, purpose: &str, policy: &str, app: &str) -> Strin
 }
 
 const REVIEWS_IN_FLIGHT: usize = 32;
-const REVIEW_ROUND: Duration = Duration::from_secs(10);
+const REVIEW_ROUND: Duration = Duration::from_secs(20);
 
 /// Reviews per second at berth's `/mutate` and at the minimal webhook's, with the
 /// same review (a typical Deployment pod with a cdn image, in a namespace opted into
@@ -180,22 +259,44 @@ async fn mutate_reviews(berth: &Berth, client: &Client) -> (usize, f64, f64) {
     opt_in(client, &ns, "cdn", &probe, LIMIT).await;
     let review = typical_pod::typical_review(&ns);
     let body = hyper::body::Bytes::from(review.to_string());
-    let certs = berth.certs_dir();
-    let read = |f: &str| std::fs::read(certs.join(f)).expect("berth's certificates");
-    let floor = minimal_webhook::start(&read("tls.crt"), &read("tls.key")).await;
+    let floor = Floor::spawn(&berth.certs_dir());
     let at_berth = std::net::SocketAddr::from(([127, 0, 0, 1], berth.port));
-    let ca = read("ca.crt");
-    let rate =
-        |addr| load::reviews_per_second(addr, &ca, body.clone(), REVIEWS_IN_FLIGHT, REVIEW_ROUND);
-    let berth_rate = rate(at_berth).await;
-    let floor_rate = rate(floor).await;
+    let ca = std::fs::read(berth.certs_dir().join("ca.crt")).expect("berth's CA");
+    // One core for the webhook under test, the other for the load generator.
+    let (servers, generator) = (berth.pid(), std::process::id());
+    pin(&[servers, floor.pid()], "0");
+    pin(&[generator], "1");
+    // Rounds taken in turn, so that a slow spell of the machine falls on both.
+    let half = REVIEW_ROUND / 2;
+    let (mut berth_rate, mut floor_rate) = (0.0, 0.0);
+    for _ in 0..2 {
+        let rate = |addr, expected| {
+            load::reviews_per_second(addr, &ca, body.clone(), REVIEWS_IN_FLIGHT, half, expected)
+        };
+        berth_rate += rate(at_berth, r#""patchType":"JSONPatch""#).await / 2.0;
+        floor_rate += rate(floor.addr, r#""allowed":true"#).await / 2.0;
+    }
+    pin(&[servers, generator], "0,1");
     (body.len(), berth_rate, floor_rate)
+}
+
+/// Runs every thread of the processes `pids` on the CPUs `cpus` (taskset's list).
+fn pin(pids: &[u32], cpus: &str) {
+    for pid in pids {
+        let status = std::process::Command::new("taskset")
+            .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("taskset (util-linux)");
+        assert!(status.success(), "taskset -a -p -c {cpus} {pid}");
+    }
 }
 
 /// Prints the `/mutate` row from [`mutate_reviews`]' answer.
 fn print_reviews((bytes, berth_rate, floor_rate): (usize, f64, f64)) {
     println!(
-        "/mutate, a {} kB Deployment pod, {REVIEWS_IN_FLIGHT} in flight on one HTTP/2 connection for {} s:",
+        "/mutate, a {} kB Deployment pod, {REVIEWS_IN_FLIGHT} in flight on one HTTP/2 connection for {} s, \
+         each webhook on one core, the load generator on the other:",
         bytes / 1000,
         REVIEW_ROUND.as_secs()
     );
@@ -224,9 +325,8 @@ async fn creates_per_second(berth: &Berth, client: &Client) -> Vec<(String, f64)
 
     let mutating = common::saved(berth, "mutatingwebhookconfiguration");
     let bindings = common::saved(berth, "validatingadmissionpolicybinding");
-    let certs = berth.certs_dir();
-    let read = |f: &str| std::fs::read(certs.join(f)).expect("berth's certificates");
-    let floor = minimal_webhook::start(&read("tls.crt"), &read("tls.key")).await;
+    // Serves until the end of this function.
+    let floor = Floor::spawn(&berth.certs_dir());
     // berth's own configuration with the floor's url: the same rules, selectors,
     // conditions and timeout.
     let mut floor_config = mutating["items"][0].clone();
@@ -238,7 +338,7 @@ async fn creates_per_second(berth: &Berth, client: &Client) -> Vec<(String, f64)
         .enumerate()
     {
         hook["name"] = json!(format!("hook{i}.floor.bench.berth.io"));
-        hook["clientConfig"]["url"] = json!(format!("https://{floor}/mutate"));
+        hook["clientConfig"]["url"] = json!(format!("https://{}/mutate", floor.addr));
     }
     let kubectl = |args: &[&str]| {
         berth.cluster.kubectl_ok(args);
@@ -401,6 +501,9 @@ async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
+    if minimal_webhook::serve_if_asked().await {
+        return;
+    }
     let node_count = env_number("BENCH_NODES", 1000);
     let exclusion = env_number("BENCH_EXCLUSION_PODS", 200);
     let ordinary = env_number("BENCH_ORDINARY_PODS", 800);
@@ -437,23 +540,23 @@ async fn main() {
         spent
     };
 
-    // Exclusion.
+    // Exclusion: pods that must avoid each other, created at once.
     let selector = |app: &str| json!({"matchLabels": {"app": app}});
     apply_policy(
         berth,
         "apart",
         json!({"podSelector": selector("apart"), "avoid": selector("apart")}),
     );
-    let berth_ns = opted(&client, "bench-apart", "apart", "apart").await;
-    cpu_since();
-    let berth_time = time_to_bind(&client, &berth_ns, pods("apart", exclusion, &json!({}))).await;
-    let cpu = cpu_since();
-    let native_ns = fresh_namespace(&client, "bench-anti").await;
+    let apart_ns = opted(&client, "bench-apart", "apart", "apart").await;
+    let anti_ns = fresh_namespace(&client, "bench-anti").await;
+    let plain_ns = fresh_namespace(&client, "bench-plain").await;
     let anti = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": selector("anti"), "topologyKey": "kubernetes.io/hostname"}]}}});
-    let native_time = time_to_bind(&client, &native_ns, pods("anti", exclusion, &anti)).await;
-    let plain_ns = fresh_namespace(&client, "bench-plain").await;
-    let plain_time = time_to_bind(&client, &plain_ns, pods("plain", exclusion, &json!({}))).await;
+    let apart = Contender::timed(&apart_ns, pods("apart", exclusion, &json!({})));
+    let native = Contender::timed(&anti_ns, pods("anti", exclusion, &anti));
+    let plain = Contender::timed(&plain_ns, pods("plain", exclusion, &json!({})));
+    let ([berth_time, native_time, plain_time], cpu) =
+        side_by_side(&client, pid, [&apart, &native, &plain]).await;
     record(
         &mut rows,
         Row {
@@ -465,27 +568,22 @@ async fn main() {
             cpu,
         },
     );
-    delete_pods(&client, &plain_ns).await;
     if std::env::var("BENCH_ROWS").as_deref() == Ok("exclusion") {
         println!("berth's peak RSS: {:.0} MiB", peak_rss_mib(pid));
         return;
     }
 
-    // Ordinary pods beside berth's exclusion pods, then beside the native ones.
+    // Ordinary pods in a cluster holding berth's exclusion pods, the native ones,
+    // or neither.
     let ordinary_ns = fresh_namespace(&client, "bench-ordinary").await;
-    delete_pods(&client, &native_ns).await;
-    cpu_since();
-    let beside_berth = time_to_bind(&client, &ordinary_ns, pods("o", ordinary, &json!({}))).await;
-    let cpu = cpu_since();
-    delete_pods(&client, &ordinary_ns).await;
-    delete_pods(&client, &berth_ns).await;
-    // The native pods back in place (their time was taken above).
-    time_to_bind(&client, &native_ns, pods("anti", exclusion, &anti)).await;
-    let beside_native = time_to_bind(&client, &ordinary_ns, pods("o", ordinary, &json!({}))).await;
-    delete_pods(&client, &ordinary_ns).await;
-    delete_pods(&client, &native_ns).await;
-    let alone = time_to_bind(&client, &ordinary_ns, pods("o", ordinary, &json!({}))).await;
-    delete_pods(&client, &ordinary_ns).await;
+    let ordinary_pods = pods("o", ordinary, &json!({}));
+    let beside = |first: &Contender| Contender {
+        setup: vec![first.timed.clone()],
+        timed: (ordinary_ns.clone(), ordinary_pods.clone()),
+    };
+    let alone = Contender::timed(&ordinary_ns, ordinary_pods.clone());
+    let ([beside_berth, beside_native, alone], cpu) =
+        side_by_side(&client, pid, [&beside(&apart), &beside(&native), &alone]).await;
     record(
         &mut rows,
         Row {
@@ -501,25 +599,32 @@ async fn main() {
         },
     );
 
-    // Co-location beside an `a` pod.
+    // Co-location: pods that must sit beside one of the `a` pods (see `anchors_for`),
+    // placed before each round.
     apply_policy(
         berth,
         "beside",
         json!({"podSelector": selector("beside"), "colocateWith": selector("a")}),
     );
-    // The `a` pods (see `anchors_for`).
-    let berth_ns = opted(&client, "bench-beside", "beside", "beside").await;
     let anchors = anchors_for(exclusion);
-    time_to_bind(&client, &berth_ns, pods("a", anchors, &json!({}))).await;
-    cpu_since();
-    let berth_time = time_to_bind(&client, &berth_ns, pods("beside", exclusion, &json!({}))).await;
-    let cpu = cpu_since();
-    let native_ns = fresh_namespace(&client, "bench-affinity").await;
-    time_to_bind(&client, &native_ns, pods("a", anchors, &json!({}))).await;
+    let beside_ns = opted(&client, "bench-beside", "beside", "beside").await;
+    let affinity_ns = fresh_namespace(&client, "bench-affinity").await;
     let affinity = json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": selector("a"), "topologyKey": "kubernetes.io/hostname"}]}}});
-    let native_time = time_to_bind(&client, &native_ns, pods("near", exclusion, &affinity)).await;
-    let plain_time = time_to_bind(&client, &plain_ns, pods("plain", exclusion, &json!({}))).await;
+    let near = |ns: &str, app: &str, extra: &Value| Contender {
+        setup: vec![(ns.to_owned(), pods("a", anchors, &json!({})))],
+        timed: (ns.to_owned(), pods(app, exclusion, extra)),
+    };
+    let ([berth_time, native_time, plain_time], cpu) = side_by_side(
+        &client,
+        pid,
+        [
+            &near(&beside_ns, "beside", &json!({})),
+            &near(&affinity_ns, "near", &affinity),
+            &plain,
+        ],
+    )
+    .await;
     record(
         &mut rows,
         Row {
@@ -531,14 +636,10 @@ async fn main() {
             cpu,
         },
     );
-    for ns in [&native_ns, &plain_ns] {
-        delete_pods(&client, ns).await;
-    }
 
     // One change at a time: a pod bound or deleted, until its node shows it.
-    delete_pods(&client, &berth_ns).await;
     cpu_since();
-    let latencies = change_latencies(&client, &berth_ns, node_count).await;
+    let latencies = change_latencies(&client, &beside_ns, node_count).await;
     let p99 = latencies[(latencies.len() * 99).div_ceil(100) - 1];
     let p50 = latencies[latencies.len() / 2];
     record(

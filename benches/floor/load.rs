@@ -14,12 +14,16 @@ use rustls::pki_types::{CertificateDer, ServerName};
 
 /// Reviews answered per second at `addr` over `length`, `in_flight` at a time,
 /// each the same `review`; the server's certificate is checked against `ca_pem`.
+/// Every answer must contain `expected` (a patch from berth, an allowance from the
+/// floor): a webhook that answered quickly with something else would measure
+/// nothing.
 pub async fn reviews_per_second(
     addr: SocketAddr,
     ca_pem: &[u8],
     review: Bytes,
     in_flight: usize,
     length: Duration,
+    expected: &'static str,
 ) -> f64 {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem) {
@@ -34,6 +38,9 @@ pub async fn reviews_per_second(
     .with_no_client_auth();
     tls.alpn_protocols = vec![b"h2".to_vec()];
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    // As the apiserver's Go client does: a small request is sent at once, never
+    // held back by Nagle's algorithm waiting for an ACK.
+    tcp.set_nodelay(true).expect("TCP_NODELAY");
     let name = ServerName::IpAddress(addr.ip().into());
     let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
         .connect(name, tcp)
@@ -59,9 +66,18 @@ pub async fn reviews_per_second(
                     return;
                 };
                 let ok = response.status().is_success();
-                if response.into_body().collect().await.is_ok() && ok {
-                    answered.fetch_add(1, Ordering::Relaxed);
-                }
+                let Ok(body) = response.into_body().collect().await else {
+                    continue;
+                };
+                let body = body.to_bytes();
+                assert!(
+                    ok && body
+                        .windows(expected.len())
+                        .any(|w| w == expected.as_bytes()),
+                    "{addr} answered without {expected}: {}",
+                    String::from_utf8_lossy(&body)
+                );
+                answered.fetch_add(1, Ordering::Relaxed);
             }
         })
     });

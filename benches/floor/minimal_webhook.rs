@@ -1,14 +1,19 @@
 //! The floor berth's webhook is measured against: axum over rustls, as berth
 //! serves, that reads only the AdmissionReview's uid and allows the object
 //! unchanged. Nothing a real webhook needs less than this.
+//!
+//! It runs as a process of its own, as berth does (the bench binary started again
+//! with [`CERTS_ENV`] set), so that each can be given a core of its own while the
+//! load generator has the other.
 
+use std::io::BufRead;
 use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use axum::Json;
 use axum::routing::post;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
@@ -31,9 +36,69 @@ async fn allow(Json(review): Json<Review>) -> Json<Value> {
     )
 }
 
+/// Set to a folder holding `tls.crt` and `tls.key`, the bench binary serves the
+/// floor instead of benchmarking.
+const CERTS_ENV: &str = "BENCH_FLOOR_CERTS";
+
+/// The floor in its own process; killed when dropped.
+pub struct Floor {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Floor {
+    /// Starts the floor with the certificate pair in `certs`.
+    pub fn spawn(certs: &Path) -> Floor {
+        let mut child = Command::new(std::env::current_exe().expect("the bench binary"))
+            .arg("--bench")
+            .env(CERTS_ENV, certs)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the floor");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("the floor's address");
+        let addr = line.trim().parse().expect("the floor prints its address");
+        Floor { child, addr }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Floor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// In the floor's process (see [`Floor::spawn`]): serves until stdin closes, then
+/// returns true. Elsewhere returns false at once.
+pub async fn serve_if_asked() -> bool {
+    let Some(certs) = std::env::var_os(CERTS_ENV) else {
+        return false;
+    };
+    let certs = Path::new(&certs);
+    let read = |f: &str| std::fs::read(certs.join(f)).expect("the floor's certificates");
+    let addr = start(&read("tls.crt"), &read("tls.key")).await;
+    println!("{addr}");
+    // The parent holds stdin open for as long as the floor should serve.
+    let _ =
+        tokio::task::spawn_blocking(|| std::io::copy(&mut std::io::stdin(), &mut std::io::sink()))
+            .await;
+    true
+}
+
 /// Serves `POST /mutate` on a free 127.0.0.1 port with the PEM pair given, in
-/// the background; returns the address.
-pub async fn start(cert_pem: &[u8], key_pem: &[u8]) -> SocketAddr {
+/// the background; returns the address. The connection is served by berth's own
+/// TLS server (`serve_tls`: the same rustls configuration, HTTP/2 settings and
+/// timers), so that the floor differs from berth only in what it does with a
+/// review.
+async fn start(cert_pem: &[u8], key_pem: &[u8]) -> SocketAddr {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<_, _>>()
         .expect("certificate");
@@ -47,28 +112,18 @@ pub async fn start(cert_pem: &[u8], key_pem: &[u8]) -> SocketAddr {
     .with_single_cert(chain, key)
     .expect("certificate and key");
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("address");
     let app = axum::Router::new().route("/mutate", post(allow));
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                continue;
-            };
-            let (acceptor, app) = (acceptor.clone(), app.clone());
-            tokio::spawn(async move {
-                let Ok(stream) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let service = hyper_util::service::TowerToHyperService::new(app);
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
+    let never = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(berth::admission::server::serve_tls(
+        listener,
+        tls,
+        app,
+        never,
+        std::time::Duration::ZERO,
+    ));
     addr
 }
