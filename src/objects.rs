@@ -572,7 +572,17 @@ pub enum Skip {
     Nothing,
     /// `status` too: admission decides on the spec.
     Status,
+    /// `status`, and in a Pod's containers (init and ephemeral ones too) all but
+    /// `name`, `image` and `resources`. Admission reads nothing else there and
+    /// patches nothing there, and env, probes and mounts are most of a pod's bytes:
+    /// building them into JSON values was most of a review's cost.
+    PodContainerDetail,
 }
+
+/// The `spec` keys whose lists hold containers.
+const CONTAINER_LISTS: [&str; 3] = ["containers", "initContainers", "ephemeralContainers"];
+/// What [`Skip::PodContainerDetail`] keeps of a container.
+const CONTAINER_ESSENTIALS: [&str; 3] = ["name", "image", "resources"];
 
 /// An object as JSON, with `metadata.managedFields` (and per `skip`, `status`)
 /// skipped unparsed: serde_json skips a value without recursion, so no depth
@@ -613,8 +623,12 @@ impl<'de> Visitor<'de> for LenientSeed {
         let mut map = Map::new();
         while let Some(key) = access.next_key::<String>()? {
             match (self.top, key.as_str()) {
-                (true, "status") if self.skip == Skip::Status => {
+                (true, "status") if self.skip != Skip::Nothing => {
                     access.next_value::<IgnoredAny>()?;
+                }
+                (true, "spec") if self.skip == Skip::PodContainerDetail => {
+                    let spec = access.next_value_seed(Lean::PodSpec)?;
+                    map.insert(key, Value::Object(spec));
                 }
                 (false, "managedFields") => {
                     access.next_value::<IgnoredAny>()?;
@@ -630,6 +644,89 @@ impl<'de> Visitor<'de> for LenientSeed {
             }
         }
         Ok(map)
+    }
+}
+
+/// A pod spec or one of its containers, read for [`Skip::PodContainerDetail`].
+#[derive(Clone, Copy)]
+enum Lean {
+    PodSpec,
+    Container,
+}
+
+impl<'de> DeserializeSeed<'de> for Lean {
+    type Value = Map<String, Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Lean {
+    type Value = Map<String, Value>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(match self {
+            Lean::PodSpec => "a pod spec",
+            Lean::Container => "a container",
+        })
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+        let mut map = Map::new();
+        while let Some(key) = access.next_key::<String>()? {
+            let value = match self {
+                Lean::PodSpec if CONTAINER_LISTS.contains(&key.as_str()) => {
+                    access.next_value_seed(LeanContainers)?
+                }
+                Lean::Container if !CONTAINER_ESSENTIALS.contains(&key.as_str()) => {
+                    access.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+                _ => access.next_value::<Value>()?,
+            };
+            map.insert(key, value);
+        }
+        Ok(map)
+    }
+}
+
+/// A list of containers read for [`Skip::PodContainerDetail`]; `null` stays `null`.
+struct LeanContainers;
+
+impl<'de> DeserializeSeed<'de> for LeanContainers {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for LeanContainers {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of containers")
+    }
+
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
+        let mut list = Vec::new();
+        while let Some(container) = access.next_element_seed(Lean::Container)? {
+            list.push(Value::Object(container));
+        }
+        Ok(Value::Array(list))
     }
 }
 

@@ -3,8 +3,9 @@
 //! The object stays raw JSON (`serde_json::Value`): patches are computed against
 //! exactly what the apiserver sent, so fields unknown to the compiled Kubernetes
 //! types survive. It is read leniently: `metadata.managedFields` (free-form, any
-//! depth, timestamps a user may set out of any range) and `status` are skipped
-//! without being parsed, and the object is read apart from the envelope, so an
+//! depth, timestamps a user may set out of any range), `status` and, in a pod, its
+//! containers' details (env, probes, mounts: never read, never patched) are
+//! skipped without being parsed, and the object is read apart from the envelope, so an
 //! object berth cannot read still leaves the uid to answer with a denial. Every
 //! answer is a 200 AdmissionReview echoing the request's uid; `patchType` is set
 //! exactly when a patch is.
@@ -114,7 +115,14 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest, String> {
     let raw = envelope
         .request
         .ok_or_else(|| "the AdmissionReview has no request".to_string())?;
+    // A pod's container details are neither read nor patched (see `Skip`).
+    let skip = if raw.kind.group.is_empty() && raw.kind.kind == "Pod" {
+        Skip::PodContainerDetail
+    } else {
+        Skip::Status
+    };
     let mut unreadable = None;
+    let read_object = |raw: &RawValue| crate::objects::read_json(raw.get(), skip);
     let mut read = |raw: Option<&RawValue>, what: &str| match raw.map(read_object).transpose() {
         Ok(object) => object.flatten(),
         Err(e) => {
@@ -137,12 +145,6 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest, String> {
         old_object,
         unreadable,
     })
-}
-
-/// An object as berth reads it: `null` is no object; `status` and
-/// `metadata.managedFields` are skipped unparsed.
-fn read_object(raw: &RawValue) -> Result<Option<Value>, serde_json::Error> {
-    crate::objects::read_json(raw.get(), Skip::Status)
 }
 
 /// The request uid from the first bytes of a body too large to read whole, when
@@ -360,6 +362,110 @@ mod tests {
         assert_eq!(object["spec"]["nodeName"], "node2");
         assert_eq!(object["metadata"], json!({"name": "p"}));
         assert!(object.get("status").is_none());
+    }
+
+    /// A pod as a Deployment makes it, with what berth reads and patches and what
+    /// it does neither with.
+    fn deployment_pod() -> Value {
+        let container = |name: &str| {
+            json!({"name": name, "image": format!("example/{name}:1"),
+                   "env": [{"name": "A", "value": "b"}], "args": ["--x"],
+                   "readinessProbe": {"httpGet": {"path": "/", "port": 80}},
+                   "resources": {"requests": {"cpu": "100m"}}})
+        };
+        json!({"kind": "Pod", "metadata": {"name": "p", "annotations": {"a": "b"}},
+               "spec": {"initContainers": [container("init")], "containers": [container("app"), container("proxy")],
+                        "volumes": [{"name": "v", "emptyDir": {}}],
+                        "tolerations": [{"key": "k", "operator": "Exists"}],
+                        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                            {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}}})
+    }
+
+    #[test]
+    fn a_pod_keeps_only_its_containers_names_images_and_resources() {
+        let request = parse(review(&deployment_pod().to_string()).as_bytes()).expect("readable");
+        let object = request.object.unwrap();
+        let whole = deployment_pod();
+        for list in ["initContainers", "containers"] {
+            let kept: Vec<&Value> = object["spec"][list].as_array().unwrap().iter().collect();
+            let expected: Vec<Value> = whole["spec"][list]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| json!({"name": c["name"], "image": c["image"], "resources": c["resources"]}))
+                .collect();
+            assert_eq!(kept, expected.iter().collect::<Vec<_>>(), "{list}");
+        }
+        // Everything outside the containers is read as sent.
+        for key in ["volumes", "tolerations", "affinity"] {
+            assert_eq!(object["spec"][key], whole["spec"][key], "{key}");
+        }
+        assert_eq!(object["metadata"], whole["metadata"]);
+    }
+
+    #[test]
+    fn the_lean_pod_gets_the_patch_the_whole_pod_gets() {
+        use crate::placement::grants::Grants;
+        use crate::placement::patch::build_patch;
+        use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Toleration};
+
+        let grants = Grants {
+            tolerations: vec![Toleration {
+                key: Some("berth.io/pool".into()),
+                operator: Some("Equal".into()),
+                value: Some("cdn".into()),
+                effect: Some("NoSchedule".into()),
+                ..Toleration::default()
+            }],
+            required: vec![NodeSelectorRequirement {
+                key: "berth.io/pool".into(),
+                operator: "In".into(),
+                values: Some(vec!["cdn".into()]),
+            }],
+            scheduling_gates: vec!["berth.io/avoid".into()],
+            applied: vec!["cdn".into()],
+            ..Grants::default()
+        };
+        let whole = deployment_pod();
+        let lean = parse(review(&whole.to_string()).as_bytes())
+            .unwrap()
+            .object
+            .unwrap();
+        let patch = build_patch(&whole, &grants);
+        assert!(!patch.0.is_empty());
+        assert_eq!(build_patch(&lean, &grants), patch);
+        // And the patch applies to the whole pod as sent.
+        let mut patched = whole.clone();
+        json_patch::patch(&mut patched, &patch).expect("applies");
+        assert_eq!(patched["spec"]["containers"], whole["spec"]["containers"]);
+    }
+
+    #[test]
+    fn odd_container_lists_are_kept_null_or_refused_with_the_reason() {
+        let request = parse(review(r#"{"kind":"Pod","spec":{"containers":null}}"#).as_bytes());
+        assert_eq!(
+            request.unwrap().object.unwrap()["spec"]["containers"],
+            Value::Null
+        );
+        let request = parse(review(r#"{"kind":"Pod","spec":{"containers":["app"]}}"#).as_bytes());
+        let why = request.unwrap().unreadable.unwrap();
+        assert!(why.contains("expected a container"), "{why}");
+        let request = parse(review(r#"{"kind":"Pod","spec":{"containers":{}}}"#).as_bytes());
+        let why = request.unwrap().unreadable.unwrap();
+        assert!(why.contains("expected a list of containers"), "{why}");
+    }
+
+    #[test]
+    fn only_pods_lose_their_container_details() {
+        let daemonset = json!({"kind": "DaemonSet", "spec": {"template": {"spec": {"containers": [
+            {"name": "agent", "env": [{"name": "A", "value": "b"}]}]}}}});
+        let body = review(&daemonset.to_string()).replace(
+            r#"{"group":"","version":"v1","kind":"Pod"}"#,
+            r#"{"group":"apps","version":"v1","kind":"DaemonSet"}"#,
+        );
+        let request = parse(body.as_bytes()).unwrap();
+        assert_eq!(request.kind.kind, "DaemonSet");
+        assert_eq!(request.object.unwrap(), daemonset);
     }
 
     #[test]
