@@ -1,7 +1,9 @@
 //! Property tests of the placement engine over generated pods, namespaces and
 //! policies: idempotency, unknown fields survive, entitlement always holds.
 
-use berth::placement::{Input, NamespaceInfo, Requester, build_patch, decide};
+use berth::placement::feasibility::{Placement, node_fits};
+use berth::placement::pod::PodView;
+use berth::placement::{Input, NamespaceInfo, NodeInfo, Requester, build_patch, decide};
 use berth::policy::{PlacementPolicy, PolicySet};
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -175,8 +177,89 @@ fn dedicated_pools(policies: &[Value]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Nodes that tell placements apart: pool, anchor and other labels, and pool and
+/// other taints, under the names pods may ask for.
+fn probe_nodes() -> Vec<(String, NodeInfo)> {
+    let taint = |key: &str, value: &str, effect: &str| k8s_openapi::api::core::v1::Taint {
+        key: key.into(),
+        value: Some(value.into()),
+        effect: effect.into(),
+        time_added: None,
+    };
+    let labels = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let node = |pairs: &[(&str, &str)], taints| NodeInfo {
+        labels: labels(pairs),
+        taints,
+    };
+    let shapes = [
+        node(&[], vec![]),
+        node(
+            &[(POOL_LABEL, "p0")],
+            vec![taint("berth.io/pool", "p0", "NoSchedule")],
+        ),
+        node(
+            &[(POOL_LABEL, "p1"), ("zone", "a")],
+            vec![taint("berth.io/pool", "p1", "NoExecute")],
+        ),
+        node(
+            &[("zone", "b"), ("disk", "")],
+            vec![taint("other", "x", "NoSchedule")],
+        ),
+        node(
+            &[
+                ("node-restriction.kubernetes.io/berth.runs.p1", "true"),
+                ("zone", "a"),
+                ("disk", ""),
+            ],
+            vec![],
+        ),
+        node(&[("gpu", "A100"), ("nvme", ""), (POOL_LABEL, "p2")], vec![]),
+    ];
+    ["node1", "node2", "node9"]
+        .iter()
+        .flat_map(|name| shapes.iter().map(|n| (name.to_string(), n.clone())))
+        .collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// The webhook's "no pool node fits" warning and `explain --nodes` predict the
+    /// pod's placement after the patch without applying it.
+    #[test]
+    fn the_placement_berth_predicts_is_that_of_the_patched_pod(
+        policies in arb_policies(), mut pod in arb_pod(), ns in arb_namespace(), extra in 0..3usize,
+    ) {
+        // Terms of the other shapes: one that matches no node, one of fields only.
+        let term = [None, Some(json!({})), Some(json!({"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node2"]}]}))][extra].clone();
+        if let (Some(term), Some(terms)) = (term, pod.pointer_mut("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms").and_then(Value::as_array_mut)) {
+            terms.push(term);
+        }
+        let set = compile(&policies);
+        let decision = decide(&Input {
+            pod: &pod,
+            namespace: &ns,
+            policies: &set,
+            nodes: None,
+            requester: Requester::Other,
+            groups: Default::default(),
+        });
+        let predicted = Placement::after(&PodView::read(&pod).unwrap(), &decision.grants);
+        let (out, _, _) = admit(&pod, &ns, &set);
+        let patched = Placement::of(&PodView::read(&out).unwrap());
+        for (name, node) in probe_nodes() {
+            prop_assert_eq!(
+                node_fits(&predicted, &name, &node).is_ok(),
+                node_fits(&patched, &name, &node).is_ok(),
+                "{} {:?}: predicted {:?}, patched {:?}", name, node, predicted, patched
+            );
+        }
+    }
 
     #[test]
     fn admitting_the_output_again_yields_an_empty_patch(policies in arb_policies(), pod in arb_pod(), ns in arb_namespace()) {

@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Toleration};
 
-use super::feasibility::{describe_requirement, node_fits, patched_pod, with_pool_state};
+use super::feasibility::{Placement, describe_requirement, node_fits, with_pool_state};
 use super::pod::PodView;
 use super::{Decision, Input};
 use crate::names::{
@@ -132,9 +132,10 @@ pub fn explain(input: &Input, pod_name: &str, decision: &Decision, patch_len: us
 }
 
 fn explain_nodes(out: &mut String, input: &Input, decision: &Decision, nodes: &super::NodeIndex) {
-    let Some(pod) = patched_pod(input.pod, &decision.grants) else {
+    let Ok(pod) = PodView::read(input.pod) else {
         return;
     };
+    let pod = Placement::after(&pod, &decision.grants);
     let _ = writeln!(
         out,
         "\nNodes (with berth's pool labels and taints applied):"

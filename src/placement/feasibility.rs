@@ -4,15 +4,100 @@
 //! "no pool node fits" warning; resources and inter-pod rules are left to the
 //! scheduler.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration};
-use serde_json::{Map, Value};
 
 use super::grants::Grants;
 use super::pod::PodView;
 use super::warning::bounded;
-use super::{Input, NodeIndex, NodeInfo, build_patch};
-use crate::names::{POOL_LABEL, POOL_TAINT};
+use super::{Input, NodeIndex, NodeInfo};
+use crate::names::{POOL_LABEL, POOL_TAINT, is_owned_node_key};
 use crate::policy::PolicySet;
+
+/// Where a pod may go, as far as [`node_fits`] reads it: its node name, node
+/// selector, required node-affinity terms and tolerations.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Placement {
+    pub node_name: Option<String>,
+    pub node_selector: BTreeMap<String, String>,
+    /// Required nodeSelectorTerms (ORed); none means no requirement.
+    pub required: Vec<NodeSelectorTerm>,
+    pub tolerations: Vec<Toleration>,
+}
+
+impl Placement {
+    /// The pod as it is.
+    pub fn of(pod: &PodView) -> Placement {
+        Placement {
+            node_name: pod.node_name().map(str::to_owned),
+            node_selector: pod.node_selector().clone(),
+            required: pod.required_terms().to_vec(),
+            tolerations: pod.tolerations().to_vec(),
+        }
+    }
+
+    /// The pod as berth's patch for `grants` leaves it ([`super::patch`] builds
+    /// that patch on the raw JSON; a property test holds the two to the same
+    /// nodes). berth's own tolerations and node expressions go, its grants come in:
+    /// the required expressions are ANDed into every term, a term left with
+    /// nothing is dropped (and with all of them the requirement), a term empty to
+    /// begin with stays empty (it matches no node), and a pod without terms gets
+    /// one of the grants.
+    pub fn after(pod: &PodView, grants: &Grants) -> Placement {
+        let wanted = &grants.required;
+        let own = pod.required_terms();
+        let required = if own.is_empty() {
+            (!wanted.is_empty())
+                .then(|| NodeSelectorTerm {
+                    match_expressions: Some(wanted.clone()),
+                    match_fields: None,
+                })
+                .into_iter()
+                .collect()
+        } else {
+            own.iter()
+                .filter_map(|term| {
+                    if matches_nothing(term) {
+                        return Some(term.clone());
+                    }
+                    let mut expressions: Vec<NodeSelectorRequirement> = term
+                        .match_expressions
+                        .iter()
+                        .flatten()
+                        .filter(|e| !is_owned_node_key(&e.key))
+                        .cloned()
+                        .collect();
+                    expressions.extend(wanted.iter().cloned());
+                    let fields = term.match_fields.clone().filter(|f| !f.is_empty());
+                    (!expressions.is_empty() || fields.is_some()).then_some(NodeSelectorTerm {
+                        match_expressions: Some(expressions),
+                        match_fields: fields,
+                    })
+                })
+                .collect()
+        };
+        let tolerations = pod
+            .tolerations()
+            .iter()
+            .filter(|t| t.key.as_deref() != Some(POOL_TAINT))
+            .chain(&grants.tolerations)
+            .cloned()
+            .collect();
+        Placement {
+            node_name: pod.node_name().map(str::to_owned),
+            node_selector: pod.node_selector().clone(),
+            required,
+            tolerations,
+        }
+    }
+}
+
+/// A term with neither expressions nor fields: it matches no node.
+fn matches_nothing(term: &NodeSelectorTerm) -> bool {
+    term.match_expressions.as_ref().is_none_or(Vec::is_empty)
+        && term.match_fields.as_ref().is_none_or(Vec::is_empty)
+}
 
 /// `node` as the controller keeps it: with the pool label and, for a dedicated
 /// pool, the pool taint of the policy that owns it.
@@ -28,19 +113,19 @@ pub fn with_pool_state(name: &str, node: &NodeInfo, policies: &PolicySet) -> Nod
     node
 }
 
-/// Whether `pod` may be placed on the node `name`; the error says why not.
-pub fn node_fits(pod: &PodView, name: &str, node: &NodeInfo) -> Result<(), String> {
-    if let Some(wanted) = pod.node_name()
+/// Whether a pod placed as `pod` may go to the node `name`; the error says why not.
+pub fn node_fits(pod: &Placement, name: &str, node: &NodeInfo) -> Result<(), String> {
+    if let Some(wanted) = pod.node_name.as_deref()
         && wanted != name
     {
         return Err(format!("the pod names node {wanted}"));
     }
-    for (key, value) in pod.node_selector() {
+    for (key, value) in &pod.node_selector {
         if node.labels.get(key) != Some(value) {
             return Err(format!("nodeSelector {key}={value} does not match"));
         }
     }
-    let terms = pod.required_terms();
+    let terms = &pod.required;
     if !terms.is_empty() && !terms.iter().any(|t| term_matches(t, name, node)) {
         let first = terms
             .iter()
@@ -54,7 +139,7 @@ pub fn node_fits(pod: &PodView, name: &str, node: &NodeInfo) -> Result<(), Strin
     }
     for taint in &node.taints {
         let blocking = taint.effect == "NoSchedule" || taint.effect == "NoExecute";
-        if blocking && !pod.tolerations().iter().any(|t| tolerates(t, taint)) {
+        if blocking && !pod.tolerations.iter().any(|t| tolerates(t, taint)) {
             let value = taint.value.as_deref().unwrap_or_default();
             return Err(format!(
                 "taint {}={value}:{} is not tolerated",
@@ -68,12 +153,7 @@ pub fn node_fits(pod: &PodView, name: &str, node: &NodeInfo) -> Result<(), Strin
 fn term_matches(term: &NodeSelectorTerm, name: &str, node: &NodeInfo) -> bool {
     let expressions = term.match_expressions.iter().flatten();
     let fields = term.match_fields.iter().flatten();
-    let has_any = term
-        .match_expressions
-        .as_ref()
-        .is_some_and(|e| !e.is_empty())
-        || term.match_fields.as_ref().is_some_and(|f| !f.is_empty());
-    has_any
+    !matches_nothing(term)
         && expressions
             .clone()
             .all(|r| requirement_matches(r, node.labels.get(&r.key).map(String::as_str)))
@@ -138,29 +218,13 @@ pub fn describe_requirement(r: &NodeSelectorRequirement) -> String {
     }
 }
 
-/// The fields of a pod spec that [`node_fits`] reads.
-const PLACEMENT_FIELDS: [&str; 4] = ["nodeName", "nodeSelector", "affinity", "tolerations"];
-
-/// The pod as it will be after berth's patch, as far as [`node_fits`] reads it.
-///
-/// Only the spec fields the fit check reads are copied and patched, not the whole
-/// pod (containers, env, volumes: most of its bytes). The patch is built against
-/// that copy, and its operations on those fields look at nothing else, so they
-/// come out as they would on the whole pod.
-pub fn patched_pod(raw: &Value, grants: &Grants) -> Option<PodView> {
-    let spec = raw.get("spec").and_then(Value::as_object);
-    let placement: Map<String, Value> = PLACEMENT_FIELDS
-        .iter()
-        .filter_map(|&field| Some((field.to_owned(), spec?.get(field)?.clone())))
-        .collect();
-    let mut pod = Value::Object(Map::from_iter([("spec".into(), Value::Object(placement))]));
-    let patch = build_patch(&pod, grants);
-    json_patch::patch(&mut pod, &patch).ok()?;
-    PodView::read(&pod).ok()
-}
-
 /// Warnings for pools whose nodes the pod's own constraints rule out.
-pub fn pool_warnings(input: &Input, grants: &Grants, nodes: &NodeIndex) -> Vec<String> {
+pub fn pool_warnings(
+    input: &Input,
+    pod: &PodView,
+    grants: &Grants,
+    nodes: &NodeIndex,
+) -> Vec<String> {
     let Some(pool_expression) = grants
         .required
         .iter()
@@ -193,14 +257,12 @@ pub fn pool_warnings(input: &Input, grants: &Grants, nodes: &NodeIndex) -> Vec<S
                 .then(|| (name, with_pool_state(name, node, input.policies)))
         })
         .peekable();
-    // With no pool node known there is nothing to fit, and no patched pod to make.
+    // With no pool node known there is nothing to fit.
     if pool_nodes.peek().is_none() {
         return Vec::new();
     }
-    let Some(pod) = patched_pod(input.pod, grants) else {
-        return Vec::new();
-    };
-    if pool_nodes.any(|(name, node)| node_fits(&pod, name, &node).is_ok()) {
+    let placement = Placement::after(pod, grants);
+    if pool_nodes.any(|(name, node)| node_fits(&placement, name, &node).is_ok()) {
         return Vec::new();
     }
     vec![bounded(format!(
@@ -218,7 +280,7 @@ mod tests {
     }
 
     #[test]
-    fn the_patched_placement_fields_are_those_of_the_whole_patched_pod() {
+    fn the_placement_after_grants_is_that_of_the_whole_patched_pod() {
         let raw = serde_json::json!({"kind": "Pod",
             "metadata": {"labels": {"app": "a"}},
             "spec": {"nodeSelector": {"disk": "ssd"},
@@ -245,14 +307,11 @@ mod tests {
         grants.applied = vec!["cdn".into()];
 
         let mut whole = raw.clone();
-        json_patch::patch(&mut whole, &build_patch(&raw, &grants)).unwrap();
-        let whole = PodView::read(&whole).unwrap();
-        let placement = patched_pod(&raw, &grants).expect("patched");
-        assert_eq!(placement.required_terms(), whole.required_terms());
-        assert_eq!(placement.tolerations(), whole.tolerations());
-        assert_eq!(placement.node_selector(), whole.node_selector());
-        assert_eq!(placement.node_name(), whole.node_name());
-        assert_eq!(placement.tolerations().len(), 2, "forged one out, cdn in");
+        json_patch::patch(&mut whole, &super::super::build_patch(&raw, &grants)).unwrap();
+        let whole = Placement::of(&PodView::read(&whole).unwrap());
+        let placement = Placement::after(&PodView::read(&raw).unwrap(), &grants);
+        assert_eq!(placement, whole);
+        assert_eq!(placement.tolerations.len(), 2, "forged one out, cdn in");
     }
 
     #[test]

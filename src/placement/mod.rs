@@ -240,7 +240,7 @@ pub fn decide(input: &Input) -> Decision {
     if let Some(nodes) = input.nodes {
         decision
             .warnings
-            .extend(feasibility::pool_warnings(input, &grants, nodes));
+            .extend(feasibility::pool_warnings(input, &pod, &grants, nodes));
     }
     decision.grants = grants;
     decision

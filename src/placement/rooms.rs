@@ -12,8 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::objects::{NodeObject, PodObject};
-use crate::placement::feasibility::node_fits;
-use crate::placement::pod::PodView;
+use crate::placement::feasibility::{Placement, node_fits};
 use crate::placement::{NodeIndex, NodeInfo};
 
 /// What a node offers a held pod.
@@ -156,7 +155,7 @@ impl NodeRoom {
 /// What the fit check needs of a held pod.
 #[derive(Debug, Clone)]
 pub struct Fit {
-    pub view: PodView,
+    pub placement: Placement,
     pub requests: BTreeMap<String, f64>,
     /// Whether the check sees everything that decides where the pod may go.
     pub predictable: bool,
@@ -166,7 +165,7 @@ impl Fit {
     /// The fit check's view of a held pod; `None` when it cannot be read.
     pub fn of(pod: &PodObject) -> Option<Fit> {
         Some(Fit {
-            view: pod.placement_view()?,
+            placement: Placement::of(&pod.placement_view()?),
             requests: pod.requests(),
             predictable: predictable(pod),
         })
@@ -174,7 +173,7 @@ impl Fit {
 
     /// Whether the pod may go to `node` and finds room there; the error says why not.
     pub fn fits(&self, node: &str, room: &NodeRoom) -> Result<(), String> {
-        node_fits(&self.view, node, &room.info)?;
+        node_fits(&self.placement, node, &room.info)?;
         room.has_room(&self.requests)
     }
 }
