@@ -4,12 +4,12 @@
 //! small. Every store is fed leniently ([`crate::objects`]): one object berth
 //! cannot read never blinds a watch.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use kube::api::Api;
-use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::Notify;
@@ -32,33 +32,87 @@ pub struct Stores {
     /// exclusion. One watch, so a pod moves from unbound to bound in one event and
     /// is never, between two watches, in neither.
     pub pods: Store<PodObject>,
+    /// The bound pods of each node, beside `pods`.
+    pub pods_by_node: PodsByNode,
     pub daemonsets: Store<DaemonSetObject>,
     /// For ordered start: lower ranks whose pods may not exist yet.
     pub deployments: Store<DeploymentObject>,
     pub statefulsets: Store<StatefulSetObject>,
 }
 
-/// Which loops a change wakes: the releases (held pods) and the nodes (labels,
-/// taints, status).
+/// What changed, for the nodes loop: some nodes (the node itself, or a pod bound
+/// to it), or everything (a policy, namespace or DaemonSet, a watch that listed
+/// again, a resync, a new leader).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Changed {
+    Everything,
+    Nodes(HashSet<String>),
+}
+
+/// Which loops a change wakes, and which nodes it touched: the releases (held
+/// pods) and the nodes (labels, taints, status). The nodes loop works only on what
+/// changed, so a pod event costs one node, not the cluster.
 pub struct Wakes {
-    pub releases: Arc<Notify>,
-    pub nodes: Arc<Notify>,
+    pub releases: Notify,
+    pub nodes: Notify,
+    changed: Mutex<Changed>,
+}
+
+impl Default for Wakes {
+    /// Everything changed: the first pass looks at every node.
+    fn default() -> Self {
+        Wakes {
+            releases: Notify::new(),
+            nodes: Notify::new(),
+            changed: Mutex::new(Changed::Everything),
+        }
+    }
+}
+
+impl Wakes {
+    fn changed(&self) -> std::sync::MutexGuard<'_, Changed> {
+        self.changed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The node `name` changed, or a pod bound to it did: wakes the nodes loop.
+    pub fn node(&self, name: &str) {
+        if let Changed::Nodes(nodes) = &mut *self.changed() {
+            nodes.insert(name.to_owned());
+        }
+        self.nodes.notify_one();
+    }
+
+    /// Something every node depends on changed: wakes the nodes loop.
+    pub fn everything(&self) {
+        *self.changed() = Changed::Everything;
+        self.nodes.notify_one();
+    }
+
+    /// What changed since the last call, and nothing is left changed.
+    pub fn take(&self) -> Changed {
+        std::mem::replace(&mut *self.changed(), Changed::Nodes(HashSet::new()))
+    }
 }
 
 impl Stores {
     /// Starts every watch. Pods, nodes, policies and namespaces matter to both
     /// loops; DaemonSets only to the nodes (pool tolerations), Deployments and
     /// StatefulSets only to the releases (ordered start).
-    pub fn start(client: &Client, wakes: &Wakes) -> Stores {
-        let both = [&wakes.releases, &wakes.nodes];
+    pub fn start(client: &Client, wakes: &Arc<Wakes>) -> Stores {
+        let pods_by_node = PodsByNode::default();
         Stores {
-            policies: watch(client, &both, keep_all, None),
-            nodes: watch(client, &both, keep_all, Some(node_kept)),
-            namespaces: watch(client, &both, keep_all, None),
-            pods: watch(client, &both, strip_pod, None),
-            daemonsets: watch(client, &[&wakes.nodes], strip_daemonset, None),
-            deployments: watch(client, &[&wakes.releases], strip_workload, None),
-            statefulsets: watch(client, &[&wakes.releases], strip_workload, None),
+            policies: watch(client, keep_all, global(wakes.clone(), true)),
+            nodes: watch(client, keep_all, node_changes(wakes.clone())),
+            namespaces: watch(client, keep_all, global(wakes.clone(), true)),
+            pods: watch(
+                client,
+                strip_pod,
+                pod_changes(wakes.clone(), pods_by_node.clone()),
+            ),
+            pods_by_node,
+            daemonsets: watch(client, strip_daemonset, global(wakes.clone(), false)),
+            deployments: watch(client, strip_workload, releases_only(wakes.clone())),
+            statefulsets: watch(client, strip_workload, releases_only(wakes.clone())),
         }
     }
 
@@ -78,16 +132,23 @@ impl Stores {
         )
         .map(drop)
     }
+
+    /// The pods bound to `node` (and not yet gone from the cache).
+    pub fn pods_on(&self, node: &str) -> Vec<Arc<PodObject>> {
+        self.pods_by_node
+            .pods_on(node)
+            .iter()
+            .filter_map(|pod| self.pods.get(pod))
+            .collect()
+    }
 }
 
 /// Starts a watch on every `K` in the cluster, feeding a store of them as `strip`
-/// leaves them; every event wakes each loop in `wakes`, except an update that
-/// leaves `kept` (what berth reads of the object) as it was.
+/// leaves them, and tells `changed` of every event once the store holds it.
 fn watch<K>(
     client: &Client,
-    wakes: &[&Arc<Notify>],
     strip: fn(&mut K),
-    kept: Option<fn(&K) -> u64>,
+    mut changed: impl FnMut(&watcher::Event<K>) + Send + 'static,
 ) -> Store<K>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
@@ -101,33 +162,188 @@ where
             .default_backoff()
             .modify(strip),
     );
-    let wakes: Vec<Arc<Notify>> = wakes.iter().map(|w| Arc::clone(w)).collect();
     tokio::spawn(async move {
         let mut events = stream.boxed();
-        let mut seen: HashMap<String, u64> = HashMap::new();
         while let Some(event) = events.next().await {
-            match (&event, kept) {
-                (Err(e), _) => tracing::warn!(error = %e, "watch failed; retrying"),
-                (
-                    Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)),
-                    Some(kept),
-                ) => {
-                    let hash = kept(object);
-                    if seen.insert(object.name_any(), hash) == Some(hash) {
-                        continue;
-                    }
-                }
-                (Ok(watcher::Event::Delete(object)), Some(_)) => {
-                    seen.remove(&object.name_any());
-                }
-                _ => {}
-            }
-            for wake in &wakes {
-                wake.notify_one();
+            match event {
+                Ok(event) => changed(&event),
+                Err(e) => tracing::warn!(error = %e, "watch failed; retrying"),
             }
         }
     });
     store
+}
+
+/// What an event of a kind every node depends on changes (policies, namespaces,
+/// DaemonSets): everything, and the held pods too when `releases`. The first list
+/// counts once, when it is whole.
+fn global<K>(wakes: Arc<Wakes>, releases: bool) -> impl FnMut(&watcher::Event<K>) + Send {
+    move |event| {
+        if matches!(event, watcher::Event::Init | watcher::Event::InitApply(_)) {
+            return;
+        }
+        wakes.everything();
+        if releases {
+            wakes.releases.notify_one();
+        }
+    }
+}
+
+/// What an event of a kind only the releases read changes (ordered start's
+/// Deployments and StatefulSets).
+fn releases_only<K>(wakes: Arc<Wakes>) -> impl FnMut(&watcher::Event<K>) + Send {
+    move |_| wakes.releases.notify_one()
+}
+
+/// What a node event changes: the node, unless what berth reads of it is as it
+/// was (a kubelet's heartbeat, every node every minute, changes none of it).
+fn node_changes(wakes: Arc<Wakes>) -> impl FnMut(&watcher::Event<NodeObject>) + Send {
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    move |event| match event {
+        watcher::Event::Apply(node) | watcher::Event::InitApply(node) => {
+            let hash = node_kept(node);
+            if seen.insert(node.name_any(), hash) != Some(hash) {
+                wakes.node(&node.name_any());
+                wakes.releases.notify_one();
+            }
+        }
+        watcher::Event::Delete(node) => {
+            seen.remove(&node.name_any());
+            wakes.node(&node.name_any());
+            wakes.releases.notify_one();
+        }
+        watcher::Event::Init => {}
+        // A node deleted while the watch was down is not in the new list.
+        watcher::Event::InitDone => {
+            wakes.everything();
+            wakes.releases.notify_one();
+        }
+    }
+}
+
+/// What a pod event changes: the index of bound pods, the node the pod is bound
+/// to, and the held pods.
+fn pod_changes(
+    wakes: Arc<Wakes>,
+    index: PodsByNode,
+) -> impl FnMut(&watcher::Event<PodObject>) + Send {
+    move |event| {
+        match event {
+            watcher::Event::Apply(pod) => {
+                if let Some(node) = index.apply(pod) {
+                    wakes.node(&node);
+                }
+                if let Some(node) = &pod.spec.node_name {
+                    wakes.node(node);
+                }
+            }
+            watcher::Event::Delete(pod) => {
+                if let Some(node) = index.delete(pod) {
+                    wakes.node(&node);
+                }
+            }
+            watcher::Event::Init => index.relist(),
+            watcher::Event::InitApply(pod) => index.relisted(pod),
+            watcher::Event::InitDone => {
+                index.relist_done();
+                wakes.everything();
+            }
+        }
+        wakes.releases.notify_one();
+    }
+}
+
+/// Bound pods by node: a pass over the nodes that changed finds their pods
+/// without a look at every pod in the cluster.
+#[derive(Clone, Default)]
+pub struct PodsByNode(Arc<Mutex<PodIndex>>);
+
+#[derive(Default)]
+struct PodIndex {
+    pods: HashMap<String, HashSet<ObjectRef<PodObject>>>,
+    node_of: HashMap<ObjectRef<PodObject>, String>,
+    /// The index being built from a new list, which replaces it once whole.
+    relisting: Option<Box<PodIndex>>,
+}
+
+/// A pod's key in the index: its namespace and name, nothing more to hold.
+fn key(pod: &PodObject) -> ObjectRef<PodObject> {
+    let meta = &pod.metadata;
+    let name = meta.name.as_deref().unwrap_or_default();
+    ObjectRef::new(name).within(meta.namespace.as_deref().unwrap_or_default())
+}
+
+impl PodIndex {
+    /// Puts `pod` on its node; returns the node it was on before, if another.
+    fn put(&mut self, pod: &PodObject) -> Option<String> {
+        let pod_key = key(pod);
+        let before = match &pod.spec.node_name {
+            Some(node) => {
+                let pods = self.pods.entry(node.clone()).or_default();
+                pods.insert(pod_key.clone());
+                self.node_of.insert(pod_key.clone(), node.clone())
+            }
+            None => self.node_of.remove(&pod_key),
+        };
+        let moved = before.filter(|b| Some(b) != pod.spec.node_name.as_ref())?;
+        self.take_off(&moved, &pod_key);
+        Some(moved)
+    }
+
+    fn take_off(&mut self, node: &str, pod: &ObjectRef<PodObject>) {
+        if let Some(pods) = self.pods.get_mut(node) {
+            pods.remove(pod);
+            if pods.is_empty() {
+                self.pods.remove(node);
+            }
+        }
+    }
+}
+
+impl PodsByNode {
+    fn index(&self) -> std::sync::MutexGuard<'_, PodIndex> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A pod created or changed; the node it left, if it was on another.
+    fn apply(&self, pod: &PodObject) -> Option<String> {
+        self.index().put(pod)
+    }
+
+    /// A pod gone; the node it was on.
+    fn delete(&self, pod: &PodObject) -> Option<String> {
+        let mut index = self.index();
+        let key = key(pod);
+        let node = index.node_of.remove(&key)?;
+        index.take_off(&node, &key);
+        Some(node)
+    }
+
+    fn relist(&self) {
+        self.index().relisting = Some(Box::default());
+    }
+
+    fn relisted(&self, pod: &PodObject) {
+        if let Some(building) = self.index().relisting.as_mut() {
+            building.put(pod);
+        }
+    }
+
+    fn relist_done(&self) {
+        let mut index = self.index();
+        if let Some(built) = index.relisting.take() {
+            *index = *built;
+        }
+    }
+
+    /// The pods bound to `node`.
+    pub fn pods_on(&self, node: &str) -> Vec<ObjectRef<PodObject>> {
+        self.index()
+            .pods
+            .get(node)
+            .map(|pods| pods.iter().cloned().collect())
+            .unwrap_or_default()
+    }
 }
 
 /// What berth reads of a node, hashed: its labels, taints, allocatable and whether
@@ -232,6 +448,70 @@ mod tests {
             "spec": {"taints": taints},
             "status": {"allocatable": {"cpu": "4"}, "conditions": [{"type": "Ready"}]}}))
         .unwrap()
+    }
+
+    fn pod(name: &str, node: Option<&str>) -> PodObject {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"nodeName": node}}))
+        .unwrap()
+    }
+
+    fn names(index: &PodsByNode, node: &str) -> Vec<String> {
+        let mut names: Vec<String> = index.pods_on(node).into_iter().map(|r| r.name).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn the_index_follows_pods_onto_their_nodes_and_off_them() {
+        let index = PodsByNode::default();
+        assert_eq!(index.apply(&pod("a", None)), None, "unbound: on no node");
+        assert_eq!(index.apply(&pod("a", Some("n1"))), None, "bound");
+        assert_eq!(index.apply(&pod("b", Some("n1"))), None);
+        assert_eq!(names(&index, "n1"), ["a", "b"]);
+        // The same name again on another node (deleted and made again between two
+        // events): it leaves the first.
+        assert_eq!(index.apply(&pod("a", Some("n2"))), Some("n1".into()));
+        assert_eq!(names(&index, "n1"), ["b"]);
+        assert_eq!(index.delete(&pod("b", Some("n1"))), Some("n1".into()));
+        assert!(names(&index, "n1").is_empty());
+        assert_eq!(index.delete(&pod("never-bound", None)), None);
+        assert_eq!(index.index().pods.len(), 1, "an emptied node is forgotten");
+    }
+
+    #[test]
+    fn a_new_list_replaces_the_index_once_whole() {
+        let index = PodsByNode::default();
+        index.apply(&pod("gone", Some("n1")));
+        index.relist();
+        index.relisted(&pod("kept", Some("n2")));
+        assert_eq!(
+            names(&index, "n1"),
+            ["gone"],
+            "the old index serves until then"
+        );
+        index.relist_done();
+        assert!(names(&index, "n1").is_empty());
+        assert_eq!(names(&index, "n2"), ["kept"]);
+    }
+
+    #[test]
+    fn wakes_gather_the_nodes_that_changed_until_everything_did() {
+        let wakes = Wakes::default();
+        assert_eq!(wakes.take(), Changed::Everything, "the first pass sees all");
+        wakes.node("n1");
+        wakes.node("n2");
+        wakes.node("n1");
+        assert_eq!(
+            wakes.take(),
+            Changed::Nodes(HashSet::from(["n1".into(), "n2".into()]))
+        );
+        assert_eq!(wakes.take(), Changed::Nodes(HashSet::new()));
+        wakes.node("n1");
+        wakes.everything();
+        wakes.node("n3");
+        assert_eq!(wakes.take(), Changed::Everything);
     }
 
     #[test]

@@ -1,23 +1,28 @@
-//! Nodes: one pass computes every node's desired berth labels and taints (a pure
-//! function of the node, the policies and the pods bound there), writes the
-//! differences through the rate limit, then the policies' status, finalizers, and
-//! DaemonSet templates that predate a pool.
+//! Nodes: a pass computes the desired berth labels and taints (a pure function of
+//! the node, the policies and the pods bound there) of the nodes that changed, or
+//! of every node when something they all depend on did, writes the differences
+//! through the rate limit, then the policies' status, finalizers, and DaemonSet
+//! templates that predate a pool. A pod bound or deleted costs its node, not the
+//! cluster; the status is counted from every node's last desired state, kept from
+//! pass to pass.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{StreamExt, stream};
 use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::caches::{Snapshot, Stores};
+use super::caches::{Changed, Snapshot, Stores};
 use super::daemonsets::{daemonset_patch, write_daemonset};
 use super::desired::{BoundPod, DesiredNode, desired_node_state};
 use super::events::Reported;
 use super::limit::RateLimit;
 use super::podgroups::discover_gang_mode;
-use super::run::{Context, DEBOUNCE, Pass, leadership_changed};
+use super::run::{Context, DEBOUNCE, Pass, leadership_changed, until};
 use super::status::GroupStatus;
 use super::sweep::Sweeper;
 use super::writer::{Written, in_sync, write_node};
@@ -28,6 +33,14 @@ use crate::telemetry::KindLabels;
 
 /// Node writes in flight at once.
 const WRITE_CONCURRENCY: usize = 4;
+
+/// How long after a failed write its node is looked at again (a quiet cluster
+/// might otherwise wait for the resync).
+const RETRY_FAILED: Duration = Duration::from_secs(5);
+
+/// Every node's desired state as last computed, by name: what the policies'
+/// status counts.
+pub type DesiredNodes = HashMap<String, DesiredNode>;
 
 /// The nodes loop: a pass on every change that concerns nodes, and at each resync
 /// (which also looks up the gang mode again and sweeps unused objects).
@@ -51,6 +64,9 @@ pub async fn run(
     let mut sweeper = Sweeper::default();
     let mut sweep = false;
     let mut pause = DEBOUNCE;
+    let mut desired = DesiredNodes::new();
+    let mut retry: Option<tokio::time::Instant> = None;
+    let wakes = &context.wakes;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -60,28 +76,51 @@ pub async fn run(
                     break;
                 };
                 metrics.leader.set(i64::from(leading));
-                // What a sweep found unused before a gap in leadership is stale.
+                // What a sweep found unused before a gap in leadership is stale,
+                // and so is what this replica last knew of each node.
                 sweeper = Sweeper::default();
+                wakes.everything();
                 tracing::info!(leading, identity = %options.identity, "controller leadership changed");
             }
-            () = context.wakes.nodes.notified() => tokio::time::sleep(pause).await,
+            () = wakes.nodes.notified() => tokio::time::sleep(pause).await,
+            () = until(retry) => retry = None,
             _ = resync.tick() => {
                 let mode = discover_gang_mode(client, shared.gang_mode()).await;
                 shared.set_gang_mode(mode);
                 sweep = true;
+                wakes.everything();
             }
         }
         if !*leadership.borrow() {
             continue;
         }
         let started = std::time::Instant::now();
+        // Taken before the caches are read: a change after this is in the next pass.
+        let changed = wakes.take();
         let pass = context.pass();
         let snapshot = Snapshot::take(stores, &mut compiler);
         let groups = GroupStatus {
             gang_mode: shared.gang_mode(),
             timed_out: shared.timed_out(),
         };
-        reconcile(&pass, stores, &snapshot, &limit, &groups, &mut reported).await;
+        let failed = reconcile(
+            &pass,
+            stores,
+            &snapshot,
+            &limit,
+            &groups,
+            &mut reported,
+            changed,
+            &mut desired,
+        )
+        .await;
+        // A node whose write failed is looked at again, after a pause.
+        for node in &failed {
+            wakes.node(node);
+        }
+        if !failed.is_empty() {
+            retry = Some(tokio::time::Instant::now() + RETRY_FAILED);
+        }
         if std::mem::take(&mut sweep) {
             let pod_groups = groups.gang_mode == GangMode::PodGroup;
             sweeper
@@ -96,9 +135,11 @@ pub async fn run(
     }
 }
 
-/// One pass over every node, the policies' status and finalizers, and the
-/// DaemonSets that predate a pool. A write that fails is logged and tried again on
-/// the next pass, without holding back the others.
+/// One pass over the nodes that `changed`, the policies' status and finalizers,
+/// and the DaemonSets that predate a pool; `desired` holds every node's desired
+/// state from pass to pass. A write that fails is logged and left out, without
+/// holding back the others; returns the nodes whose write failed.
+#[allow(clippy::too_many_arguments)]
 pub async fn reconcile(
     pass: &Pass<'_>,
     stores: &Stores,
@@ -106,7 +147,9 @@ pub async fn reconcile(
     limit: &Arc<RateLimit>,
     groups: &GroupStatus,
     reported: &mut Reported,
-) {
+    changed: Changed,
+    desired: &mut DesiredNodes,
+) -> BTreeSet<String> {
     let Pass {
         client, metrics, ..
     } = *pass;
@@ -119,42 +162,48 @@ pub async fn reconcile(
         .iter()
         .filter_map(|d| Some((d.namespace()?, d.uid()?)))
         .collect();
-    let pods: Vec<BoundPod> = stores
-        .pods
-        .state()
-        .iter()
-        .filter_map(|pod| BoundPod::from_pod(pod, &daemonsets))
-        .collect();
-    let mut by_node: BTreeMap<&str, Vec<&BoundPod>> = BTreeMap::new();
-    for pod in &pods {
-        by_node.entry(pod.node.as_str()).or_default().push(pod);
+    let nodes: Vec<Arc<NodeObject>> = match changed {
+        Changed::Everything => {
+            let nodes = stores.nodes.state();
+            desired.clear();
+            nodes
+        }
+        Changed::Nodes(names) => names
+            .into_iter()
+            .filter_map(|name| {
+                let node = stores.nodes.get(&ObjectRef::new(&name));
+                if node.is_none() {
+                    desired.remove(&name);
+                }
+                node
+            })
+            .collect(),
+    };
+    for node in &nodes {
+        let name = node.name_any();
+        let pods: Vec<BoundPod> = stores
+            .pods_on(&name)
+            .iter()
+            .filter_map(|pod| BoundPod::from_pod(pod, &daemonsets))
+            .collect();
+        let on_node: Vec<&BoundPod> = pods.iter().collect();
+        let state = desired_node_state(
+            &name,
+            node.labels(),
+            policies,
+            &on_node,
+            &snapshot.namespaces,
+        );
+        desired.insert(name, state);
     }
 
-    let nodes = stores.nodes.state();
-    let plans: Vec<(Arc<NodeObject>, DesiredNode)> = nodes
-        .iter()
-        .map(|node| {
-            let name = node.name_any();
-            let on_node = by_node
-                .get(name.as_str())
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            let desired = desired_node_state(
-                &name,
-                node.labels(),
-                policies,
-                on_node,
-                &snapshot.namespaces,
-            );
-            (node.clone(), desired)
-        })
-        .collect();
-
     // Owned work items: the write futures then borrow nothing from this pass.
-    let work: Vec<(Arc<NodeObject>, DesiredNode)> = plans
+    let work: Vec<(Arc<NodeObject>, DesiredNode)> = nodes
         .iter()
-        .filter(|(node, desired)| !in_sync(node, desired))
-        .cloned()
+        .filter_map(|node| {
+            let wanted = desired.get(&node.name_any())?;
+            (!in_sync(node, wanted)).then(|| (node.clone(), wanted.clone()))
+        })
         .collect();
     let results: Vec<(String, kube::Result<Written>)> = stream::iter(work)
         .map(|(node, desired)| {
@@ -183,15 +232,16 @@ pub async fn reconcile(
                 metrics.write_conflicts.inc_by(written.conflicts as u64);
             }
             Err(e) => {
-                tracing::warn!(%node, error = %e, "node write failed");
+                tracing::warn!(%node, error = %e, "node write failed; retrying in {RETRY_FAILED:?}");
                 failed.insert(node);
             }
         }
     }
 
-    super::status::update_statuses(pass, snapshot, &plans, groups, reported).await;
-    super::status::release_deleted(pass, snapshot, &nodes, &failed).await;
+    super::status::update_statuses(pass, snapshot, desired, groups, reported).await;
+    super::status::release_deleted(pass, snapshot, stores, &failed).await;
     bring_daemonsets_in_line(pass, stores, snapshot, limit).await;
+    failed
 }
 
 /// Patches the templates of DaemonSets that miss a pool's toleration or exclusion.

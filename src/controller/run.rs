@@ -110,10 +110,7 @@ pub async fn run(
     options: ControllerOptions,
     shutdown: CancellationToken,
 ) {
-    let wakes = Arc::new(Wakes {
-        releases: Default::default(),
-        nodes: Default::default(),
-    });
+    let wakes = Arc::new(Wakes::default());
     let stores = Stores::start(&client, &wakes);
     let recorder = Recorder::new(
         client.clone(),

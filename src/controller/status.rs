@@ -12,9 +12,9 @@ use kube::{Resource, ResourceExt};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::caches::Snapshot;
-use super::desired::DesiredNode;
+use super::caches::{Snapshot, Stores};
 use super::events::{Reported, event};
+use super::nodes::DesiredNodes;
 use super::run::Pass;
 use crate::names::{FIELD_MANAGER, POOL_LABEL, POOL_TAINT, policy_of_node_label};
 use crate::objects::{NodeObject, PolicyObject};
@@ -80,21 +80,27 @@ fn carries(node: &NodeObject, policy: &str) -> bool {
         })
 }
 
-/// Lets a deleted policy go once its own nodes are clean: every node that carried
-/// something of it was written successfully in this pass. Nodes of other policies
-/// that failed to write do not hold it back.
+/// Lets a deleted policy go once its own nodes are clean: no node that carries
+/// something of it failed to be written in this pass (the deletion made every node
+/// part of a pass, and a failed one is in every pass until written). Nodes of
+/// other policies that failed to write do not hold it back.
 pub async fn release_deleted(
     pass: &Pass<'_>,
     snapshot: &Snapshot,
-    nodes: &[Arc<NodeObject>],
+    stores: &Stores,
     failed: &BTreeSet<String>,
 ) {
     let api: Api<PolicyObject> = Api::all(pass.client.clone());
-    for policy in snapshot
+    let deleting: Vec<&Arc<PolicyObject>> = snapshot
         .objects
         .iter()
         .filter(|p| p.meta().deletion_timestamp.is_some())
-    {
+        .collect();
+    if deleting.is_empty() {
+        return;
+    }
+    let nodes = stores.nodes.state();
+    for policy in deleting {
         let name = policy.name_any();
         let dirty = nodes
             .iter()
@@ -177,15 +183,15 @@ pub struct GroupStatus {
 pub async fn update_statuses(
     pass: &Pass<'_>,
     snapshot: &Snapshot,
-    plans: &[(Arc<NodeObject>, DesiredNode)],
+    desired: &DesiredNodes,
     groups: &GroupStatus,
     reported: &mut Reported,
 ) {
     let api: Api<PolicyObject> = Api::all(pass.client.clone());
     let mut owned: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for (node, desired) in plans {
+    for (node, desired) in desired {
         if let Some(pool) = desired.labels.get(POOL_LABEL) {
-            owned.entry(pool).or_default().push(node.name_any());
+            owned.entry(pool).or_default().push(node.clone());
         }
     }
     for policy in snapshot
@@ -196,16 +202,18 @@ pub async fn update_statuses(
         let name = policy.name_any();
         let mut node_names = owned.get(name.as_str()).cloned().unwrap_or_default();
         node_names.sort();
-        let lost: Vec<String> = plans
+        let mut lost: Vec<String> = desired
             .iter()
             .filter(|(_, d)| d.losing_claims.contains(&name))
-            .map(|(n, _)| n.name_any())
+            .map(|(n, _)| n.clone())
             .collect();
-        let unentitled: Vec<&(String, String, String)> = plans
+        lost.sort();
+        let mut unentitled: Vec<&(String, String, String)> = desired
             .iter()
             .filter(|(_, d)| d.labels.get(POOL_LABEL) == Some(&name))
             .flat_map(|(_, d)| d.unentitled.iter())
             .collect();
+        unentitled.sort();
         pass.metrics
             .unentitled_pods
             .get_or_create(&PolicyLabels {
