@@ -22,3 +22,12 @@ pub mod telemetry;
 // tests measure the allocator the binary ships with.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// Lets jemalloc give freed memory back to the system from a thread of its own,
+/// within seconds, rather than only when a thread next allocates: after a burst,
+/// an idle berth returns what the burst took.
+pub fn return_freed_memory_in_background() {
+    if let Err(e) = tikv_jemalloc_ctl::background_thread::write(true) {
+        tracing::warn!(error = %e, "jemalloc's background purge is not available");
+    }
+}

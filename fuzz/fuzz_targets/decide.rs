@@ -158,7 +158,8 @@ fn nodes(variant: bool) -> NodeIndex {
         NodeInfo {
             labels: labels(&[("kubernetes.io/arch", "amd64"), ("disk", "nvme")]),
             taints: Vec::new(),
-        },
+        }
+        .into(),
     );
     index.insert(
         "node2".into(),
@@ -169,7 +170,8 @@ fn nodes(variant: bool) -> NodeIndex {
             } else {
                 Vec::new()
             },
-        },
+        }
+        .into(),
     );
     index.insert(
         "node3".into(),
@@ -185,7 +187,8 @@ fn nodes(variant: bool) -> NodeIndex {
             } else {
                 Vec::new()
             },
-        },
+        }
+        .into(),
     );
     if variant {
         index.insert(
@@ -193,7 +196,8 @@ fn nodes(variant: bool) -> NodeIndex {
             NodeInfo {
                 labels: labels(&[("batch", ""), ("accelerator", "nvidia")]),
                 taints: vec![taint("spot", "true", "PreferNoSchedule")],
-            },
+            }
+            .into(),
         );
     }
     index

@@ -316,7 +316,7 @@ impl WatchedCluster {
                 Event::Init => building = Some(NodeIndex::new()),
                 Event::InitApply(meta) => {
                     if let Some(index) = building.as_mut() {
-                        index.insert(meta.name_any(), labels(&meta));
+                        index.insert(meta.name_any(), Arc::new(labels(&meta)));
                     }
                 }
                 Event::InitDone => {
@@ -328,7 +328,7 @@ impl WatchedCluster {
                     let name = meta.name_any();
                     if current.get(&name).map(|n| &n.labels) != Some(meta.labels()) {
                         let mut next = (*current).clone();
-                        next.insert(name, labels(&meta));
+                        next.insert(name, Arc::new(labels(&meta)));
                         write(&self.nodes, Arc::new(next));
                     }
                 }

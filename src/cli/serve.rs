@@ -133,6 +133,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         resync_seconds,
         controller_qps,
     } = args;
+    crate::return_freed_memory_in_background();
     let metrics = Arc::new(Metrics::default());
     let client = super::kube_client(kubeconfig.as_deref())
         .await

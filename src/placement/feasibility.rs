@@ -246,8 +246,13 @@ pub fn pool_warnings(
         .collect::<Option<Vec<_>>>()
         .map(|names| names.into_iter().flatten().collect());
     let candidates: Box<dyn Iterator<Item = (&String, &NodeInfo)>> = match named {
-        Some(names) => Box::new(names.into_iter().filter_map(|n| nodes.get_key_value(n))),
-        None => Box::new(nodes.iter()),
+        Some(names) => Box::new(
+            names
+                .into_iter()
+                .filter_map(|n| nodes.get_key_value(n))
+                .map(|(n, info)| (n, &**info)),
+        ),
+        None => Box::new(nodes.iter().map(|(n, info)| (n, &**info))),
     };
     let mut pool_nodes = candidates
         .filter_map(|(name, node)| {

@@ -20,7 +20,7 @@ pub mod rooms;
 pub mod scheduler;
 pub mod warning;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Taint, Toleration};
 use serde_json::Value;
@@ -84,8 +84,11 @@ impl NodeInfo {
     }
 }
 
-/// Known nodes by name.
-pub type NodeIndex = BTreeMap<String, NodeInfo>;
+/// Known nodes by name. A persistent map: the webhook's cache takes a label
+/// change in O(log n) and hands each review a snapshot that costs a pointer, where
+/// a copy of the whole map per change cost O(n) each time a burst labelled
+/// thousands of nodes.
+pub type NodeIndex = imbl::OrdMap<String, std::sync::Arc<NodeInfo>>;
 
 /// Everything one decision looks at.
 #[derive(Debug, Clone, Copy)]

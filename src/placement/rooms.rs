@@ -38,7 +38,7 @@ pub fn rooms<'p>(
         .iter()
         .map(|(name, info)| {
             let room = NodeRoom {
-                info: Arc::new(info.clone()),
+                info: info.clone(),
                 free: allocatable.get(name).cloned().unwrap_or_default(),
             };
             (name.clone(), room)

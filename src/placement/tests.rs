@@ -362,7 +362,8 @@ fn node_name_denial_uses_pool_node_selectors_when_nodes_are_known() {
         NodeInfo {
             labels: [("gpu".to_string(), "yes".to_string())].into(),
             taints: vec![],
-        },
+        }
+        .into(),
     );
     assert!(
         admit_with(&pod, &opted_in(""), &set, Some(&nodes))
@@ -682,7 +683,7 @@ fn a_pod_with_a_node_name_is_never_gated_and_is_refused_beside_a_pod_it_must_avo
     let mut pod = labelled("master");
     pod["spec"]["nodeName"] = json!("node4");
     let mut nodes = NodeIndex::new();
-    nodes.insert("node4".into(), NodeInfo::default());
+    nodes.insert("node4".into(), NodeInfo::default().into());
     let out = admit_with(&pod, &opted_in("masters"), &set, Some(&nodes));
     assert!(
         out.pod["spec"].get("schedulingGates").is_none(),
@@ -695,7 +696,7 @@ fn a_pod_with_a_node_name_is_never_gated_and_is_refused_beside_a_pod_it_must_avo
         "node-restriction.kubernetes.io/berth.runs.masters".into(),
         "true".into(),
     );
-    nodes.insert("node4".into(), anchored);
+    nodes.insert("node4".into(), anchored.into());
     let out = admit_with(&pod, &opted_in("masters"), &set, Some(&nodes));
     let denial = out.decision.denial.expect("a replica runs on node4");
     assert!(denial.contains("policy masters"), "{denial}");
@@ -707,7 +708,7 @@ fn a_warning_says_when_the_pods_own_constraints_leave_no_pool_node() {
     let mut pod = mk_pod("cdn");
     pod["spec"]["nodeSelector"] = json!({"disk": "ssd"});
     let mut nodes = NodeIndex::new();
-    nodes.insert("node2".into(), NodeInfo::default());
+    nodes.insert("node2".into(), NodeInfo::default().into());
     let warned = |set: &PolicySet, nodes: &NodeIndex, policy: &str| {
         let out = admit_with(&pod, &opted_in(policy), set, Some(nodes));
         let warning = format!("no node of pool {policy} fits");
@@ -726,9 +727,9 @@ fn a_warning_says_when_the_pods_own_constraints_leave_no_pool_node() {
             .collect(),
         taints: Vec::new(),
     };
-    nodes.insert("node9".into(), ssd(&[("disk", "ssd")]));
+    nodes.insert("node9".into(), ssd(&[("disk", "ssd")]).into());
     assert!(warned(&set, &nodes, "cdn"), "node9 is not in the pool");
-    nodes.insert("node2".into(), ssd(&[("disk", "ssd")]));
+    nodes.insert("node2".into(), ssd(&[("disk", "ssd")]).into());
     assert!(!warned(&set, &nodes, "cdn"));
 
     // A pool by node selector looks at every node's labels.
@@ -738,9 +739,9 @@ fn a_warning_says_when_the_pods_own_constraints_leave_no_pool_node() {
     );
     let set = mk_set(&[gpu]);
     let mut nodes = NodeIndex::new();
-    nodes.insert("g1".into(), ssd(&[("gpu", "yes")]));
+    nodes.insert("g1".into(), ssd(&[("gpu", "yes")]).into());
     assert!(warned(&set, &nodes, "gpu"));
-    nodes.insert("g2".into(), ssd(&[("gpu", "yes"), ("disk", "ssd")]));
+    nodes.insert("g2".into(), ssd(&[("gpu", "yes"), ("disk", "ssd")]).into());
     assert!(!warned(&set, &nodes, "gpu"));
 }
 
