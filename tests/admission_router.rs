@@ -358,11 +358,14 @@ async fn managed_fields_berth_cannot_parse_do_not_hide_the_pod() {
 async fn a_pod_too_deep_to_read_is_denied_with_the_reason() {
     let mut request = fixture("pod-create.json");
     let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    // In the pod spec, which berth reads; the same depth in a container's
+    // details (env, probes, unknown fields) is skipped unread and cannot fail it.
     let body = request.to_string().replacen(
-        r#""fieldFromTheFuture":true"#,
-        &format!(r#""fieldFromTheFuture":{deep}"#),
+        r#""containers":"#,
+        &format!(r#""fieldFromTheFuture":{deep},"containers":"#),
         1,
     );
+    assert_ne!(body, request.to_string());
     request["request"]["uid"] = json!("705ab4f5-6393-11e8-b7cc-42010a800002");
     let (status, answer) = post(state(view(), true), "/mutate", body).await;
     assert_eq!(status, StatusCode::OK);
@@ -374,6 +377,23 @@ async fn a_pod_too_deep_to_read_is_denied_with_the_reason() {
         message.starts_with("berth cannot read this Pod: the object: recursion limit"),
         "{message}"
     );
+}
+
+#[tokio::test]
+async fn a_container_detail_too_deep_is_skipped_unread() {
+    let request = fixture("pod-create.json");
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    let body = request.to_string().replacen(
+        r#""fieldFromTheFuture":true"#,
+        &format!(r#""fieldFromTheFuture":{deep}"#),
+        1,
+    );
+    assert_ne!(body, request.to_string());
+    let (status, answer) = post(state(view(), true), "/mutate", body).await;
+    assert_eq!(status, StatusCode::OK);
+    let answer: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(answer["response"]["patchType"], "JSONPatch", "{answer}");
 }
 
 fn pod_update(user: &str, change: impl Fn(&mut Value)) -> Value {
