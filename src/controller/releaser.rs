@@ -10,7 +10,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::caches::{Snapshot, Stores};
+use kube::runtime::reflector::ObjectRef;
+
+use super::caches::{Changed, Snapshot, Stores};
 use super::events::Reported;
 use super::podgroups::PodGroups;
 use super::release::{PolicyLookups, release_held_pods};
@@ -52,6 +54,7 @@ pub async fn run(
     let mut compiler = PolicyCompiler::default();
     let mut pod_groups = PodGroups::default();
     let mut room_cache = RoomCache::default();
+    let no_rooms = Rooms::new();
     let mut gang_timeout: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
@@ -84,17 +87,19 @@ pub async fn run(
             .map(|p| (p.key(), applied_policies(p.metadata.annotations.as_ref())))
             .collect();
         let unseen = lookups.waits(client, &snapshot, &held).await;
-        // Where held pods would fit: built only while some pod is held.
+        // Where held pods would fit: kept up to date only while some pod is held
+        // (until then, what changed gathers and is taken at once).
         let rooms = if held.is_empty() {
-            Rooms::new()
+            &no_rooms
         } else {
-            room_cache.rooms(&stores.nodes.state(), pods.iter().map(|p| p.as_ref()))
+            update_rooms(&mut room_cache, context.wakes.take_for_rooms(), stores);
+            room_cache.rooms()
         };
         release_held_pods(
             &pass,
             &snapshot,
             &pods,
-            &rooms,
+            rooms,
             &unseen,
             &mut released,
             &mut reported,
@@ -105,7 +110,7 @@ pub async fn run(
             stores,
             &snapshot,
             &pods,
-            &rooms,
+            rooms,
             &unseen,
             &mut reported,
         )
@@ -119,6 +124,23 @@ pub async fn run(
             pod_groups.keep(&pass, &pods, &snapshot).await;
         }
         reported.end_pass();
+    }
+}
+
+/// Brings the room on nodes up to date with what changed since the last look.
+fn update_rooms(cache: &mut RoomCache, changed: Changed, stores: &Stores) {
+    match changed {
+        Changed::Everything => {
+            let pods = stores.pods.state();
+            cache.rebuild(&stores.nodes.state(), pods.iter().map(|p| p.as_ref()));
+        }
+        Changed::Nodes(names) => {
+            for name in names {
+                let node = stores.nodes.get(&ObjectRef::new(&name));
+                let pods = stores.pods_on(&name);
+                cache.refresh(&name, node.as_deref(), pods.iter().map(|p| p.as_ref()));
+            }
+        }
     }
 }
 

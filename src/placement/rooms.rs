@@ -8,7 +8,7 @@
 
 use kube::ResourceExt;
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::objects::{NodeObject, PodObject};
@@ -94,37 +94,45 @@ pub fn node_rooms<'p>(
     rooms
 }
 
-/// The nodes' empty rooms, kept from pass to pass and read again only for a node
-/// whose resourceVersion changed: a controller pass with held pods then costs a
-/// look at each node, not a parse of each node.
+/// The room on every node, kept from pass to pass and made again only for the
+/// nodes that changed (the node, or a pod bound to it): a controller pass with
+/// held pods then costs what changed, not a look at every node and pod.
 #[derive(Debug, Default)]
 pub struct RoomCache {
-    empty: HashMap<String, (Option<String>, NodeRoom)>,
+    rooms: Rooms,
 }
 
 impl RoomCache {
-    /// Each cached node's labels, taints and resources left after `pods`.
-    pub fn rooms<'p>(
+    /// Every node's room again, from all nodes and pods.
+    pub fn rebuild<'p>(
         &mut self,
-        nodes: &[Arc<NodeObject>],
+        nodes: &[impl std::ops::Deref<Target = NodeObject>],
         pods: impl IntoIterator<Item = &'p PodObject>,
-    ) -> Rooms {
-        let mut rooms = Rooms::new();
-        for node in nodes {
-            let name = node.name_any();
-            let version = node.resource_version();
-            let fresh = self
-                .empty
-                .get(&name)
-                .is_some_and(|(v, _)| version.is_some() && *v == version);
-            if !fresh {
-                self.empty.insert(name.clone(), (version, empty_room(node)));
-            }
-            rooms.insert(name.clone(), self.empty[&name].1.clone());
+    ) {
+        self.rooms = node_rooms(nodes, pods);
+    }
+
+    /// The room on node `name` again: `node` as cached now (`None` once it is
+    /// gone) and the pods bound to it.
+    pub fn refresh<'p>(
+        &mut self,
+        name: &str,
+        node: Option<&NodeObject>,
+        pods: impl IntoIterator<Item = &'p PodObject>,
+    ) {
+        let Some(node) = node else {
+            self.rooms.remove(name);
+            return;
+        };
+        let mut room = empty_room(node);
+        for pod in pods.into_iter().filter(|p| !p.is_terminated()) {
+            room.take(&pod.requests());
         }
-        self.empty.retain(|name, _| rooms.contains_key(name));
-        take_bound(&mut rooms, pods);
-        rooms
+        self.rooms.insert(name.to_owned(), room);
+    }
+
+    pub fn rooms(&self) -> &Rooms {
+        &self.rooms
     }
 }
 
@@ -253,23 +261,26 @@ mod tests {
     }
 
     #[test]
-    fn the_room_cache_reads_a_node_again_only_when_it_changed() {
+    fn the_room_cache_makes_again_only_the_nodes_it_is_told_of() {
         let mut cache = RoomCache::default();
         let bound = pod(json!({"nodeName": "n1",
             "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}));
-        let first = cache.rooms(&[node("n1", "1", "a"), node("n2", "1", "a")], [&bound]);
-        assert_eq!(first["n1"].free["cpu"], 3.0);
-        assert_eq!(first["n2"].free["cpu"], 4.0);
-        // Same versions: the labels are shared, not read again; the pods are
-        // counted afresh each time.
-        let again = cache.rooms(&[node("n1", "1", "a"), node("n2", "1", "a")], []);
-        assert!(Arc::ptr_eq(&first["n1"].info, &again["n1"].info));
-        assert_eq!(again["n1"].free["cpu"], 4.0);
-        // n1 changed, n2 is gone.
-        let later = cache.rooms(&[node("n1", "2", "b")], []);
-        assert_eq!(later["n1"].info.labels["zone"], "b");
-        assert!(!later.contains_key("n2"));
-        assert_eq!(cache.empty.len(), 1);
+        cache.rebuild(&[node("n1", "1", "a"), node("n2", "1", "a")], [&bound]);
+        assert_eq!(cache.rooms()["n1"].free["cpu"], 3.0);
+        assert_eq!(cache.rooms()["n2"].free["cpu"], 4.0);
+        let n2 = cache.rooms()["n2"].info.clone();
+        // The pod left n1, and n1's labels changed: n1 alone is made again.
+        cache.refresh("n1", Some(&node("n1", "2", "b")), []);
+        assert_eq!(cache.rooms()["n1"].free["cpu"], 4.0);
+        assert_eq!(cache.rooms()["n1"].info.labels["zone"], "b");
+        assert!(Arc::ptr_eq(&n2, &cache.rooms()["n2"].info), "n2 untouched");
+        // A finished pod takes no room; a node gone has none.
+        let mut done = bound.clone();
+        done.status.phase = Some("Succeeded".into());
+        cache.refresh("n1", Some(&node("n1", "3", "b")), [&done]);
+        assert_eq!(cache.rooms()["n1"].free["cpu"], 4.0);
+        cache.refresh("n2", None, []);
+        assert!(!cache.rooms().contains_key("n2"));
     }
 
     #[test]
