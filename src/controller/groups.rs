@@ -66,9 +66,24 @@ pub struct GroupPlan<'a> {
     pub waiting: Vec<(HeldPod<'a>, Wait)>,
     /// Gangs held past their policy's `timeoutSeconds`, by policy.
     pub timed_out: BTreeMap<String, Vec<String>>,
-    /// How soon the first held gang that has not timed out yet will have.
-    pub next_timeout: Option<std::time::Duration>,
+    /// How soon time alone changes the plan: the first held gang that has not
+    /// timed out yet does, or a rank's pod has settled ([`RANK_SETTLE_SECONDS`]).
+    pub wake_after: Option<std::time::Duration>,
 }
+
+impl GroupPlan<'_> {
+    /// Asks for a pass in `due`, unless one comes sooner.
+    fn wake_at(&mut self, due: std::time::Duration) {
+        self.wake_after = Some(self.wake_after.map_or(due, |d| d.min(due)));
+    }
+}
+
+/// How old a ranked pod with no lower rank in sight must be before it goes.
+/// Workloads applied together (a whole stack in one `kubectl apply`, highest rank
+/// first) reach the caches moments apart, and a higher rank's pods may be seen
+/// before a lower rank's Deployment: without the wait it would start first.
+/// Creation times are whole seconds, so 3 means at least 2 s.
+const RANK_SETTLE_SECONDS: i64 = 3;
 
 /// Why a held pod waits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,7 +148,7 @@ pub fn plan<'a>(
         .filter(|p| live(p))
         .map(|p| (p.as_ref(), applied(p, policies, opt_in)))
         .collect();
-    plan_ranks(&pods, workloads, waiting_for_policy, &mut plan);
+    plan_ranks(&pods, workloads, waiting_for_policy, now, &mut plan);
     plan_gangs(
         &pods,
         policies,
@@ -150,6 +165,7 @@ fn plan_ranks<'a>(
     pods: &[(&'a PodObject, Applied)],
     workloads: &[RankedWorkload],
     waiting_for_policy: &dyn Fn(&PodObject) -> bool,
+    now: Timestamp,
     plan: &mut GroupPlan<'a>,
 ) {
     let rank_of = |pod: &PodObject, policy: &CompiledPolicy| {
@@ -200,13 +216,34 @@ fn plan_ranks<'a>(
                 ),
                 cause: format!("pod/{}", name(other)),
             }),
-            (None, None) => None,
+            (None, None) => settling(pod, now).map(|due| {
+                plan.wake_at(due);
+                Wait {
+                    reason: "WaitingForLowerRank",
+                    note: format!(
+                        "held by {RANK_GATE}: rank {rank} waits {RANK_SETTLE_SECONDS} s from its creation \
+                         for lower ranks created with it"
+                    ),
+                    cause: "settling".into(),
+                }
+            }),
         };
         match wait {
             Some(wait) => plan.waiting.push((held, wait)),
             None => plan.release.push(held),
         }
     }
+}
+
+/// How long `pod` has yet to wait for lower ranks created with it; `None` once it
+/// is [`RANK_SETTLE_SECONDS`] old (or has no creation time).
+fn settling(pod: &PodObject, now: Timestamp) -> Option<std::time::Duration> {
+    let created = pod.metadata.creation_timestamp.as_ref()?.0;
+    let settled = created
+        .as_millisecond()
+        .saturating_add(RANK_SETTLE_SECONDS * 1000);
+    let left = settled.saturating_sub(now.as_millisecond());
+    (left > 0).then(|| std::time::Duration::from_millis(left as u64))
 }
 
 /// One gang: its policy and its members (held or not).
@@ -324,7 +361,7 @@ fn plan_gangs<'a>(
                 .saturating_add(1)
                 .saturating_sub(now.as_second());
             let due = std::time::Duration::from_secs(due.max(0) as u64);
-            plan.next_timeout = Some(plan.next_timeout.map_or(due, |d| d.min(due)));
+            plan.wake_at(due);
         }
         let wait = if timed_out {
             plan.timed_out
@@ -542,6 +579,44 @@ mod tests {
     }
 
     #[test]
+    fn a_rank_with_nothing_lower_in_sight_waits_for_ranks_created_with_it() {
+        let pods = vec![pod(
+            "web",
+            json!({"berth.io/rank": "2"}),
+            &[RANK_GATE],
+            json!({}),
+        )];
+        // Created at 10:00:00: at 10:00:01.5 a lower rank applied with it may not
+        // have reached the caches yet.
+        let plan = plan(
+            &pods,
+            &[],
+            &ranked(),
+            &Everyone,
+            &Rooms::new(),
+            &never,
+            at("2026-11-23T10:00:01.5Z"),
+        );
+        assert!(plan.release.is_empty());
+        assert_eq!(plan.waiting[0].1.cause, "settling");
+        assert_eq!(
+            plan.wake_after,
+            Some(std::time::Duration::from_millis(1500))
+        );
+        let plan = super::plan(
+            &pods,
+            &[],
+            &ranked(),
+            &Everyone,
+            &Rooms::new(),
+            &never,
+            at("2026-11-23T10:00:03Z"),
+        );
+        assert_eq!(released(&plan), [("web", RANK_GATE)]);
+        assert_eq!(plan.wake_after, None);
+    }
+
+    #[test]
     fn a_lower_ranked_workload_without_pods_yet_holds_higher_ranks() {
         let pods = vec![pod(
             "api",
@@ -656,12 +731,12 @@ mod tests {
         assert!(plan.timed_out.is_empty());
         // Created at 10:00:00 with timeoutSeconds 120: the controller looks again
         // the second the gang is over it.
-        assert_eq!(plan.next_timeout, Some(std::time::Duration::from_secs(61)));
+        assert_eq!(plan.wake_after, Some(std::time::Duration::from_secs(61)));
 
         let late = at("2026-11-23T10:02:01Z");
         let plan = super::plan(&three, &[], &gang(), &Everyone, &room, &never, late);
         assert!(plan.release.is_empty(), "still held after the timeout");
-        assert_eq!(plan.next_timeout, None, "timed out already");
+        assert_eq!(plan.wake_after, None, "timed out already");
         assert_eq!(plan.timed_out["release"], ["apps/train"]);
         assert_eq!(plan.waiting[0].1.reason, "GangTimeout");
 

@@ -55,7 +55,7 @@ pub async fn run(
     let mut pod_groups = PodGroups::default();
     let mut room_cache = RoomCache::default();
     let no_rooms = Rooms::new();
-    let mut gang_timeout: Option<tokio::time::Instant> = None;
+    let mut wake_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -63,8 +63,9 @@ pub async fn run(
                 break;
             },
             () = context.wakes.releases.notified() => tokio::time::sleep(DEBOUNCE).await,
-            // A held gang reaches its timeoutSeconds: report it on time.
-            () = until(gang_timeout) => gang_timeout = None,
+            // A held gang reaches its timeoutSeconds (reported on time), or a
+            // ranked pod has waited long enough for lower ranks to show.
+            () = until(wake_at) => wake_at = None,
             _ = resync.tick() => pod_groups.forget(),
         }
         if !*leadership.borrow() {
@@ -105,7 +106,7 @@ pub async fn run(
             &mut reported,
         )
         .await;
-        let (timed_out, next_timeout) = release_groups(
+        let (timed_out, wake_after) = release_groups(
             &pass,
             stores,
             &snapshot,
@@ -115,7 +116,7 @@ pub async fn run(
             &mut reported,
         )
         .await;
-        gang_timeout = next_timeout.map(|d| tokio::time::Instant::now() + d);
+        wake_at = wake_after.map(|d| tokio::time::Instant::now() + d);
         if shared.set_timed_out(timed_out) {
             // The policies' status reports timed-out gangs.
             context.wakes.nodes.notify_one();
@@ -145,7 +146,8 @@ fn update_rooms(cache: &mut RoomCache, changed: Changed, stores: &Stores) {
 }
 
 /// Releases the pods held by `berth.io/rank` and `berth.io/gang` that may go (see
-/// [`super::groups`]); returns the gangs held past their timeout, by policy.
+/// [`super::groups`]); returns the gangs held past their timeout, by policy,
+/// and how soon time alone changes what may go.
 async fn release_groups(
     pass: &Pass<'_>,
     stores: &Stores,
@@ -183,7 +185,7 @@ async fn release_groups(
         k8s_openapi::jiff::Timestamp::now(),
     );
     super::release::release_group_pods(pass, &plan, reported).await;
-    (plan.timed_out, plan.next_timeout)
+    (plan.timed_out, plan.wake_after)
 }
 
 /// The Deployments or StatefulSets a `startOrder` policy ranks: their pod
