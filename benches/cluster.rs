@@ -1,17 +1,18 @@
 //! berth beside the native constructs it replaces, in one run on the real control
 //! plane with N fake nodes (`make bench-cluster`; `BENCH_NODES`, default 1,000):
 //!
+//! - first, while the cluster holds none of the rows' pods: `/mutate` reviews per
+//!   second, berth against the minimal webhook, on one HTTP/2 connection (no
+//!   apiserver in between); then pod creates per second through the apiserver with
+//!   berth's webhook registered, with a minimal webhook
+//!   (`floor/minimal_webhook.rs`: axum + rustls, reads the uid, allows) registered
+//!   in its place, and with none;
 //! - exclusion: pods that must avoid each other, created at once, until all are
 //!   bound: an `avoid` policy, required podAntiAffinity, no constraint;
-//! - co-location: pods that must sit beside one of ten `a` pods: `colocateWith`,
-//!   required podAffinity, no constraint;
 //! - ordinary pods in a cluster that holds berth's exclusion pods, the native ones,
 //!   or neither;
-//! - `/mutate` reviews per second, berth against the minimal webhook, on one HTTP/2
-//!   connection (no apiserver in between);
-//! - pod creates per second through the apiserver with berth's webhook registered,
-//!   with a minimal webhook (`floor/minimal_webhook.rs`: axum + rustls, reads the
-//!   uid, allows) registered in its place, and with none;
+//! - co-location: pods that must sit beside one of ten `a` pods: `colocateWith`,
+//!   required podAffinity, no constraint;
 //! - one change at a time: a pod bound to a node or deleted, until the node's
 //!   anchor label follows (p99 over 80 changes);
 //! - a dedicated pool over every node, until each has berth's label and taint;
@@ -21,13 +22,14 @@
 //! many (the cluster still has its `BENCH_NODES` nodes, but is otherwise idle);
 //! `BENCH_ROWS=exclusion` only the exclusion row.
 //!
-//! The side-by-side rows run `BENCH_ROUNDS` rounds (default 3), berth, the
-//! alternative and no constraint taking turns in an order rotated each round, and
-//! report the median of each. Each row prints its times and the ratio of berth to
-//! the alternative beside the target of issue 12, and berth's CPU seconds (per
-//! round in the side-by-side rows); the run ends with
-//! berth's peak RSS. Ratios are what to compare: absolute times on a shared
-//! 2-core machine are noise.
+//! The side-by-side rows and the creates run `BENCH_ROUNDS` rounds (default 3),
+//! berth, the alternative and no constraint taking turns in an order rotated each
+//! round, and report the median of each (creates: the rate over all rounds). Each
+//! row prints its times and the ratio of berth to the alternative beside the
+//! target of issue 12, berth's CPU seconds (per round in the side-by-side rows) and
+//! its peak RSS so far; the run begins and ends with berth's RSS with only the
+//! nodes cached. Ratios are what to compare: absolute times on a shared 2-core
+//! machine are noise.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -318,7 +320,8 @@ const CREATE_ROUND: Duration = Duration::from_secs(15);
 /// Pod creates per second, in two namespaces (one opted into berth's cdn policy),
 /// with: berth as shipped (its mutating webhook and admission policies); its
 /// mutating webhook alone; the minimal webhook registered the same way in its
-/// place; nothing. Puts berth's configuration back afterwards.
+/// place; nothing. `BENCH_ROUNDS` rounds of each, rotated; the rate is over all
+/// of a configuration's rounds. Puts berth's configuration back afterwards.
 async fn creates_per_second(berth: &Berth, client: &Client) -> Vec<(String, f64)> {
     berth
         .cluster
@@ -346,57 +349,71 @@ async fn creates_per_second(berth: &Berth, client: &Client) -> Vec<(String, f64)
         hook["name"] = json!(format!("hook{i}.floor.bench.berth.io"));
         hook["clientConfig"]["url"] = json!(format!("https://{}/mutate", floor.addr));
     }
-    let kubectl = |args: &[&str]| {
-        berth.cluster.kubectl_ok(args);
-    };
-    type Step<'a> = Box<dyn Fn() + 'a>;
-    let rounds: Vec<(&str, Step)> = vec![
+    // Each configuration whole, so that rounds can come in any order: which of
+    // berth's mutating webhook, its policy bindings and the floor are registered.
+    let configurations = [
         (
             "berth as shipped: mutating webhook + admission policies",
-            Box::new(|| {}),
+            (true, true, false),
         ),
-        (
-            "berth's mutating webhook alone",
-            Box::new(|| {
-                for binding in ["berth-pools", "berth-bindings", "berth-records"] {
-                    kubectl(&["delete", "validatingadmissionpolicybinding", binding]);
-                }
-            }),
-        ),
-        (
-            "the minimal webhook in its place",
-            Box::new(|| {
-                kubectl(&["delete", "mutatingwebhookconfiguration", "berth"]);
-                berth.cluster.apply(&floor_config.to_string());
-            }),
-        ),
-        (
-            "nothing",
-            Box::new(|| kubectl(&["delete", "mutatingwebhookconfiguration", "bench-floor"])),
-        ),
+        ("berth's mutating webhook alone", (true, false, false)),
+        ("the minimal webhook in its place", (false, false, true)),
+        ("nothing", (false, false, false)),
     ];
-    let mut rates = Vec::new();
-    for (i, (name, step)) in rounds.iter().enumerate() {
-        step();
-        // Configuration reaches the apiserver's admission chain within a moment.
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        common::create_for(
-            client,
-            &namespaces,
-            &format!("warm{i}"),
-            Duration::from_secs(2),
-        )
-        .await;
-        let (created, _) =
-            common::create_for(client, &namespaces, &format!("r{i}"), CREATE_ROUND).await;
-        rates.push((
-            name.to_string(),
-            created as f64 / CREATE_ROUND.as_secs_f64(),
-        ));
-        common::clear(client, &namespaces).await;
+    let configure = |(berth_hook, policies, floor_hook): (bool, bool, bool)| {
+        let delete = |kind: &str, name: &str| {
+            berth
+                .cluster
+                .kubectl_ok(&["delete", kind, name, "--ignore-not-found"]);
+        };
+        if berth_hook {
+            common::put_back(berth, &mutating);
+        } else {
+            delete("mutatingwebhookconfiguration", "berth");
+        }
+        if policies {
+            common::put_back(berth, &bindings);
+        } else {
+            for binding in ["berth-pools", "berth-bindings", "berth-records"] {
+                delete("validatingadmissionpolicybinding", binding);
+            }
+        }
+        if floor_hook {
+            berth.cluster.apply(&floor_config.to_string());
+        } else {
+            delete("mutatingwebhookconfiguration", "bench-floor");
+        }
+    };
+    // Rounds rotated as in the side-by-side rows: whatever the apiserver is still
+    // doing from the round before (deleting its pods) falls on each in turn.
+    let mut created = [0u64; 4];
+    for round in 0..rounds() {
+        for turn in 0..configurations.len() {
+            let which = (round + turn) % configurations.len();
+            configure(configurations[which].1);
+            // Configuration reaches the apiserver's admission chain within a moment.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let tag = format!("{round}-{which}");
+            common::create_for(
+                client,
+                &namespaces,
+                &format!("warm{tag}"),
+                Duration::from_secs(2),
+            )
+            .await;
+            let (count, _) =
+                common::create_for(client, &namespaces, &format!("r{tag}"), CREATE_ROUND).await;
+            created[which] += count;
+            common::clear(client, &namespaces).await;
+        }
     }
-    common::put_back(berth, &mutating);
-    common::put_back(berth, &bindings);
+    let seconds = CREATE_ROUND.as_secs_f64() * rounds() as f64;
+    let rates: Vec<(String, f64)> = configurations
+        .iter()
+        .zip(created)
+        .map(|((name, _), count)| (name.to_string(), count as f64 / seconds))
+        .collect();
+    configure(configurations[0].1);
     // The cdn pool would share node2 with the pool row's.
     berth
         .cluster
@@ -549,6 +566,22 @@ async fn main() {
         println!("berth's peak RSS: {:.0} MiB", peak_rss_mib(pid));
         return;
     }
+    // First, while the cluster holds none of the rows' pods (whose status kwok
+    // keeps up, on the webhooks' core too): /mutate itself, no apiserver (a
+    // Deployment's pod in a namespace opted into cdn, against berth and against the
+    // minimal webhook), then pod creates through the apiserver (berth's webhook,
+    // the floor, none).
+    let only_exclusion = std::env::var("BENCH_ROWS").as_deref() == Ok("exclusion");
+    let quiet = if only_exclusion {
+        None
+    } else {
+        let reviews = mutate_reviews(berth, &client).await;
+        let after_reviews = peak_rss_mib(pid);
+        println!();
+        let creates = creates_per_second(berth, &client).await;
+        println!();
+        Some((reviews, after_reviews, creates))
+    };
     let mut cpu_mark = cpu_seconds(pid);
     let mut cpu_since = || {
         let now = cpu_seconds(pid);
@@ -586,10 +619,10 @@ async fn main() {
             peak_rss: peak_rss_mib(pid),
         },
     );
-    if std::env::var("BENCH_ROWS").as_deref() == Ok("exclusion") {
+    let Some((reviews, after_reviews, creates)) = quiet else {
         println!("berth's peak RSS: {:.0} MiB", peak_rss_mib(pid));
         return;
-    }
+    };
 
     // Ordinary pods in a cluster holding berth's exclusion pods, the native ones,
     // or neither.
@@ -679,17 +712,6 @@ async fn main() {
         },
     );
 
-    // /mutate itself, no apiserver: a Deployment's pod in a namespace opted into
-    // cdn, against berth and against the minimal webhook.
-    let reviews = mutate_reviews(berth, &client).await;
-    let after_reviews = peak_rss_mib(pid);
-    println!();
-
-    // Pod creates through the apiserver: berth's webhook, the floor, none.
-    let creates = creates_per_second(berth, &client).await;
-    let ratio = creates[1].1 / creates[2].1;
-    println!();
-
     // A dedicated pool over every node.
     let nodes: Api<Node> = Api::all(client.clone());
     cpu_since();
@@ -769,8 +791,9 @@ async fn main() {
     println!("berth's peak RSS once the /mutate row was done: {after_reviews:.0} MiB");
     println!();
     println!(
-        "Pod creates through the apiserver, {} at a time for {} s each:",
+        "Pod creates through the apiserver, {} at a time, {} rotated rounds of {} s each:",
         common::CONCURRENCY,
+        rounds(),
         CREATE_ROUND.as_secs()
     );
     println!("| admission | creates/s |");
@@ -778,6 +801,7 @@ async fn main() {
     for (name, rate) in &creates {
         println!("| {name} | {rate:.0} |");
     }
+    let ratio = creates[1].1 / creates[2].1;
     println!(
         "berth's webhook / the minimal webhook: {ratio:.2}x (target ≥ 0.95x); with nothing: {:.2}x",
         creates[1].1 / creates[3].1
