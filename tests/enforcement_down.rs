@@ -78,6 +78,11 @@ fn berth_stopped() -> &'static Berth {
     berth
 }
 
+/// Held while a controller replica runs in the cluster, and by a test that needs
+/// none: a running controller releases a forged `berth.io/avoid` gate that names
+/// no avoid policy, before the tenant's own attempt to remove it can be refused.
+static CONTROLLER_RUNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -174,6 +179,7 @@ async fn with_berth_stopped_no_tenant_pod_reaches_a_dedicated_node() {
 
 #[tokio::test]
 async fn with_berth_stopped_records_gates_and_bindings_hold() {
+    let _no_controller = CONTROLLER_RUNS.lock().await;
     let cluster = berth_stopped().cluster;
     let client = cluster.client().await;
     let tenant = tenant(&client, "down-records").await;
@@ -241,6 +247,8 @@ async fn with_berth_stopped_records_gates_and_bindings_hold() {
 
 #[tokio::test]
 async fn a_controller_keeps_a_policy_that_stops_compiling_and_no_pod_stalls_it() {
+    // Declared first, so it is let go after the replicas have stopped.
+    let _controller = CONTROLLER_RUNS.lock().await;
     let berth = berth_stopped();
     let client = berth.cluster.client().await;
     // A controller-only replica, as the shipped ServiceAccount; the webhook stays down.
