@@ -492,6 +492,16 @@ mod tests {
         Arc::new(serde_json::from_value(pod).unwrap())
     }
 
+    /// A pod of rank `rank` held by the rank gate.
+    fn held_rank(name: &str, rank: &str) -> Arc<PodObject> {
+        pod(
+            name,
+            json!({"berth.io/rank": rank}),
+            &[RANK_GATE],
+            json!({}),
+        )
+    }
+
     fn ready() -> Value {
         json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})
     }
@@ -540,18 +550,8 @@ mod tests {
     fn a_rank_goes_once_every_lower_rank_is_ready() {
         let pods = vec![
             pod("db", json!({"berth.io/rank": "0"}), &[], bound("n1")),
-            pod(
-                "api",
-                json!({"berth.io/rank": "1"}),
-                &[RANK_GATE],
-                json!({}),
-            ),
-            pod(
-                "web",
-                json!({"berth.io/rank": "2"}),
-                &[RANK_GATE],
-                json!({}),
-            ),
+            held_rank("api", "1"),
+            held_rank("web", "2"),
         ];
         let now = at("2026-11-23T10:01:00Z");
         let plan = plan(&pods, &[], &ranked(), &Everyone, &Rooms::new(), &never, now);
@@ -561,18 +561,8 @@ mod tests {
 
         let pods = vec![
             pod("db", json!({"berth.io/rank": "0"}), &[], ready()),
-            pod(
-                "api",
-                json!({"berth.io/rank": "1"}),
-                &[RANK_GATE],
-                json!({}),
-            ),
-            pod(
-                "web",
-                json!({"berth.io/rank": "2"}),
-                &[RANK_GATE],
-                json!({}),
-            ),
+            held_rank("api", "1"),
+            held_rank("web", "2"),
         ];
         let plan = super::plan(&pods, &[], &ranked(), &Everyone, &Rooms::new(), &never, now);
         assert_eq!(released(&plan), [("api", RANK_GATE)], "web waits for api");
@@ -580,12 +570,7 @@ mod tests {
 
     #[test]
     fn a_rank_with_nothing_lower_in_sight_waits_for_ranks_created_with_it() {
-        let pods = vec![pod(
-            "web",
-            json!({"berth.io/rank": "2"}),
-            &[RANK_GATE],
-            json!({}),
-        )];
+        let pods = vec![held_rank("web", "2")];
         // Created at 10:00:00: at 10:00:01.5 a lower rank applied with it may not
         // have reached the caches yet.
         let plan = plan(
@@ -618,12 +603,7 @@ mod tests {
 
     #[test]
     fn a_lower_ranked_workload_without_pods_yet_holds_higher_ranks() {
-        let pods = vec![pod(
-            "api",
-            json!({"berth.io/rank": "1"}),
-            &[RANK_GATE],
-            json!({}),
-        )];
+        let pods = vec![held_rank("api", "1")];
         let db = RankedWorkload {
             namespace: "apps".into(),
             name: "Deployment/db".into(),
@@ -669,12 +649,7 @@ mod tests {
     fn ranks_count_only_in_namespaces_that_opt_in() {
         let pods = vec![
             pod("db", json!({"berth.io/rank": "0"}), &[], json!({})),
-            pod(
-                "api",
-                json!({"berth.io/rank": "1"}),
-                &[RANK_GATE],
-                json!({}),
-            ),
+            held_rank("api", "1"),
         ];
         let now = at("2026-11-23T10:01:00Z");
         let nobody = Only("elsewhere");

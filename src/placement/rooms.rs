@@ -113,7 +113,7 @@ impl RoomCache {
     }
 
     /// The room on node `name` again: `node` as cached now (`None` once it is
-    /// gone) and the pods bound to it.
+    /// gone) and the pods bound to it (only those: each counts on its own node).
     pub fn refresh<'p>(
         &mut self,
         name: &str,
@@ -124,11 +124,8 @@ impl RoomCache {
             self.rooms.remove(name);
             return;
         };
-        let mut room = empty_room(node);
-        for pod in pods.into_iter().filter(|p| !p.is_terminated()) {
-            room.take(&pod.requests());
-        }
-        self.rooms.insert(name.to_owned(), room);
+        self.rooms.insert(name.to_owned(), empty_room(node));
+        take_bound(&mut self.rooms, pods);
     }
 
     pub fn rooms(&self) -> &Rooms {
