@@ -524,7 +524,6 @@ pub fn plan<'a>(
             Some((name.as_str(), host.as_str(), room))
         })
         .collect();
-    let size = (nodes.len() / held.len().max(1)).clamp(FEWEST_NODES, MOST_NODES);
     // Each pass starts where its oldest held pod points, not at the first node by
     // name: passes for unrelated policies would otherwise all crowd the same nodes.
     let cursor = held
@@ -535,7 +534,7 @@ pub fn plan<'a>(
         rooms,
         nodes,
         cursor,
-        size,
+        size: FEWEST_NODES,
         flying: Vec::new(),
         claims: HashMap::new(),
         unbounded: Vec::new(),
@@ -551,6 +550,15 @@ pub fn plan<'a>(
             sets.fly(entry, entry.pod.hosts.as_ref());
         }
     }
+    // The held pods share the nodes no pod in flight holds in its set: sized over
+    // every node instead, the first held pods of a pass could take all the free
+    // nodes between them and leave the rest waiting for binds.
+    let free = sets
+        .nodes
+        .iter()
+        .filter(|(_, host, _)| !sets.claims.contains_key(*host))
+        .count();
+    sets.size = (free / held.len().max(1)).clamp(FEWEST_NODES, MOST_NODES);
     let mut plan = Plan::default();
     for entry in held {
         let pod = entry.pod;
@@ -988,19 +996,22 @@ mod tests {
         assert_eq!(hosts(&plan.release[0]), BTreeSet::from(["h04", "h05"]));
     }
 
-    #[test]
-    fn a_pod_in_flight_keeps_its_set_and_the_next_takes_other_nodes() {
-        // m1 was released onto h00..h03 (read back from its affinity) and is not
-        // bound yet.
+    /// A master released onto `hosts` (read back from its affinity), not bound yet.
+    fn in_flight_master(name: &str, hosts: &[&str]) -> ExclusionPod {
         let released: PodObject = serde_json::from_value(json!({
-            "metadata": {"name": "m1", "namespace": "db", "uid": "m1",
+            "metadata": {"name": name, "namespace": "db", "uid": name,
                 "labels": {"role": "master"}, "annotations": {"berth.io/applied": "masters"}},
             "spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
                 {"nodeSelectorTerms": [{"matchExpressions": [
                     {"key": "berth.anchor.masters", "operator": "DoesNotExist"},
-                    {"key": HOSTNAME_LABEL, "operator": "In", "values": ["h00", "h01", "h02", "h03"]}]}]}}}}}))
+                    {"key": HOSTNAME_LABEL, "operator": "In", "values": hosts}]}]}}}}}))
         .unwrap();
-        let m1 = ExclusionPod::from_pod(&released).unwrap();
+        ExclusionPod::from_pod(&released).unwrap()
+    }
+
+    #[test]
+    fn a_pod_in_flight_keeps_its_set_and_the_next_takes_other_nodes() {
+        let m1 = in_flight_master("m1", &["h00", "h01", "h02", "h03"]);
         assert_eq!(m1.hosts.as_ref().map(BTreeSet::len), Some(4));
         let pods = vec![m1, held_master("m2", json!({}))];
         let plan = plan(&pods, &masters(), &Everyone, &none(), &nodes(8, 4.0));
@@ -1013,6 +1024,26 @@ mod tests {
         let plan = super::plan(&pods, &masters(), &Everyone, &none(), &nodes(4, 4.0));
         assert!(plan.release.is_empty());
         assert!(matches!(&plan.waiting[0].reason, Hold::Behind { pod, .. } if pod.name == "m1"));
+    }
+
+    #[test]
+    fn held_pods_share_the_nodes_no_set_in_flight_holds() {
+        // Twelve of sixteen nodes are in the sets of six pods in flight: the two
+        // held pods split the four left, rather than the first taking them all.
+        let mut pods: Vec<ExclusionPod> = (0..6)
+            .map(|i| {
+                let set = [format!("h{:02}", 2 * i), format!("h{:02}", 2 * i + 1)];
+                in_flight_master(&format!("f{i}"), &[&set[0], &set[1]])
+            })
+            .collect();
+        pods.extend(["m1", "m2"].map(|n| held_master(n, json!({}))));
+        let plan = plan(&pods, &masters(), &Everyone, &none(), &nodes(16, 4.0));
+        assert_eq!(names(&plan.release), ["m1", "m2"]);
+        let (a, b) = (hosts(&plan.release[0]), hosts(&plan.release[1]));
+        assert_eq!((a.len(), b.len()), (2, 2), "{a:?} {b:?}");
+        assert!(a.is_disjoint(&b), "{a:?} {b:?}");
+        let free = BTreeSet::from(["h12", "h13", "h14", "h15"]);
+        assert!(a.is_subset(&free) && b.is_subset(&free), "{a:?} {b:?}");
     }
 
     #[test]
