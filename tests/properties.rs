@@ -1,5 +1,6 @@
 //! Property tests of the placement engine over generated pods, namespaces and
-//! policies: idempotency, unknown fields survive, entitlement always holds.
+//! policies: berth never widens where a pod may land, idempotency, unknown fields
+//! survive, entitlement always holds.
 
 use berth::placement::feasibility::{Placement, node_fits};
 use berth::placement::pod::PodView;
@@ -258,6 +259,33 @@ proptest! {
                 node_fits(&patched, &name, &node).is_ok(),
                 "{} {:?}: predicted {:?}, patched {:?}", name, node, predicted, patched
             );
+        }
+    }
+
+    /// Judged on the pods alone (as written, and as berth returns it), never on
+    /// berth's own account of its decision: the patched pod may land only where
+    /// the pod as written could, or on a dedicated pool it is entitled to (the
+    /// pool's toleration is the one thing berth adds that lets a pod in).
+    #[test]
+    fn berth_never_widens_where_a_pod_may_land(
+        policies in arb_policies(), pod in arb_pod(), ns in arb_namespace(),
+    ) {
+        let set = compile(&policies);
+        let (out, applied, _) = admit(&pod, &ns, &set);
+        let before = Placement::of(&PodView::read(&pod).unwrap());
+        let after = Placement::of(&PodView::read(&out).unwrap());
+        for (name, node) in probe_nodes() {
+            let entitled_pool = node.taints.iter().any(|t| {
+                t.key == "berth.io/pool"
+                    && applied.iter().any(|a| Some(a.as_str()) == t.value.as_deref())
+            });
+            if node_fits(&after, &name, &node).is_ok() && !entitled_pool {
+                prop_assert!(
+                    node_fits(&before, &name, &node).is_ok(),
+                    "{} {:?}: the pod as written could not land there, berth's output can: {} from {}",
+                    name, node, out, pod
+                );
+            }
         }
     }
 

@@ -12,7 +12,7 @@ use super::grants::Grants;
 use super::pod::PodView;
 use super::warning::bounded;
 use super::{Input, NodeIndex, NodeInfo};
-use crate::names::{POOL_LABEL, POOL_TAINT, is_owned_node_key};
+use crate::names::{POOL_LABEL, POOL_TAINT};
 use crate::policy::PolicySet;
 
 /// Where a pod may go, as far as [`node_fits`] reads it: its node name, node
@@ -57,23 +57,23 @@ impl Placement {
                 .collect()
         } else {
             own.iter()
-                .filter_map(|term| {
+                .map(|term| {
                     if matches_nothing(term) {
-                        return Some(term.clone());
+                        return term.clone();
                     }
-                    let mut expressions: Vec<NodeSelectorRequirement> = term
-                        .match_expressions
-                        .iter()
-                        .flatten()
-                        .filter(|e| !is_owned_node_key(&e.key))
-                        .cloned()
-                        .collect();
-                    expressions.extend(wanted.iter().cloned());
-                    let fields = term.match_fields.clone().filter(|f| !f.is_empty());
-                    (!expressions.is_empty() || fields.is_some()).then_some(NodeSelectorTerm {
+                    // The pod's own expressions stay, berth's own keys included:
+                    // removing one would widen where the pod may land.
+                    let mut expressions: Vec<NodeSelectorRequirement> =
+                        term.match_expressions.iter().flatten().cloned().collect();
+                    for expression in wanted {
+                        if !expressions.contains(expression) {
+                            expressions.push(expression.clone());
+                        }
+                    }
+                    NodeSelectorTerm {
                         match_expressions: Some(expressions),
-                        match_fields: fields,
-                    })
+                        match_fields: term.match_fields.clone().filter(|f| !f.is_empty()),
+                    }
                 })
                 .collect()
         };

@@ -10,9 +10,12 @@
 //!   placement instead of narrowing it; a pod without terms gets one; an empty
 //!   term (it matches no node) is left empty;
 //! - preferred terms and tolerations are appended once, never duplicated;
-//! - what berth owns (pool tolerations, pool and anchor expressions, the applied
-//!   annotation) is removed unless it is still wanted, so admitting berth's own
-//!   output yields an empty patch and a pod cannot bring berth's grants itself;
+//! - what berth owns and grants (pool tolerations, preferred pool and anchor
+//!   terms, the applied annotation) is removed unless it is still wanted, so
+//!   admitting berth's own output yields an empty patch and a pod cannot bring
+//!   berth's grants itself;
+//! - a required expression is never removed, even one on a key berth owns: it
+//!   only narrows where the pod may land, and removing it would widen that;
 //! - everything else the user wrote is kept verbatim.
 
 use std::collections::BTreeSet;
@@ -185,61 +188,29 @@ impl Builder<'_> {
             }
             return;
         };
-        // Descending, so removing a whole term never shifts a term still to come.
-        let mut removed_terms = 0;
-        for (t, term) in terms.iter().enumerate().rev() {
+        for (t, term) in terms.iter().enumerate() {
             if is_empty_term(term) {
                 // Matches no node; adding berth's expressions would make it match.
                 continue;
             }
             let index = t.to_string();
-            let term_path = [&terms_path[..], &[index.as_str()]].concat();
-            let expressions_path = [&term_path[..], &["matchExpressions"]].concat();
-            let current = term
-                .get("matchExpressions")
-                .and_then(Value::as_array)
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            let (remove, missing) = reconcile_list(current, wanted, is_owned_expression);
-            let has_fields = term
-                .get("matchFields")
-                .and_then(Value::as_array)
-                .is_some_and(|f| !f.is_empty());
-            if missing.is_empty()
-                && !has_fields
-                && remove.len() == current.len()
-                && !current.is_empty()
-            {
-                // Only forged berth expressions were left: an empty term matches
-                // nothing, so drop the term rather than keep a broken one.
-                self.remove(&term_path);
-                removed_terms += 1;
-                continue;
-            }
-            for i in remove {
-                let i = i.to_string();
-                self.remove(&[&expressions_path[..], &[i.as_str()]].concat());
-            }
-            if term
-                .get("matchExpressions")
-                .and_then(Value::as_array)
-                .is_none()
-            {
+            let expressions_path =
+                [&terms_path[..], &[index.as_str()], &["matchExpressions"]].concat();
+            let current = term.get("matchExpressions").and_then(Value::as_array);
+            let missing: Vec<Value> = wanted
+                .iter()
+                .filter(|w| !current.is_some_and(|c| c.contains(w)))
+                .cloned()
+                .collect();
+            if current.is_none() {
                 if !missing.is_empty() {
-                    let values: Vec<Value> = missing.into_iter().cloned().collect();
-                    self.add(&expressions_path, Value::Array(values));
+                    self.add(&expressions_path, Value::Array(missing));
                 }
             } else {
                 for item in missing {
-                    self.add(&[&expressions_path[..], &["-"]].concat(), item.clone());
+                    self.add(&[&expressions_path[..], &["-"]].concat(), item);
                 }
             }
-        }
-        if removed_terms == terms.len() {
-            // Every term was forged: the last `removed_terms` operations are their
-            // removals; replace them with one removal of the whole requirement.
-            self.ops.truncate(self.ops.len() - removed_terms);
-            self.remove(&required);
         }
     }
 

@@ -254,7 +254,7 @@ fn a_forged_pool_toleration_is_removed_with_a_warning() {
 }
 
 #[test]
-fn a_forged_berth_annotation_and_expression_are_removed() {
+fn a_forged_berth_annotation_is_removed_and_a_pool_expression_kept() {
     let set = mk_set(&[cdn()]);
     let mut pod = mk_pod("nginx");
     pod["metadata"]["annotations"] = json!({"berth.io/applied": "cdn", "keep": "me"});
@@ -263,7 +263,14 @@ fn a_forged_berth_annotation_and_expression_are_removed() {
     ]}}});
     let out = admit(&pod, &opted_in("cdn"), &set);
     assert_eq!(out.pod["metadata"]["annotations"], json!({"keep": "me"}));
-    assert_eq!(out.pod["spec"]["affinity"]["nodeAffinity"], json!({}));
+    // The pod asks for pool cdn itself: that only narrows where it may land, so it
+    // stays (removing it would let the pod anywhere). Without the pool's
+    // toleration, which berth does not grant, it still cannot land on the pool.
+    assert_eq!(
+        required_terms(&out.pod),
+        json!([{"matchExpressions": [pool_in(&["cdn"])]}])
+    );
+    assert!(out.pod["spec"].get("tolerations").is_none());
 }
 
 #[test]
@@ -758,8 +765,8 @@ fn terms_with_only_match_fields_or_empty_expressions_get_berths_expressions() {
     assert_eq!(terms[0]["matchExpressions"], json!([pool_in(&["cdn"])]));
     assert_eq!(
         terms[1]["matchExpressions"],
-        json!([{"key": "zone", "operator": "Exists"}, pool_in(&["cdn"])]),
-        "the forged gpu expression is replaced, the user's own kept"
+        json!([pool_in(&["gpu"]), {"key": "zone", "operator": "Exists"}, pool_in(&["cdn"])]),
+        "the pod's own expressions are kept, berth's ANDed in"
     );
     assert!(admit(&out.pod, &opted_in("cdn"), &set).patch.0.is_empty());
 }
