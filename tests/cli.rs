@@ -160,11 +160,27 @@ fn bad_input_exits_2_with_one_line_naming_the_file() {
         ),
         (
             vec![write(
+                "configmap.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
+            )],
+            "policies".into(),
+            "document 1 is a ConfigMap; berth reads Pods and the pods of Deployments",
+        ),
+        (
+            vec![write(
                 "deploy.yaml",
                 "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n",
             )],
             "policies".into(),
-            "document 1 is a Deployment, not a Pod",
+            "document 1 is a Deployment with no pod template (spec.template.spec)",
+        ),
+        (
+            vec![write(
+                "cronjob.yaml",
+                "apiVersion: batch/v1\nkind: CronJob\nmetadata: {name: c}\nspec: {schedule: '* * * * *', jobTemplate: {spec: {template: {spec: {containers: {}}}}}}\n",
+            )],
+            "policies".into(),
+            "document 1 is not a valid CronJob",
         ),
         (
             vec![good_pod.into()],
@@ -469,4 +485,133 @@ fn every_example_policy_has_a_test() {
         .collect();
     found.sort();
     assert_eq!(found, tested, "a new example policy needs a test here");
+}
+
+#[test]
+fn mutate_shows_the_pod_each_workload_makes_as_the_webhook_sees_it() {
+    let out = berth(
+        &[
+            "mutate",
+            "-f",
+            "tests/data/workloads.yaml",
+            "--policies",
+            "policies/cdn.yaml",
+            "-o",
+            "json",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let pods: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let owners: Vec<(&str, &str)> = pods
+        .iter()
+        .map(|p| {
+            let owner = &p["metadata"]["ownerReferences"][0];
+            assert_eq!(owner["controller"], json!(true), "{p}");
+            (
+                owner["kind"].as_str().unwrap(),
+                owner["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        owners,
+        [
+            ("ReplicaSet", "edge"),
+            ("ReplicaSet", "edge-old"),
+            ("StatefulSet", "cache"),
+            ("Job", "purge"),
+            ("Job", "warm"),
+            ("DaemonSet", "shipper"),
+        ]
+    );
+    // Each lands in its workload's namespace with its template's labels, and the
+    // cdn pods are put on the pool as a bare cdn pod would be.
+    for pod in &pods[..5] {
+        assert_eq!(pod["kind"], "Pod");
+        assert_eq!(pod["metadata"]["namespace"], "shop", "{pod}");
+        assert_eq!(pod["metadata"]["annotations"]["berth.io/applied"], "cdn");
+        assert!(
+            pod["spec"]["tolerations"]
+                .as_array()
+                .unwrap()
+                .contains(&json!({"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"})),
+            "{pod}"
+        );
+        assert_eq!(
+            required(pod)[0],
+            json!({"key": "node-restriction.kubernetes.io/berth.pool", "operator": "In", "values": ["cdn"]}),
+            "{pod}"
+        );
+    }
+    assert_eq!(pods[0]["metadata"]["labels"], json!({"app": "edge"}));
+    assert_eq!(pods[0]["metadata"]["generateName"], "edge-");
+    // A StatefulSet's first pod has its ordinal name and labels.
+    assert_eq!(pods[2]["metadata"]["name"], "cache-0");
+    assert_eq!(
+        pods[2]["metadata"]["labels"]["statefulset.kubernetes.io/pod-name"],
+        "cache-0"
+    );
+    assert_eq!(pods[3]["metadata"]["labels"]["job-name"], "purge");
+    assert_eq!(pods[4]["metadata"]["labels"], json!({"app": "warm"}));
+    // The DaemonSet's pod comes from the DaemonSet controller: it gets the pool's
+    // toleration (logging is one of the namespaces cdn takes DaemonSets from) and
+    // never a node affinity, beside the tolerations its controller adds.
+    let shipper = &pods[5];
+    assert_eq!(shipper["metadata"]["namespace"], "logging");
+    let tolerations = shipper["spec"]["tolerations"].as_array().unwrap();
+    for key in [
+        "berth.io/pool",
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/network-unavailable",
+    ] {
+        assert!(
+            tolerations.iter().any(|t| t["key"] == key),
+            "{key} missing: {shipper}"
+        );
+    }
+    assert!(shipper["spec"].get("affinity").is_none(), "{shipper}");
+}
+
+#[test]
+fn explain_names_the_workload_and_where_its_pods_may_land() {
+    let out = berth(
+        &[
+            "explain",
+            "-f",
+            "tests/data/workloads.yaml",
+            "--policies",
+            "policies/cdn.yaml",
+            "--nodes",
+            "tests/data/nodes.yaml",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for expected in [
+        "Pod edge-* (Deployment edge) in namespace shop",
+        "Pod cache-0 (StatefulSet cache) in namespace shop",
+        "Pod warm-* (CronJob warm) in namespace shop",
+        "image docker.io/example/cdn-edge:2.1 of container edge matches *cdn*",
+        "Pod shipper-* (DaemonSet shipper) in namespace logging",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    let landing: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("The pod may land on"))
+        .collect();
+    assert_eq!(
+        landing,
+        [
+            "The pod may land on: node2.",
+            "The pod may land on: node2.",
+            "The pod may land on: node2.",
+            "The pod may land on: node2.",
+            "The pod may land on: node2.",
+            "The pod may land on: node1, node2, node3, node4.",
+        ],
+        "{text}"
+    );
 }

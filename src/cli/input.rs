@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::workload::Subject;
 use crate::placement::{NamespaceInfo, NodeIndex, NodeInfo};
 use crate::policy::{PlacementPolicy, PolicySet};
 
@@ -80,7 +81,7 @@ fn typed<T: DeserializeOwned>(
     path: &Path,
     docs: Vec<Value>,
     kind: &str,
-) -> Result<Vec<(Value, T)>, InputError> {
+) -> Result<Vec<T>, InputError> {
     docs.into_iter()
         .enumerate()
         .map(|(i, doc)| {
@@ -94,25 +95,30 @@ fn typed<T: DeserializeOwned>(
                     format!("document {} is a {found}, not a {kind}", i + 1),
                 ));
             }
-            let object = T::deserialize(&doc).map_err(|e| {
+            T::deserialize(&doc).map_err(|e| {
                 InputError::new(
                     path,
                     format!("document {} is not a valid {kind}: {e}", i + 1),
                 )
-            })?;
-            Ok((doc, object))
+            })
         })
         .collect()
 }
 
-/// The pods in `path`, raw, as the webhook would receive them.
-pub fn read_pods(path: &Path) -> Result<Vec<Value>, InputError> {
+/// What `path` holds to admit: Pods as written and the pods of workloads
+/// ([`Subject`]), as the webhook would receive them.
+pub fn read_subjects(path: &Path) -> Result<Vec<Subject>, InputError> {
     let docs = documents(path, &read_text(path)?)?;
     if docs.is_empty() {
-        return Err(InputError::new(path, "holds no Pod"));
+        return Err(InputError::new(path, "holds no Pod or workload"));
     }
-    let pods = typed::<k8s_openapi::api::core::v1::Pod>(path, docs, "Pod")?;
-    Ok(pods.into_iter().map(|(raw, _)| raw).collect())
+    docs.into_iter()
+        .enumerate()
+        .map(|(i, doc)| {
+            Subject::from_document(doc)
+                .map_err(|e| InputError::new(path, format!("document {} {e}", i + 1)))
+        })
+        .collect()
 }
 
 /// The policies in `path`, a file or a directory of `.yaml`, `.yml` and `.json`
@@ -137,7 +143,7 @@ pub fn read_policies(path: &Path) -> Result<(PolicySet, Vec<String>), InputError
     let mut policies: Vec<(PathBuf, PlacementPolicy)> = Vec::new();
     for file in files {
         let docs = documents(&file, &read_text(&file)?)?;
-        for (_, policy) in typed::<PlacementPolicy>(&file, docs, "PlacementPolicy")? {
+        for policy in typed::<PlacementPolicy>(&file, docs, "PlacementPolicy")? {
             let name = policy.metadata.name.clone().unwrap_or_default();
             if let Some((other, _)) = policies
                 .iter()
@@ -177,7 +183,7 @@ pub fn read_namespace(path: &Path) -> Result<NamespaceInfo, InputError> {
             format!("holds {} Namespaces; give exactly one", namespaces.len()),
         ));
     }
-    let (_, namespace) = namespaces.remove(0);
+    let namespace = namespaces.remove(0);
     Ok(NamespaceInfo::from_namespace(&namespace))
 }
 
@@ -187,7 +193,7 @@ pub fn read_nodes(path: &Path) -> Result<NodeIndex, InputError> {
     let nodes = typed::<Node>(path, docs, "Node")?;
     nodes
         .into_iter()
-        .map(|(_, node)| {
+        .map(|node| {
             let name = node
                 .metadata
                 .name

@@ -1,18 +1,23 @@
-//! `berth explain pod NAME -n NS`: the offline explanation, run on the pod, its
-//! namespace, the policies and the nodes as the cluster has them now, followed by
-//! where the pod stands: bound, held by berth's gate (and behind which pod), or
-//! waiting for the scheduler (with the scheduler's last word).
+//! `berth explain pod NAME -n NS` and `berth explain deployment NAME -n NS` (and
+//! the other workload kinds): the offline explanation, run on the pod (or the pod
+//! the workload's template makes), its namespace, the policies and the nodes as
+//! the cluster has them now, followed by where pods stand: bound, held by berth's
+//! gate (and behind which pod), or waiting for the scheduler (with the
+//! scheduler's last word).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use clap::Args;
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Pod, Taint};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
 
 use super::offline::{Ending, print};
+use super::workload::{Kind, Subject};
 use crate::names::{AVOID_GATE, GROUP_GATES};
 use crate::objects::{
     MetaOnly, NamespaceMeta, NodeObject, PodObject, PolicyObject, Skip, read_json,
@@ -24,12 +29,12 @@ use crate::placement::{Input, NamespaceInfo, NodeIndex, NodeInfo, Requester, bui
 use crate::policy::compile::PolicyCompiler;
 use crate::policy::{NamespaceOptIn, OptIn, PolicySet};
 
-/// A pod in the cluster to explain.
+/// An object in the cluster to explain.
 #[derive(Debug, Args)]
-pub struct PodTarget {
-    /// The pod's name.
+pub struct Target {
+    /// Its name.
     pub name: String,
-    /// The pod's namespace.
+    /// Its namespace.
     #[arg(short = 'n', long = "namespace", default_value = "default")]
     pub namespace: String,
     /// Kubeconfig to use; without it, KUBECONFIG, ~/.kube/config or the in-cluster
@@ -38,24 +43,28 @@ pub struct PodTarget {
     pub kubeconfig: Option<PathBuf>,
 }
 
-/// `berth explain pod NAME -n NS`. Reads only; a pod that exists was admitted, so
-/// the exit code is 0 whatever the decision says.
-pub fn explain_live(target: &PodTarget) -> Result<Ending, String> {
+/// `berth explain pod NAME -n NS` (`kind` None) or `berth explain KIND NAME -n NS`.
+/// Reads only; what exists was admitted, so the exit code is 0 whatever the
+/// decision says.
+pub fn explain_live(kind: Option<Kind>, target: &Target) -> Result<Ending, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let text = runtime.block_on(explain_pod(target))?;
+    let text = runtime.block_on(async {
+        let client = super::kube_client(target.kubeconfig.as_deref()).await?;
+        match kind {
+            None => explain_pod(&client, target).await,
+            Some(kind) => explain_workload(&client, kind, target).await,
+        }
+    })?;
     print(&text);
     Ok(Ending::Done)
 }
 
-/// What the cluster says, read once, leniently: a pod, policy or node berth cannot
-/// fully read never stops the explanation.
-struct Cluster {
-    /// The pod as JSON, as the webhook would read it.
-    raw: Value,
-    pod: PodObject,
+/// What the cluster says around one namespace, read once, leniently: a pod,
+/// policy or node berth cannot fully read never stops the explanation.
+struct Scene {
     namespace: NamespaceInfo,
     policies: PolicySet,
     nodes: NodeIndex,
@@ -63,9 +72,40 @@ struct Cluster {
     rooms: Rooms,
     namespaces: NamespaceOptIn,
     pods: Vec<PodObject>,
-    requester: Requester,
-    /// What berth's controller last said about the pod: (reason, message).
-    said: Option<(String, String)>,
+}
+
+impl Scene {
+    /// The explanation of the decision on `pod`, as the webhook would make it.
+    fn explain(&self, pod: &Value, title: &str, requester: Requester) -> String {
+        let input = Input {
+            pod,
+            namespace: &self.namespace,
+            policies: &self.policies,
+            nodes: Some(&self.nodes),
+            requester,
+            groups: Default::default(),
+        };
+        let decision = decide(&input);
+        let patch = build_patch(pod, &decision.grants);
+        explain(&input, title, &decision, patch.0.len())
+    }
+
+    /// Where `pod` stands now, in words, and (for a group gate) what it waits
+    /// for; each line prefixed with `indent`.
+    fn standing(&self, pod: &PodObject, said: Option<&(String, String)>, indent: &str) -> String {
+        let now = standing(
+            pod,
+            &self.pods,
+            &self.rooms,
+            &self.policies,
+            &self.namespaces,
+        );
+        let mut text = format!("{indent}Now: {now}\n");
+        if let Some(why) = group_standing(pod, said) {
+            text.push_str(&format!("{indent}Waiting: {why}\n"));
+        }
+        text
+    }
 }
 
 /// A taint from its raw JSON; `timeAdded` is not read.
@@ -98,33 +138,33 @@ async fn requester(client: &Client, pod: &PodObject) -> Requester {
     }
 }
 
-async fn read(client: &Client, target: &PodTarget) -> Result<Cluster, String> {
-    let where_ = format!("pod {}/{}", target.namespace, target.name);
-    let path = <Pod as kube::Resource>::url_path(&(), Some(&target.namespace));
+/// One object as raw JSON, read as the webhook reads a pod.
+async fn get_raw(client: &Client, path: String, what: &str, name: &str) -> Result<Value, String> {
     let request = kube::core::Request::new(path)
-        .get(&target.name, &Default::default())
-        .map_err(|e| format!("{where_}: {e}"))?;
+        .get(name, &Default::default())
+        .map_err(|e| format!("{what}: {e}"))?;
     let text = match client.request_text(request).await {
         Ok(text) => text,
-        Err(kube::Error::Api(e)) if e.code == 404 => return Err(format!("{where_} not found")),
-        Err(e) => return Err(format!("{where_}: {e}")),
+        Err(kube::Error::Api(e)) if e.code == 404 => return Err(format!("{what} not found")),
+        Err(e) => return Err(format!("{what}: {e}")),
     };
-    let raw = read_json(&text, Skip::Nothing)
-        .map_err(|e| format!("{where_}: {e}"))?
-        .ok_or_else(|| format!("{where_} not found"))?;
-    let pod: PodObject =
-        serde_json::from_value(raw.clone()).map_err(|e| format!("{where_}: {e}"))?;
+    read_json(&text, Skip::Nothing)
+        .map_err(|e| format!("{what}: {e}"))?
+        .ok_or_else(|| format!("{what} not found"))
+}
+
+async fn read_scene(client: &Client, namespace: &str) -> Result<Scene, String> {
     let list = ListParams::default();
     let namespaces = Api::<NamespaceMeta>::all(client.clone())
         .list(&list)
         .await
         .map_err(|e| format!("listing namespaces: {e}"))?
         .items;
-    let namespace = namespaces
+    let this = namespaces
         .iter()
-        .find(|ns| ns.metadata.name.as_deref() == Some(target.namespace.as_str()))
+        .find(|ns| ns.metadata.name.as_deref() == Some(namespace))
         .map(|ns| NamespaceInfo::from_meta(&ns.metadata))
-        .ok_or_else(|| format!("namespace {} not found", target.namespace))?;
+        .ok_or_else(|| format!("namespace {namespace} not found"))?;
     let policies = Api::<PolicyObject>::all(client.clone())
         .list(&list)
         .await
@@ -156,13 +196,8 @@ async fn read(client: &Client, target: &PodTarget) -> Result<Cluster, String> {
         .items;
     let node_objects: Vec<&NodeObject> = node_objects.iter().collect();
     let rooms = node_rooms(&node_objects, &pods);
-    let said = last_word(client, &pod).await;
-    Ok(Cluster {
-        said,
-        requester: requester(client, &pod).await,
-        raw,
-        pod,
-        namespace,
+    Ok(Scene {
+        namespace: this,
         policies,
         nodes,
         rooms,
@@ -190,32 +225,109 @@ async fn last_word(client: &Client, pod: &PodObject) -> Option<(String, String)>
         .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
 }
 
-async fn explain_pod(target: &PodTarget) -> Result<String, String> {
-    let client = super::kube_client(target.kubeconfig.as_deref()).await?;
-    let cluster = read(&client, target).await?;
-    let input = Input {
-        pod: &cluster.raw,
-        namespace: &cluster.namespace,
-        policies: &cluster.policies,
-        nodes: Some(&cluster.nodes),
-        requester: cluster.requester,
-        groups: Default::default(),
-    };
-    let decision = decide(&input);
-    let patch = build_patch(&cluster.raw, &decision.grants);
-    let mut text = explain(&input, &target.name, &decision, patch.0.len());
+async fn explain_pod(client: &Client, target: &Target) -> Result<String, String> {
+    let what = format!("pod {}/{}", target.namespace, target.name);
+    let path = <Pod as kube::Resource>::url_path(&(), Some(&target.namespace));
+    let raw = get_raw(client, path, &what, &target.name).await?;
+    let pod: PodObject = serde_json::from_value(raw.clone()).map_err(|e| format!("{what}: {e}"))?;
+    let scene = read_scene(client, &target.namespace).await?;
+    let said = last_word(client, &pod).await;
+    let mut text = scene.explain(&raw, &target.name, requester(client, &pod).await);
     text.push('\n');
-    text.push_str(&standing(
-        &cluster.pod,
-        &cluster.pods,
-        &cluster.rooms,
-        &cluster.policies,
-        &cluster.namespaces,
-    ));
-    if let Some(line) = group_standing(&cluster.pod, cluster.said.as_ref()) {
-        text.push_str(&line);
+    text.push_str(&scene.standing(&pod, said.as_ref(), ""));
+    Ok(text)
+}
+
+/// The pod `kind` NAME's template makes, explained, then each of its pods now:
+/// where it runs, or what holds it.
+async fn explain_workload(client: &Client, kind: Kind, target: &Target) -> Result<String, String> {
+    let what = format!("{} {}/{}", kind.name(), target.namespace, target.name);
+    let raw = get_raw(
+        client,
+        kind.url_path(&target.namespace),
+        &what,
+        &target.name,
+    )
+    .await?;
+    let uid = raw
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let subject = Subject::from_document(raw).map_err(|e| format!("{what} {e}"))?;
+    let scene = read_scene(client, &target.namespace).await?;
+    let requester = if kind == Kind::DaemonSet {
+        Requester::DaemonSetController
+    } else {
+        Requester::Other
+    };
+    let mut text = scene.explain(&subject.pod, &subject.title, requester);
+    let owners = owners_in(client, &target.namespace).await?;
+    let mut pods: Vec<&PodObject> = scene
+        .pods
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(target.namespace.as_str()))
+        .filter(|p| made_by(p, &uid, &owners))
+        .collect();
+    pods.sort_by_key(|p| p.name_any());
+    if pods.is_empty() {
+        text.push_str(&format!(
+            "\nNow: {} {} has no pods.\n",
+            kind.name(),
+            target.name
+        ));
+        return Ok(text);
+    }
+    text.push_str(&format!("\nIts pods now ({}):\n", pods.len()));
+    for pod in pods {
+        let said = last_word(client, pod).await;
+        text.push_str(&format!("  {}\n", pod.name_any()));
+        text.push_str(&scene.standing(pod, said.as_ref(), "    "));
     }
     Ok(text)
+}
+
+/// The controller owner (uid) of each ReplicaSet and Job in `namespace`: the
+/// middle link from a Deployment or CronJob to its pods.
+async fn owners_in(client: &Client, namespace: &str) -> Result<HashMap<String, String>, String> {
+    let list = ListParams::default();
+    let mut owners = HashMap::new();
+    let replica_sets = Api::<MetaOnly<ReplicaSet>>::namespaced(client.clone(), namespace)
+        .list(&list)
+        .await
+        .map_err(|e| format!("listing ReplicaSets: {e}"))?;
+    let jobs = Api::<MetaOnly<Job>>::namespaced(client.clone(), namespace)
+        .list(&list)
+        .await
+        .map_err(|e| format!("listing Jobs: {e}"))?;
+    let metas = replica_sets
+        .items
+        .iter()
+        .map(|o| &o.metadata)
+        .chain(jobs.items.iter().map(|o| &o.metadata));
+    for meta in metas {
+        if let (Some(uid), Some(owner)) = (&meta.uid, controller_uid(meta)) {
+            owners.insert(uid.clone(), owner.to_owned());
+        }
+    }
+    Ok(owners)
+}
+
+fn controller_uid(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<&str> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.as_str())
+}
+
+/// Whether the workload with `uid` made `pod`: it is the pod's controller, or the
+/// controller of the pod's controller (a Deployment's ReplicaSet, a CronJob's Job).
+fn made_by(pod: &PodObject, uid: &str, owners: &HashMap<String, String>) -> bool {
+    controller_uid(&pod.metadata)
+        .is_some_and(|owner| owner == uid || owners.get(owner).is_some_and(|o| o == uid))
 }
 
 /// Why a group gate (`berth.io/gang`, `berth.io/rank`) still holds `pod`: berth's
@@ -223,17 +335,17 @@ async fn explain_pod(target: &PodTarget) -> Result<String, String> {
 fn group_standing(pod: &PodObject, said: Option<&(String, String)>) -> Option<String> {
     let gate = GROUP_GATES.into_iter().find(|g| pod.gate(g).is_some())?;
     Some(match said {
-        Some((reason, message)) => format!("Waiting: {reason}: {message}\n"),
+        Some((reason, message)) => format!("{reason}: {message}"),
         None => format!(
-            "Waiting: held by the scheduling gate {gate}; berth's controller has published no \
-             reason yet. If that lasts, check that a berth controller runs and holds the Lease \
-             berth-controller.\n"
+            "held by the scheduling gate {gate}; berth's controller has published no reason \
+             yet. If that lasts, check that a berth controller runs and holds the Lease \
+             berth-controller."
         ),
     })
 }
 
-/// Where `pod` stands now, in words: the part of the explanation only a live
-/// cluster can give.
+/// Where `pod` stands now, in one sentence: the part of the explanation only a
+/// live cluster can give.
 fn standing(
     pod: &PodObject,
     pods: &[PodObject],
@@ -242,7 +354,7 @@ fn standing(
     opt_in: &dyn OptIn,
 ) -> String {
     if let Some(node) = pod.spec.node_name.as_deref() {
-        return format!("Now: bound to node {node}.\n");
+        return format!("bound to node {node}.");
     }
     let gates: Vec<&str> = pod
         .spec
@@ -260,7 +372,7 @@ fn standing(
         .copied()
         .filter(|g| *g != AVOID_GATE && !group_gates.contains(g))
         .collect();
-    let mut out = String::from("Now: ");
+    let mut out = String::new();
     if !group_gates.is_empty() {
         // The avoid gate goes last: the group gates hold the pod first.
         out.push_str(&format!(
@@ -291,7 +403,6 @@ fn standing(
     if !out.ends_with('.') {
         out.push('.');
     }
-    out.push('\n');
     out
 }
 
@@ -411,7 +522,7 @@ mod tests {
         let set = masters();
         assert_eq!(
             standing(&pods[0], &pods, &Rooms::new(), &set, &Everyone),
-            "Now: bound to node node7.\n"
+            "bound to node node7."
         );
         let text = standing(&pods[1], &pods, &Rooms::new(), &set, &Everyone);
         assert!(text.contains("with nothing to wait for"), "{text}");

@@ -4,6 +4,7 @@ mod input;
 mod live;
 mod offline;
 mod serve;
+mod workload;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -47,10 +48,13 @@ enum Command {
     ///
     /// Offline (`-f POD.yaml --policies PATH`): given nodes, it also says which of
     /// them each pod may land on, with berth's pool labels and taints applied as the
-    /// controller keeps them. Live (`pod NAME -n NS`): the same for a pod in the
-    /// cluster, with its namespace, the policies and the nodes read from there, and
-    /// where the pod stands now (bound, held by berth and behind which pod, or what
-    /// the scheduler says).
+    /// controller keeps them. A workload in the file stands for the pod its template
+    /// makes. Live (`pod NAME -n NS`): the same for a pod in the cluster, with its
+    /// namespace, the policies and the nodes read from there, and where the pod
+    /// stands now (bound, held by berth and behind which pod, or what the scheduler
+    /// says). Live for a workload (`deployment NAME -n NS`, and statefulset,
+    /// daemonset, job, cronjob, replicaset): the pod its template makes, then where
+    /// each of its pods is now.
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Explain {
         #[command(subcommand)]
@@ -95,13 +99,67 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum Live {
     /// Explain a pod in the cluster, through the kubeconfig.
-    Pod(live::PodTarget),
+    #[command(alias = "po")]
+    Pod(live::Target),
+    /// Explain the pod a Deployment's template makes, and where its pods are now.
+    #[command(alias = "deploy")]
+    Deployment(live::Target),
+    /// Explain the pod a ReplicaSet's template makes, and where its pods are now.
+    #[command(alias = "rs")]
+    Replicaset(live::Target),
+    /// Explain the pod a StatefulSet's template makes, and where its pods are now.
+    #[command(alias = "sts")]
+    Statefulset(live::Target),
+    /// Explain the pod a DaemonSet's template makes, and where its pods are now.
+    #[command(alias = "ds")]
+    Daemonset(live::Target),
+    /// Explain the pod a Job's template makes, and where its pods are now.
+    Job(live::Target),
+    /// Explain the pod a CronJob's Jobs make, and where its pods are now.
+    #[command(alias = "cj")]
+    Cronjob(live::Target),
+}
+
+impl Live {
+    fn target(&self) -> (Option<workload::Kind>, &live::Target) {
+        use workload::Kind;
+        match self {
+            Live::Pod(t) => (None, t),
+            Live::Deployment(t) => (Some(Kind::Deployment), t),
+            Live::Replicaset(t) => (Some(Kind::ReplicaSet), t),
+            Live::Statefulset(t) => (Some(Kind::StatefulSet), t),
+            Live::Daemonset(t) => (Some(Kind::DaemonSet), t),
+            Live::Job(t) => (Some(Kind::Job), t),
+            Live::Cronjob(t) => (Some(Kind::CronJob), t),
+        }
+    }
+}
+
+/// The name berth answers to: installed as `kubectl-berth`, kubectl runs it as
+/// the plugin `kubectl berth`, and its help and usage lines say so.
+fn invoked_as(argv0: Option<&std::ffi::OsStr>) -> &'static str {
+    let file = argv0
+        .map(Path::new)
+        .and_then(Path::file_stem)
+        .and_then(|f| f.to_str());
+    match file {
+        Some("kubectl-berth") => "kubectl berth",
+        _ => "berth",
+    }
+}
+
+/// The command line, named after how berth was invoked.
+fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let name = invoked_as(std::env::args_os().next().as_deref());
+    let matches = Cli::command().bin_name(name).get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 /// Parses the command line and runs the chosen command; the exit code follows
 /// SPEC: 0 success, 1 a denial, 2 bad input.
 pub fn run() -> ExitCode {
-    let Cli { command } = Cli::parse();
+    let Cli { command } = parse();
     let result = match command {
         Command::Serve(args) => return run_serve(args),
         Command::Certs {
@@ -114,16 +172,20 @@ pub fn run() -> ExitCode {
             offline::mutate(&files, output).map_err(|e| e.to_string())
         }
         Command::Explain {
-            live: Some(Live::Pod(target)),
-            ..
-        } => live::explain_live(&target),
+            live: Some(live), ..
+        } => {
+            let (kind, target) = live.target();
+            live::explain_live(kind, target)
+        }
         Command::Explain {
             files: Some(files),
             nodes,
             ..
         } => offline::explain_offline(&files, nodes.as_deref()).map_err(|e| e.to_string()),
         Command::Explain { .. } => Err(
-            "explain needs -f POD.yaml --policies PATH (offline) or pod NAME -n NS (live)".into(),
+            "explain needs -f POD.yaml --policies PATH (offline), or pod NAME -n NS or \
+             deployment|statefulset|daemonset|job|cronjob|replicaset NAME -n NS (live)"
+                .into(),
         ),
         Command::Crd => {
             print!("{}", crate::policy::crd::crd_yaml());

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use serde_json::Value;
 
-use super::input::{InputError, read_namespace, read_nodes, read_pods, read_policies};
+use super::input::{InputError, read_namespace, read_nodes, read_policies, read_subjects};
+use super::workload::Subject;
 use crate::names::POLICIES_ANNOTATION;
 use crate::placement::explain::explain;
 use crate::placement::{Decision, Input, NamespaceInfo, NodeIndex, Requester, build_patch, decide};
@@ -16,7 +17,9 @@ use crate::policy::PolicySet;
 /// What both offline commands read.
 #[derive(Debug, Args)]
 pub struct PlacementFiles {
-    /// Pods to admit: a YAML or JSON file, several documents allowed; `-` reads stdin.
+    /// Pods to admit: a YAML or JSON file, several documents allowed; `-` reads
+    /// stdin. A Deployment, ReplicaSet, StatefulSet, DaemonSet, Job or CronJob
+    /// stands for the pod its template makes.
     #[arg(short = 'f', long = "filename", value_name = "POD.yaml")]
     pub filename: PathBuf,
     /// A PlacementPolicy file, or a directory of .yaml/.yml/.json files.
@@ -56,7 +59,7 @@ struct Admitted {
 }
 
 struct Loaded {
-    pods: Vec<Value>,
+    subjects: Vec<Subject>,
     policies: PolicySet,
     policy_names: Vec<String>,
     namespace: Option<NamespaceInfo>,
@@ -65,9 +68,9 @@ struct Loaded {
 fn load(files: &PlacementFiles) -> Result<Loaded, InputError> {
     let (policies, policy_names) = read_policies(&files.policies)?;
     let namespace = files.namespace.as_deref().map(read_namespace).transpose()?;
-    let pods = read_pods(&files.filename)?;
+    let subjects = read_subjects(&files.filename)?;
     Ok(Loaded {
-        pods,
+        subjects,
         policies,
         policy_names,
         namespace,
@@ -92,8 +95,8 @@ fn namespace_for(pod: &Value, loaded: &Loaded) -> NamespaceInfo {
 }
 
 /// Offline there is no request to say who sends a pod: a pod whose controller
-/// ownerReference is an `apps/v1` DaemonSet is taken to come from the DaemonSet
-/// controller, as it would in a cluster.
+/// ownerReference is an `apps/v1` DaemonSet (a DaemonSet's own pods among them)
+/// is taken to come from the DaemonSet controller, as it would in a cluster.
 fn offline_requester(pod: &Value) -> Requester {
     let owners = pod
         .pointer("/metadata/ownerReferences")
@@ -112,9 +115,10 @@ fn offline_requester(pod: &Value) -> Requester {
 
 fn admit_all(loaded: &Loaded, nodes: Option<&NodeIndex>) -> Vec<Admitted> {
     loaded
-        .pods
+        .subjects
         .iter()
-        .map(|raw| {
+        .map(|subject| {
+            let raw = &subject.pod;
             let namespace = namespace_for(raw, loaded);
             let input = Input {
                 pod: raw,
@@ -126,15 +130,9 @@ fn admit_all(loaded: &Loaded, nodes: Option<&NodeIndex>) -> Vec<Admitted> {
             };
             let decision = decide(&input);
             let patch = build_patch(raw, &decision.grants);
-            let name = raw
-                .pointer("/metadata/name")
-                .or_else(|| raw.pointer("/metadata/generateName"))
-                .and_then(Value::as_str)
-                .unwrap_or("<unnamed>")
-                .to_owned();
             Admitted {
                 raw: raw.clone(),
-                name,
+                name: subject.title.clone(),
                 namespace,
                 decision,
                 patch,

@@ -42,10 +42,16 @@ pub struct NamespaceInfo {
     pub annotations: Labels,
 }
 
+/// The label the apiserver puts on every namespace, holding its name.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
 impl NamespaceInfo {
+    /// A namespace with no annotations and only the name label the apiserver
+    /// gives every namespace.
     pub fn new(name: &str) -> Self {
         NamespaceInfo {
             name: name.to_owned(),
+            labels: Labels::from([(NAMESPACE_NAME_LABEL.to_owned(), name.to_owned())]),
             ..Default::default()
         }
     }
@@ -54,11 +60,17 @@ impl NamespaceInfo {
         Self::from_meta(&namespace.metadata)
     }
 
-    /// From a namespace's metadata, all berth reads of it.
+    /// From a namespace's metadata, all berth reads of it. A namespace read from
+    /// a file may lack the name label; the apiserver would have set it.
     pub fn from_meta(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Self {
+        let name = meta.name.clone().unwrap_or_default();
+        let mut labels = meta.labels.clone().unwrap_or_default();
+        labels
+            .entry(NAMESPACE_NAME_LABEL.to_owned())
+            .or_insert_with(|| name.clone());
         NamespaceInfo {
-            name: meta.name.clone().unwrap_or_default(),
-            labels: meta.labels.clone().unwrap_or_default(),
+            name,
+            labels,
             annotations: meta.annotations.clone().unwrap_or_default(),
         }
     }
