@@ -1,5 +1,7 @@
 //! Logging set-up and the Prometheus metrics berth exports on its metrics port.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -76,6 +78,8 @@ pub struct Metrics {
     pub gated_pods: Family<GateLabels, Gauge>,
     /// Seconds from creation to release, by the gate released.
     pub gated_seconds: Family<GateLabels, Histogram>,
+    /// Age of the oldest pod each gate holds now, in seconds (0 when it holds none).
+    pub gated_oldest_age_seconds: Family<GateLabels, Gauge>,
     /// DaemonSet templates the controller brought in line with the pools.
     pub daemonset_updates: Counter,
 }
@@ -131,6 +135,14 @@ impl Default for Metrics {
             "Seconds from creation to release, by the gate released",
             gated_seconds.clone(),
         );
+        // gated_seconds is observed only at release, so a pod that is never
+        // released would never show in it; this gauge is what alerts on a stuck hold.
+        let gated_oldest_age_seconds = Family::<GateLabels, Gauge>::default();
+        registry.register(
+            "gated_oldest_age_seconds",
+            "Age of the oldest pod each of berth's scheduling gates holds now (0 when none)",
+            gated_oldest_age_seconds.clone(),
+        );
         let daemonset_updates = Counter::default();
         registry.register(
             "daemonset_updates",
@@ -170,6 +182,7 @@ impl Default for Metrics {
             leader,
             gated_pods,
             gated_seconds,
+            gated_oldest_age_seconds,
             daemonset_updates,
         }
     }
@@ -182,11 +195,74 @@ impl Metrics {
             .inc();
     }
 
+    /// Records what `gate` holds now: one entry per held pod, its creation time if
+    /// known. Sets both the count and the age of the oldest at `now`.
+    pub fn set_held<'t>(
+        &self,
+        gate: &str,
+        created: impl IntoIterator<Item = Option<&'t Time>>,
+        now: Timestamp,
+    ) {
+        let (mut count, mut oldest) = (0, 0);
+        for time in created {
+            count += 1;
+            if let Some(time) = time {
+                oldest = oldest.max(now.as_second() - time.0.as_second());
+            }
+        }
+        let labels = GateLabels::new(gate);
+        self.gated_pods.get_or_create(&labels).set(count);
+        // A creation time ahead of our clock (skew) is not a negative age.
+        self.gated_oldest_age_seconds
+            .get_or_create(&labels)
+            .set(oldest.max(0));
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(second: i64) -> Time {
+        Time(Timestamp::from_second(second).unwrap())
+    }
+
+    #[test]
+    fn set_held_exports_the_count_and_the_age_of_the_oldest_pod() {
+        let metrics = Metrics::default();
+        let now = Timestamp::from_second(1_000_000).unwrap();
+        let (recent, old) = (at(1_000_000 - 30), at(1_000_000 - 900));
+        // A pod without a creation time counts, but has no age to report.
+        metrics.set_held("berth.io/avoid", [Some(&recent), Some(&old), None], now);
+        // Clock skew: a pod "created" after now is held for 0 s, not -5 s.
+        let ahead = at(1_000_005);
+        metrics.set_held("berth.io/rank", [Some(&ahead)], now);
+        let text = metrics.encode();
+        for line in [
+            "berth_gated_pods{gate=\"berth.io/avoid\"} 3",
+            "berth_gated_oldest_age_seconds{gate=\"berth.io/avoid\"} 900",
+            "berth_gated_pods{gate=\"berth.io/rank\"} 1",
+            "berth_gated_oldest_age_seconds{gate=\"berth.io/rank\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+        }
+
+        // Once nothing is held, both go back to 0 (an alert on the age resolves).
+        metrics.set_held("berth.io/avoid", std::iter::empty(), now);
+        let text = metrics.encode();
+        for line in [
+            "berth_gated_pods{gate=\"berth.io/avoid\"} 0",
+            "berth_gated_oldest_age_seconds{gate=\"berth.io/avoid\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+        }
     }
 }

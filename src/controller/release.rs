@@ -191,17 +191,11 @@ pub async fn release_held_pods(
     released: &mut exclusion::Released,
     reported: &mut super::events::Reported,
 ) {
-    // The family's guard must not live across an await.
-    let gauge = |held: usize| {
-        pass.metrics
-            .gated_pods
-            .get_or_create(&GateLabels::new(AVOID_GATE))
-            .set(held as i64);
-    };
+    let now = k8s_openapi::jiff::Timestamp::now();
     // Nothing held: nothing to plan (a pass is then as cheap as a look at each pod).
     if !pods.iter().any(|p| p.gate(AVOID_GATE).is_some()) {
         released.overlay(&mut []);
-        gauge(0);
+        pass.metrics.set_held(AVOID_GATE, std::iter::empty(), now);
         return;
     }
     let mut all: Vec<ExclusionPod> = pods
@@ -211,8 +205,20 @@ pub async fn release_held_pods(
     released.overlay(&mut all);
     let policies = &snapshot.compiled.set;
     let plan = exclusion::plan(&all, policies, &snapshot.namespaces, unseen, rooms);
-    let held = all.iter().filter(|p| p.gate.is_some()).count();
-    gauge(held - plan.release.len());
+    // Held now: gated and not released in this pass. (In a block: a set of
+    // pointers is not Send, and must be gone before the next await.)
+    {
+        let releasing: std::collections::HashSet<*const ExclusionPod> = plan
+            .release
+            .iter()
+            .map(|r| std::ptr::from_ref(r.pod))
+            .collect();
+        let still_held = all
+            .iter()
+            .filter(|p| p.gate.is_some() && !releasing.contains(&std::ptr::from_ref(*p)));
+        pass.metrics
+            .set_held(AVOID_GATE, still_held.map(|p| p.created.as_ref()), now);
+    }
     let patches = plan.release.iter().filter_map(|release| {
         let pod = release.pod;
         if pod.terms.is_empty() && !release.avoid_nodes.is_empty() {
@@ -322,12 +328,11 @@ pub async fn release_group_pods(
     plan: &super::groups::GroupPlan<'_>,
     reported: &mut super::events::Reported,
 ) {
+    let now = k8s_openapi::jiff::Timestamp::now();
     for gate in [RANK_GATE, GANG_GATE] {
-        let waiting = plan.waiting.iter().filter(|(h, _)| h.gate == gate).count();
-        pass.metrics
-            .gated_pods
-            .get_or_create(&GateLabels::new(gate))
-            .set(waiting as i64);
+        let waiting = plan.waiting.iter().filter(|(h, _)| h.gate == gate);
+        let created = waiting.map(|(h, _)| h.pod.metadata.creation_timestamp.as_ref());
+        pass.metrics.set_held(gate, created, now);
     }
     // A gang's members go in one burst, so the group is released within one pass.
     let patches = plan.release.iter().filter_map(|held| {

@@ -27,7 +27,6 @@ use crate::placement::opt_in::applied_policies;
 use crate::placement::pod::PodView;
 use crate::placement::rooms::{RoomCache, Rooms};
 use crate::policy::compile::PolicyCompiler;
-use crate::telemetry::GateLabels;
 
 /// Changes within this window are handled in one release pass: shorter than the
 /// nodes loop's, since a held pod waits for it, and a pass with nothing held is
@@ -159,11 +158,9 @@ async fn release_groups(
 ) -> (BTreeMap<String, Vec<String>>, Option<Duration>) {
     let held = |p: &Arc<PodObject>| GROUP_GATES.iter().any(|g| p.gate(g).is_some());
     if !pods.iter().any(held) {
+        let now = k8s_openapi::jiff::Timestamp::now();
         for gate in GROUP_GATES {
-            pass.metrics
-                .gated_pods
-                .get_or_create(&GateLabels::new(gate))
-                .set(0);
+            pass.metrics.set_held(gate, std::iter::empty(), now);
         }
         return (BTreeMap::new(), None);
     }
