@@ -1,3 +1,4 @@
+#![cfg(feature = "e2e")]
 //! The `tests/cluster/` scripts themselves: two clusters run side by side, `down`
 //! stops exactly its own processes, kwok runs the pods bound to the fake nodes,
 //! `component` stops and starts one part, and bad arguments fail with a clear

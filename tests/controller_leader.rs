@@ -1,3 +1,4 @@
+#![cfg(feature = "e2e")]
 //! Leader election on the `berth-controller` Lease: any number of replicas, one
 //! writer. SIGTERM releases the Lease at once; a killed leader is replaced once its
 //! Lease expires, and the new leader does the writing.
@@ -7,6 +8,7 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::Api;
@@ -75,16 +77,24 @@ async fn the_lease_passes_on_sigterm_at_once_and_after_a_kill_on_expiry() {
     wait_holder(&client, "first", Duration::from_secs(30)).await;
     drift_is_repaired(berth, &client).await;
 
-    // A killed leader cannot release: the next replica takes over on expiry.
+    // A killed leader cannot release: the next replica takes over on expiry, and
+    // not before. The Lease's own record shows it: the second acquired it no
+    // sooner than a full lease term after the first's last renewal.
     let second = Replica::start(berth, "second", &berth.cluster.kubeconfig());
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(
-        lease_holder(&client).await.as_deref(),
-        Some("first"),
-        "only one leader"
-    );
     first.signal("-KILL");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "berth-system");
+    let last = leases.get("berth-controller").await.unwrap().spec.unwrap();
+    assert_eq!(last.holder_identity.as_deref(), Some("first"));
     wait_holder(&client, "second", Duration::from_secs(60)).await;
+    let taken = leases.get("berth-controller").await.unwrap().spec.unwrap();
+    let renewed = last.renew_time.unwrap().0;
+    let acquired = taken.acquire_time.unwrap().0;
+    let term = i64::from(last.lease_duration_seconds.unwrap());
+    assert!(
+        acquired.duration_since(renewed).as_secs() >= term,
+        "second took the Lease {:?} after first's last renewal, within its {term} s term",
+        acquired.duration_since(renewed)
+    );
     drift_is_repaired(berth, &client).await;
     drop(second);
 }

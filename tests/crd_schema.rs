@@ -1,3 +1,4 @@
+#![cfg(feature = "e2e")]
 //! The PlacementPolicy CRD on the real kube-apiserver: it installs, accepts every
 //! example in `policies/`, prints its columns, and its schema refuses what it can
 //! check (enums, weights, name length, a policy that grants nothing, unknown fields).

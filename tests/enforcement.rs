@@ -1,3 +1,4 @@
+#![cfg(feature = "e2e")]
 //! A tenant tries to reach a dedicated pool, hide from the controller or stall it,
 //! with berth running: every attempt of issue 10, each as the tenant (a user with
 //! the built-in `edit` role in its own namespace, by impersonation), through the

@@ -1,3 +1,4 @@
+#![cfg(feature = "e2e")]
 //! With berth stopped, no tenant pod reaches a dedicated node: the shipped
 //! ValidatingAdmissionPolicies run in the apiserver (`failurePolicy: Fail`) and keep
 //! the structural rules with no webhook at all. Each attempt is made as a tenant.

@@ -1,3 +1,4 @@
+#![cfg(feature = "e2e")]
 //! Exclusion across a leader change: the state of the held pods lives in the
 //! cluster (gates, bindings), so a new leader rebuilds it from there. It must not
 //! release a pod beside one the old leader left in flight, and it must release the
@@ -11,6 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
@@ -83,6 +85,14 @@ async fn a_new_leader_keeps_the_old_leaders_pod_in_flight_and_releases_the_rest(
         (census(&client, &ns).await == (3, 1, 2)).then_some(())
     })
     .await;
+    // The leader's metrics (no other test shares this berth): four released and
+    // timed, two held now.
+    eventually("the leader's gate metrics", WAIT, || async {
+        let held = berth.metric(r#"berth_gated_pods{gate="berth.io/avoid"}"#);
+        let timed = berth.metric(r#"berth_gated_seconds_count{gate="berth.io/avoid"}"#);
+        (held == Some(2.0) && timed == Some(4.0)).then_some(())
+    })
+    .await;
 
     // A leader that is killed cannot hand over: the standby takes the Lease when
     // it expires, with nothing but what it reads from the cluster.
@@ -96,9 +106,23 @@ async fn a_new_leader_keeps_the_old_leaders_pod_in_flight_and_releases_the_rest(
     })
     .await;
     assert_ne!(leader, "standby");
-    // The new leader has had time for passes (its caches are full before it
-    // leads); it must still hold both, behind the pod in flight.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The new leader's own Events say it has looked at both held pods and holds
+    // them behind the pod in flight; it released nothing.
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    eventually("the new leader's word on both held pods", WAIT, || async {
+        let list = events
+            .list(&ListParams::default().fields("reason=HeldForExclusion"))
+            .await
+            .ok()?;
+        let held: BTreeSet<String> = list
+            .items
+            .into_iter()
+            .filter(|e| e.reporting_instance.as_deref() == Some("standby"))
+            .filter_map(|e| e.regarding?.name)
+            .collect();
+        (held.len() == 2).then_some(())
+    })
+    .await;
     assert_eq!(
         census(&client, &ns).await,
         (3, 1, 2),

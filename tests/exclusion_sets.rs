@@ -1,3 +1,4 @@
+#![cfg(feature = "e2e")]
 //! Exclusion on disjoint sets of nodes, read from the cluster's own record: pods
 //! that avoid each other are released together, each confined (in its own spec)
 //! to nodes no other pod in flight may take, and a new controller that takes over

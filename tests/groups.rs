@@ -1,3 +1,4 @@
+#![cfg(feature = "e2e")]
 //! Groups (seeds 002, 003) on the real control plane, with kwok running the pods.
 //!
 //! - All-or-nothing in gate mode: the members of a gang are held by `berth.io/gang`

@@ -1,3 +1,4 @@
+#![cfg(feature = "e2e")]
 //! A gang across a controller crash: berth counts a group's members from the
 //! cluster (their gates and labels), never from memory, so a new controller that
 //! takes over a half-counted group holds it and releases it whole once the last

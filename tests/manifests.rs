@@ -1,3 +1,4 @@
+#![cfg(feature = "e2e")]
 //! `manifests/` renders with kustomize and every object in it passes the real
 //! kube-apiserver's validation (server-side dry-run), as `kubectl apply -k` would
 //! install it; the cert-manager overlay renders with its caBundle injection.

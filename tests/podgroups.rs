@@ -1,3 +1,4 @@
+#![cfg(feature = "e2e")]
 //! All-or-nothing in PodGroup mode, on a cluster that serves Kubernetes' own gang
 //! scheduling (`up --generic-workload`: the `GenericWorkload` feature and
 //! `scheduling.k8s.io/v1beta1`). berth finds it by discovery; the webhook joins

@@ -1,3 +1,4 @@
+#![cfg(feature = "e2e")]
 //! Queue order (seed 003's QueueSort) on the real control plane: pods of a `queue`
 //! policy get a `berth-queue-<value>` PriorityClass, so the unmodified
 //! kube-scheduler takes them by `groupPriority`, then QoS class, and none ever

@@ -1,3 +1,4 @@
+#![cfg(feature = "e2e")]
 //! SPEC scenarios 1, 3, 4 and 5 with the real scheduler: the webhook rewrites the
 //! pods, the controller keeps node labels and taints, and the unmodified
 //! kube-scheduler places them.
@@ -10,7 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use support::{
     Berth, Nodes, annotate, fresh_namespace, is_bound, opt_in, placed, wait_admitted, wait_for,
@@ -306,12 +307,14 @@ async fn sidecar_b_pods_wait_for_a_and_follow_it_when_it_scales_out() {
     )
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let waiting = pods.get("b-0").await.unwrap();
-    assert!(
-        waiting.spec.unwrap().node_name.is_none(),
-        "B was placed with no A anywhere"
-    );
+    // The scheduler's own word that B fits nowhere while no A runs.
+    let unschedulable = |pod: Option<&Pod>| {
+        pod.and_then(|p| p.status.as_ref()?.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
+    };
+    wait_for(&pods, "b-0", unschedulable, WAIT).await;
 
     let on = |node: &str| json!({"nodeSelector": {"kubernetes.io/hostname": node}});
     pods.create(
@@ -434,10 +437,11 @@ async fn gpu_and_nvme_labels_drive_placement() {
     )
     .await
     .unwrap();
+    // A pod the policy does not cover is left as written, and placed.
     let web = wait_for(&pods, "web", is_bound, WAIT).await.unwrap();
     assert!(
-        web.spec.unwrap().node_name.is_some(),
-        "pods the policy does not cover go anywhere"
+        web.metadata.annotations.is_none() && web.spec.unwrap().affinity.is_none(),
+        "berth changed a pod no policy covers"
     );
 }
 
@@ -467,10 +471,135 @@ async fn a_namespace_scheduler_annotation_routes_its_pods() {
         created.spec.unwrap().scheduler_name.as_deref(),
         Some("batch-scheduler")
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // A pod for the default scheduler, created after, in a namespace berth does
+    // not route. The scheduler sees pods in the order they were created and takes
+    // the older of two equal-priority pods first: once it has bound this one, it
+    // would have decided on `job` had it been its own, and the cluster's record
+    // shows it did not (no node, no PodScheduled condition).
+    let other = fresh_namespace(&client, "unrouted").await;
+    let others: Api<Pod> = Api::namespaced(client.clone(), &other);
+    others
+        .create(
+            &PostParams::default(),
+            &pod("after", "spark:3", json!({}), json!({})),
+        )
+        .await
+        .unwrap();
+    wait_for(&others, "after", is_bound, WAIT).await;
     let later = pods.get("job").await.unwrap();
+    let status = later.status.unwrap_or_default();
     assert!(
-        later.spec.unwrap().node_name.is_none(),
-        "the default scheduler left it to batch-scheduler"
+        later.spec.unwrap().node_name.is_none() && status.conditions.is_none(),
+        "the default scheduler left it to batch-scheduler: {status:?}"
     );
+}
+
+/// kubectl finds berth installed as `kubectl-berth`; `kubectl berth explain
+/// deployment` says where the Deployment's pods go and why before reading where
+/// each is, and what holds a pending one (the scheduler's own word, from the pod).
+#[tokio::test]
+async fn kubectl_berth_explains_a_deployment_and_what_holds_its_pending_pod() {
+    let cluster = &berth().cluster;
+    let client = cluster.client().await;
+    policy("cdn.yaml");
+    let ns = fresh_namespace(&client, "plugin").await;
+    opt_in(
+        &client,
+        &ns,
+        "cdn",
+        &pod("probe", "example/cdn-edge:1", json!({}), json!({})),
+        WAIT,
+    )
+    .await;
+    cdn_pool_on_node2(&client).await;
+    let deployment = |name: &str, replicas: u32, image: &str, spec: Value| {
+        let mut template = json!({"containers": [{"name": "c", "image": image}]});
+        template
+            .as_object_mut()
+            .unwrap()
+            .extend(spec.as_object().unwrap().clone());
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                "template": {"metadata": {"labels": {"app": name}}, "spec": template}}})
+    };
+    let manifests = [
+        deployment("edge", 2, "example/cdn-edge:1", json!({})),
+        deployment(
+            "stuck",
+            1,
+            "nginx:1.27",
+            json!({"nodeSelector": {"disk": "none"}}),
+        ),
+    ];
+    for manifest in manifests {
+        let out =
+            support::kubectl_with_input(&cluster.dir, &["apply", "-f", "-"], &manifest.to_string());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let edge = placed(&client, &ns, "app=edge", 2, WAIT).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let (stuck, why) = support::eventually("the scheduler's word on stuck", WAIT, || async {
+        let list = pods
+            .list(&ListParams::default().labels("app=stuck"))
+            .await
+            .ok()?;
+        let pod = list.items.into_iter().next()?;
+        let condition =
+            pod.status?.conditions?.into_iter().find(|c| {
+                c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable")
+            })?;
+        Some((pod.metadata.name?, condition.message?))
+    })
+    .await;
+
+    // kubectl runs plugins found on PATH, named kubectl-NAME; KUBECONFIG names
+    // this cluster (kubectl passes its environment on to the plugin).
+    let plugins = cluster.dir.join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let plugin = plugins.join("kubectl-berth");
+    if !plugin.exists() {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_berth"), &plugin).unwrap();
+    }
+    let bin = support::cluster_script("build", &[]).trim().to_owned();
+    let path = format!("{}:{}", plugins.display(), std::env::var("PATH").unwrap());
+    let kubectl = |args: &[&str]| {
+        let out = std::process::Command::new(std::path::Path::new(&bin).join("kubectl"))
+            .args(args)
+            .env("PATH", &path)
+            .env("KUBECONFIG", cluster.kubeconfig())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let listed = kubectl(&["plugin", "list"]);
+    assert!(listed.contains(plugin.to_str().unwrap()), "{listed}");
+    let help = kubectl(&["berth", "--help"]);
+    assert!(help.contains("Usage: kubectl berth <COMMAND>"), "{help}");
+
+    let text = kubectl(&["berth", "explain", "deployment", "edge", "-n", &ns]);
+    let mut expected = vec![
+        format!("Pod edge-* (Deployment edge) in namespace {ns}"),
+        "image docker.io/example/cdn-edge:1 of container c matches *cdn*".to_owned(),
+        "The pod may land on: node2.".to_owned(),
+        "Its pods now (2):".to_owned(),
+    ];
+    for (pod, node) in &edge {
+        expected.push(format!("  {pod}\n    Now: bound to node {node}.\n"));
+    }
+    for line in expected {
+        assert!(text.contains(&line), "missing {line:?} in:\n{text}");
+    }
+    let text = kubectl(&["berth", "explain", "deploy", "stuck", "-n", &ns]);
+    let line = format!("  {stuck}\n    Now: not scheduled yet; the scheduler says: {why}");
+    assert!(text.contains(&line), "missing {line:?} in:\n{text}");
 }

@@ -1,3 +1,4 @@
+#![cfg(feature = "e2e")]
 //! The webhook on a real kube-apiserver: kube-apiserver calls the current berth
 //! through the shipped webhook configurations (url clientConfig on 127.0.0.1).
 
@@ -6,9 +7,9 @@ mod support;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::json;
 use support::{Berth, Nodes, fresh_namespace, kubectl_with_input};
 
@@ -35,16 +36,19 @@ fn berth() -> &'static Berth {
     berth
 }
 
-/// A fresh namespace that opts into the cdn policy.
+/// A fresh namespace that opts into the cdn policy, once berth's webhook applies
+/// it there (its namespace cache may lag the annotation).
 async fn cdn_namespace(client: &Client, purpose: &str) -> String {
     let name = fresh_namespace(client, purpose).await;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let patch = json!({"metadata": {"annotations": {"berth.io/policies": "cdn"}}});
-    namespaces
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("annotate namespace");
+    let probe = image_pod("probe", "example/cdn-probe:1");
+    support::opt_in(client, &name, "cdn", &probe, Duration::from_secs(60)).await;
     name
+}
+
+fn image_pod(name: &str, image: &str) -> Pod {
+    serde_json::from_value(json!({"metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": image}]}}))
+    .unwrap()
 }
 
 fn pod_yaml(name: &str, image: &str, extra: &str) -> String {
@@ -268,16 +272,36 @@ async fn a_certificate_rotated_during_a_request_stream_loses_no_request() {
 async fn metrics_count_decisions_latency_and_certificate_expiry() {
     let berth = berth();
     let client = berth.cluster.client().await;
-    let ns = cdn_namespace(&client, "metrics").await;
-    let out = kubectl_with_input(
-        &berth.cluster.dir,
-        &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
-        &pod_yaml("counted", "example/cdn-uploader:1.0", ""),
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    // A policy no other test uses, so its counter moves only with this test.
+    berth.cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: counted}\nspec: {images: ['*counted*'], schedulerName: counted-scheduler}\n");
+    let ns = fresh_namespace(&client, "metrics").await;
+    let mut probe: Pod = serde_json::from_str(
+        &serde_json::to_string(&json!({
+        "metadata": {"name": "probe"},
+        "spec": {"containers": [{"name": "c", "image": "example/counted:1"}]}}))
+        .unwrap(),
+    )
+    .unwrap();
+    probe.metadata.namespace = Some(ns.clone());
+    support::opt_in(&client, &ns, "counted", &probe, Duration::from_secs(60)).await;
+    let decided = |metrics: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("berth_decisions_total{policy=\"counted\"} "))
+            .map(|v| v.trim().parse::<f64>().unwrap())
+    };
+    let before = decided(&berth.metrics()).expect("the probes were counted");
+    for i in 0..3 {
+        let out = kubectl_with_input(
+            &berth.cluster.dir,
+            &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
+            &pod_yaml(&format!("counted-{i}"), "example/counted:1", ""),
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
     let metrics = berth.metrics();
+    assert_eq!(decided(&metrics), Some(before + 3.0), "{metrics}");
     for expected in [
-        "berth_decisions_total{policy=\"cdn\"}",
         "berth_admission_duration_seconds_bucket{",
         "path=\"/mutate\"",
         "outcome=\"patched\"",

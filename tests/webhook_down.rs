@@ -1,3 +1,4 @@
+#![cfg(feature = "e2e")]
 //! berth never blocks the cluster: with berth stopped (SIGTERM, graceful), pods are
 //! still created everywhere, its own and the system namespaces included.
 
