@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo demo-down test lint bench bench-admission bench-cluster fuzz static control-plane
+.PHONY: demo demo-down test lint bench bench-admission bench-cluster fuzz static control-plane helm
 
 ## demo: start a local control plane with four nodes and show berth at work; leaves it running
 demo: control-plane
@@ -13,10 +13,10 @@ demo: control-plane
 demo-down:
 	@if [ -d "$(DEMO_DIR)" ]; then tests/cluster/down "$(DEMO_DIR)"; else echo "no demo running"; fi
 
-## test: lint, then the whole suite, end-to-end tests on a real control plane included
-test: lint control-plane static
-	rm -rf target/test-clusters   # folders (and logs) of the previous run's clusters
-	cargo test --locked --all-targets
+## test: the whole suite in tiers (lint, fast, end-to-end on a real control plane),
+## printing the time each took; `cargo test` alone runs the fast tier
+test:
+	scripts/test-tiers
 
 ## bench: criterion benchmark of decision + patch with 1, 20 and 200 policies
 bench:
@@ -41,12 +41,17 @@ fuzz:
 static:
 	scripts/build-static
 
-## lint: formatting, clippy with warnings denied, and shell syntax
-lint:
+## lint: formatting, clippy with warnings denied, shell syntax, and `helm lint` of the chart
+lint: helm
 	cargo fmt --all -- --check   # the fuzz target too: it is in the workspace
-	cargo clippy --locked --all-targets -- -D warnings
+	cargo clippy --locked --all-targets --features e2e -- -D warnings   # the end-to-end tests too
 	cargo check --locked -p berth-fuzz   # keep the fuzz target compiling
-	for f in tests/cluster/{build,up,down,add-nodes,component,berth-up,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
+	for f in tests/cluster/{build,build-helm,up,down,add-nodes,component,berth-up,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
+	"$$(tests/cluster/build-helm)" lint --strict charts/berth
+
+## helm: build helm once from its Go module (tests/cluster/helm), into ~/.cache/berth
+helm:
+	tests/cluster/build-helm >/dev/null
 
 ## control-plane: build etcd and the Kubernetes binaries once, into ~/.cache/berth
 control-plane:

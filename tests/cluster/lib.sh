@@ -9,6 +9,9 @@ K8S_BIN="$BERTH_CACHE/k8s-$K8S_VERSION/bin"
 # kwok plays the kubelet for the fake nodes; it must match kwok/go.mod.
 KWOK_VERSION="v0.8.0"
 KWOK_BIN="$BERTH_CACHE/kwok-$KWOK_VERSION/bin"
+# helm lints the chart in charts/berth and installs it in tests; it must match helm/go.mod.
+HELM_VERSION="v4.3.1"
+HELM_BIN="$BERTH_CACHE/helm-$HELM_VERSION/bin"
 
 die() {
 	echo "error: $*" >&2
