@@ -70,8 +70,11 @@ pub struct Metrics {
     pub node_writes: Family<KindLabels, Counter>,
     /// 409 conflicts met while writing taints (each retried).
     pub write_conflicts: Counter,
-    /// Pods on a dedicated pool node without entitlement, by pool.
-    pub unentitled_pods: Family<PolicyLabels, Gauge>,
+    /// Pods on a dedicated pool node without entitlement, by pool (set through
+    /// [`Metrics::set_unentitled`], which forgets deleted policies).
+    unentitled_pods: Family<PolicyLabels, Gauge>,
+    /// The policies `unentitled_pods` has a series for.
+    unentitled_policies: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// 1 while this replica holds the controller Lease.
     pub leader: Gauge,
     /// Pods held by each of berth's scheduling gates now.
@@ -184,6 +187,7 @@ impl Default for Metrics {
             gated_seconds,
             gated_oldest_age_seconds,
             daemonset_updates,
+            unentitled_policies: Default::default(),
         }
     }
 }
@@ -218,6 +222,29 @@ impl Metrics {
             .set(oldest.max(0));
     }
 
+    /// Records the pods without entitlement on each live policy's pool. A policy
+    /// not given (deleted) loses its series: a gauge left at its last value would
+    /// keep an alert firing for a pool that no longer exists.
+    pub fn set_unentitled(&self, counts: &std::collections::BTreeMap<String, i64>) {
+        let mut known = self
+            .unentitled_policies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for gone in known.iter().filter(|p| !counts.contains_key(*p)) {
+            self.unentitled_pods.remove(&PolicyLabels {
+                policy: gone.clone(),
+            });
+        }
+        for (policy, count) in counts {
+            self.unentitled_pods
+                .get_or_create(&PolicyLabels {
+                    policy: policy.clone(),
+                })
+                .set(*count);
+        }
+        *known = counts.keys().cloned().collect();
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -233,6 +260,30 @@ mod tests {
 
     fn at(second: i64) -> Time {
         Time(Timestamp::from_second(second).unwrap())
+    }
+
+    #[test]
+    fn a_deleted_policy_loses_its_unentitled_series() {
+        let metrics = Metrics::default();
+        let counts = |pairs: &[(&str, i64)]| {
+            pairs
+                .iter()
+                .map(|(p, n)| (p.to_string(), *n))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        metrics.set_unentitled(&counts(&[("cdn", 2), ("gpu", 0)]));
+        let text = metrics.encode();
+        assert!(
+            text.contains("berth_unentitled_pods{policy=\"cdn\"} 2"),
+            "{text}"
+        );
+        metrics.set_unentitled(&counts(&[("gpu", 1)]));
+        let text = metrics.encode();
+        assert!(!text.contains("policy=\"cdn\""), "{text}");
+        assert!(
+            text.contains("berth_unentitled_pods{policy=\"gpu\"} 1"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -57,7 +57,7 @@ impl Exported {
             policy: "cdn".into(),
         };
         metrics.decisions.get_or_create(&policy).inc();
-        metrics.unentitled_pods.get_or_create(&policy).set(0);
+        metrics.set_unentitled(&[("cdn".to_string(), 0)].into());
         let kind = KindLabels {
             kind: "busy".into(),
         };

@@ -19,7 +19,6 @@ use super::run::Pass;
 use crate::names::{FIELD_MANAGER, POOL_LABEL, POOL_TAINT, policy_of_node_label};
 use crate::objects::{NodeObject, PolicyObject};
 use crate::policy::crd::PlacementPolicyStatus;
-use crate::telemetry::PolicyLabels;
 
 /// The finalizer that lets berth clean a deleted policy's labels and taints.
 pub const FINALIZER: &str = "berth.io/cleanup";
@@ -194,6 +193,7 @@ pub async fn update_statuses(
             owned.entry(pool).or_default().push(node.clone());
         }
     }
+    let mut unentitled_counts = BTreeMap::new();
     for policy in snapshot
         .objects
         .iter()
@@ -214,12 +214,7 @@ pub async fn update_statuses(
             .flat_map(|(_, d)| d.unentitled.iter())
             .collect();
         unentitled.sort();
-        pass.metrics
-            .unentitled_pods
-            .get_or_create(&PolicyLabels {
-                policy: name.clone(),
-            })
-            .set(unentitled.len() as i64);
+        unentitled_counts.insert(name.clone(), unentitled.len() as i64);
 
         let current = policy
             .status
@@ -344,4 +339,5 @@ pub async fn update_statuses(
             reported.publish(pass.events, key, event, &reference);
         }
     }
+    pass.metrics.set_unentitled(&unentitled_counts);
 }

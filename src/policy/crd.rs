@@ -227,7 +227,8 @@ pub enum DaemonSets {
 /// Where the pods named by `colocateWith` and `avoid` are looked for.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AnchorNamespaces {
-    /// In the namespace of the pod being placed.
+    /// In the namespaces that opt into the policy (the anchor label on nodes is
+    /// per policy, not per namespace).
     #[default]
     Same,
     /// In every namespace.
