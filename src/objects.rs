@@ -218,9 +218,12 @@ pub struct PodSpec {
     pub volumes: Option<Value>,
 }
 
-/// A container, as far as its resource requests and (raw) ports.
+/// A container, as far as its image (which policies apply), resource requests
+/// and (raw) ports.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Container {
+    #[serde(default)]
+    pub image: Option<String>,
     #[serde(default, deserialize_with = "nullable")]
     pub resources: ContainerResources,
     #[serde(default)]

@@ -70,11 +70,12 @@ pub struct Metrics {
     pub node_writes: Family<KindLabels, Counter>,
     /// 409 conflicts met while writing taints (each retried).
     pub write_conflicts: Counter,
-    /// Pods on a dedicated pool node without entitlement, by pool (set through
-    /// [`Metrics::set_unentitled`], which forgets deleted policies).
-    unentitled_pods: Family<PolicyLabels, Gauge>,
-    /// The policies `unentitled_pods` has a series for.
-    unentitled_policies: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Pods on a dedicated pool node without entitlement, by pool.
+    pub unentitled_pods: PolicyGauge,
+    /// Pods a policy applies to that lack its decision, by policy.
+    pub missed_pods: PolicyGauge,
+    /// Missed pods evicted so that their owner recreates them through the webhook.
+    pub missed_evictions: Family<PolicyLabels, Counter>,
     /// 1 while this replica holds the controller Lease.
     pub leader: Gauge,
     /// Pods held by each of berth's scheduling gates now.
@@ -101,7 +102,9 @@ impl Default for Metrics {
         let reconciles = Counter::default();
         let node_writes = Family::<KindLabels, Counter>::default();
         let write_conflicts = Counter::default();
-        let unentitled_pods = Family::<PolicyLabels, Gauge>::default();
+        let unentitled_pods = PolicyGauge::default();
+        let missed_pods = PolicyGauge::default();
+        let missed_evictions = Family::<PolicyLabels, Counter>::default();
         let leader = Gauge::default();
         registry.register(
             "reconciles",
@@ -117,7 +120,17 @@ impl Default for Metrics {
         registry.register(
             "unentitled_pods",
             "Pods on a dedicated pool node without entitlement, by pool",
-            unentitled_pods.clone(),
+            unentitled_pods.family.clone(),
+        );
+        registry.register(
+            "missed_pods",
+            "Pods a policy applies to that lack its decision (admitted while berth was unreachable, or older than the policy), by policy",
+            missed_pods.family.clone(),
+        );
+        registry.register(
+            "missed_evictions",
+            "Missed pods evicted (onMissed: Evict) so that their owner recreates them through the webhook",
+            missed_evictions.clone(),
         );
         registry.register(
             "leader",
@@ -182,13 +195,43 @@ impl Default for Metrics {
             node_writes,
             write_conflicts,
             unentitled_pods,
+            missed_pods,
+            missed_evictions,
             leader,
             gated_pods,
             gated_seconds,
             gated_oldest_age_seconds,
             daemonset_updates,
-            unentitled_policies: Default::default(),
         }
+    }
+}
+
+/// A gauge per policy that forgets the policies it is no longer given: a deleted
+/// policy's series left at its last value would keep an alert firing for
+/// something that no longer exists.
+#[derive(Debug, Default)]
+pub struct PolicyGauge {
+    family: Family<PolicyLabels, Gauge>,
+    known: std::sync::Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl PolicyGauge {
+    /// Sets one series per policy in `counts`, and removes the others.
+    pub fn set_all(&self, counts: &std::collections::BTreeMap<String, i64>) {
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        for gone in known.iter().filter(|p| !counts.contains_key(*p)) {
+            self.family.remove(&PolicyLabels {
+                policy: gone.clone(),
+            });
+        }
+        for (policy, count) in counts {
+            self.family
+                .get_or_create(&PolicyLabels {
+                    policy: policy.clone(),
+                })
+                .set(*count);
+        }
+        *known = counts.keys().cloned().collect();
     }
 }
 
@@ -222,29 +265,6 @@ impl Metrics {
             .set(oldest.max(0));
     }
 
-    /// Records the pods without entitlement on each live policy's pool. A policy
-    /// not given (deleted) loses its series: a gauge left at its last value would
-    /// keep an alert firing for a pool that no longer exists.
-    pub fn set_unentitled(&self, counts: &std::collections::BTreeMap<String, i64>) {
-        let mut known = self
-            .unentitled_policies
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        for gone in known.iter().filter(|p| !counts.contains_key(*p)) {
-            self.unentitled_pods.remove(&PolicyLabels {
-                policy: gone.clone(),
-            });
-        }
-        for (policy, count) in counts {
-            self.unentitled_pods
-                .get_or_create(&PolicyLabels {
-                    policy: policy.clone(),
-                })
-                .set(*count);
-        }
-        *known = counts.keys().cloned().collect();
-    }
-
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -271,13 +291,15 @@ mod tests {
                 .map(|(p, n)| (p.to_string(), *n))
                 .collect::<std::collections::BTreeMap<_, _>>()
         };
-        metrics.set_unentitled(&counts(&[("cdn", 2), ("gpu", 0)]));
+        metrics
+            .unentitled_pods
+            .set_all(&counts(&[("cdn", 2), ("gpu", 0)]));
         let text = metrics.encode();
         assert!(
             text.contains("berth_unentitled_pods{policy=\"cdn\"} 2"),
             "{text}"
         );
-        metrics.set_unentitled(&counts(&[("gpu", 1)]));
+        metrics.unentitled_pods.set_all(&counts(&[("gpu", 1)]));
         let text = metrics.encode();
         assert!(!text.contains("policy=\"cdn\""), "{text}");
         assert!(

@@ -57,7 +57,13 @@ impl Exported {
             policy: "cdn".into(),
         };
         metrics.decisions.get_or_create(&policy).inc();
-        metrics.set_unentitled(&[("cdn".to_string(), 0)].into());
+        metrics
+            .unentitled_pods
+            .set_all(&[("cdn".to_string(), 0)].into());
+        metrics
+            .missed_pods
+            .set_all(&[("cdn".to_string(), 0)].into());
+        metrics.missed_evictions.get_or_create(&policy).inc();
         let kind = KindLabels {
             kind: "busy".into(),
         };

@@ -8,6 +8,7 @@ pub mod desired;
 pub mod events;
 pub mod groups;
 pub mod limit;
+pub mod missed;
 pub mod nodes;
 pub mod podgroups;
 pub mod release;

@@ -21,9 +21,10 @@ use super::daemonsets::{daemonset_patch, write_daemonset};
 use super::desired::{BoundPod, DesiredNode, desired_node_state};
 use super::events::Reported;
 use super::limit::RateLimit;
+use super::missed::Missed;
 use super::podgroups::discover_gang_mode;
 use super::run::{Context, DEBOUNCE, Pass, leadership_changed, until};
-use super::status::GroupStatus;
+use super::status::Findings;
 use super::sweep::Sweeper;
 use super::writer::{Written, in_sync, write_node};
 use crate::objects::NodeObject;
@@ -66,6 +67,11 @@ pub async fn run(
     let mut pause = DEBOUNCE;
     let mut desired = DesiredNodes::new();
     let mut retry: Option<tokio::time::Instant> = None;
+    // Pods the policies missed are looked for on full passes, and again soon
+    // while evicting them.
+    let mut missed = Missed::default();
+    let mut rescan: Option<tokio::time::Instant> = None;
+    let mut scan = false;
     let wakes = &context.wakes;
     loop {
         tokio::select! {
@@ -79,11 +85,16 @@ pub async fn run(
                 // What a sweep found unused before a gap in leadership is stale,
                 // and so is what this replica last knew of each node.
                 sweeper = Sweeper::default();
+                missed = Missed::default();
                 wakes.everything();
                 tracing::info!(leading, identity = %options.identity, "controller leadership changed");
             }
             () = wakes.nodes.notified() => tokio::time::sleep(pause).await,
             () = until(retry) => retry = None,
+            () = until(rescan) => {
+                rescan = None;
+                scan = true;
+            }
             _ = resync.tick() => {
                 let mode = discover_gang_mode(client, shared.gang_mode()).await;
                 shared.set_gang_mode(mode);
@@ -99,9 +110,14 @@ pub async fn run(
         let changed = wakes.take();
         let pass = context.pass();
         let snapshot = Snapshot::take(stores, &mut compiler);
-        let groups = GroupStatus {
+        if std::mem::take(&mut scan) || matches!(changed, Changed::Everything) {
+            let again = missed.scan(&pass, stores, &snapshot.compiled.set).await;
+            rescan = again.map(|after| tokio::time::Instant::now() + after);
+        }
+        let groups = Findings {
             gang_mode: shared.gang_mode(),
             timed_out: shared.timed_out(),
+            missed: missed.by_policy.clone(),
         };
         let failed = reconcile(
             &pass,
@@ -145,7 +161,7 @@ pub async fn reconcile(
     stores: &Stores,
     snapshot: &Snapshot,
     limit: &Arc<RateLimit>,
-    groups: &GroupStatus,
+    groups: &Findings,
     reported: &mut Reported,
     changed: Changed,
     desired: &mut DesiredNodes,

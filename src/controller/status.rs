@@ -169,12 +169,43 @@ fn ready(snapshot: &Snapshot, name: &str, previous: &[Condition]) -> Condition {
     }
 }
 
-/// What the group planning tells the policies' status.
+/// The `MissedPods` condition: the pods that lack the policy's decision, the
+/// first few by name.
+fn missed_condition(missed: Option<&Vec<String>>, previous: &[Condition]) -> Condition {
+    const NAMED: usize = 10;
+    let missed = missed.map(Vec::as_slice).unwrap_or_default();
+    let message = match missed.len() {
+        0 => "every pod this policy applies to has its decision".to_string(),
+        n => {
+            let more = if n > NAMED {
+                format!(" and {} more", n - NAMED)
+            } else {
+                String::new()
+            };
+            format!(
+                "{n} pods lack this policy's decision: {}{more}",
+                missed[..n.min(NAMED)].join(", ")
+            )
+        }
+    };
+    condition(
+        "MissedPods",
+        !missed.is_empty(),
+        "MissedPods",
+        message,
+        previous,
+    )
+}
+
+/// What the group planning and the scan for missed pods tell the policies'
+/// status.
 #[derive(Debug, Default)]
-pub struct GroupStatus {
+pub struct Findings {
     pub gang_mode: crate::placement::groups::GangMode,
     /// Gangs held past their timeout, by policy (`namespace/group`).
     pub timed_out: BTreeMap<String, Vec<String>>,
+    /// Pods that lack the policy's decision (`namespace/name`), by policy.
+    pub missed: BTreeMap<String, Vec<String>>,
 }
 
 /// Writes each live policy's status when it changed; Events for new conflicts and
@@ -183,7 +214,7 @@ pub async fn update_statuses(
     pass: &Pass<'_>,
     snapshot: &Snapshot,
     desired: &DesiredNodes,
-    groups: &GroupStatus,
+    groups: &Findings,
     reported: &mut Reported,
 ) {
     let api: Api<PolicyObject> = Api::all(pass.client.clone());
@@ -267,6 +298,7 @@ pub async fn update_statuses(
                 unentitled_message,
                 previous,
             ),
+            missed_condition(groups.missed.get(&name), previous),
         ];
         if gang {
             let late = groups
@@ -339,5 +371,5 @@ pub async fn update_statuses(
             reported.publish(pass.events, key, event, &reference);
         }
     }
-    pass.metrics.set_unentitled(&unentitled_counts);
+    pass.metrics.unentitled_pods.set_all(&unentitled_counts);
 }

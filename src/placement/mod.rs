@@ -12,6 +12,7 @@ pub mod feasibility;
 pub mod grants;
 pub mod groups;
 pub mod matching;
+pub mod missed;
 pub mod opt_in;
 pub mod patch;
 pub mod pod;

@@ -69,6 +69,24 @@ pub struct PlacementPolicySpec {
     /// Queue order: a higher priority label is scheduled first, never preempting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<Queue>,
+    /// Pods this policy applies to that lack its decision (admitted while berth's
+    /// webhook was unreachable, or older than the policy or the namespace's
+    /// opt-in): `Report` them, or also `Evict` those a ReplicaSet or StatefulSet
+    /// recreates, so that their replacements come through the webhook.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub on_missed: OnMissed,
+}
+
+/// What berth does with the pods a policy missed.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnMissed {
+    /// Status condition `MissedPods`, a Warning Event on each pod, a metric.
+    #[default]
+    Report,
+    /// Report, and evict the pods a ReplicaSet or StatefulSet recreates (through
+    /// the Eviction API, so PodDisruptionBudgets hold), once one replacement has
+    /// come back with the policy's decision.
+    Evict,
 }
 
 /// All-or-nothing placement of pod groups (seed 003's `podGroup`/`minAvailable`).
@@ -277,7 +295,8 @@ pub struct PlacementPolicyStatus {
     pub gang_mode: Option<String>,
     /// `Ready` (False while the spec does not compile; the last good version stays
     /// in force); `Conflict` when a node is claimed by two pools (the older one wins);
-    /// `UnentitledPods`; `GangTimeout` (groups not placed within `timeoutSeconds`).
+    /// `UnentitledPods`; `MissedPods` (pods that lack this policy's decision);
+    /// `GangTimeout` (groups not placed within `timeoutSeconds`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

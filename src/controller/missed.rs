@@ -1,0 +1,291 @@
+//! The pods each policy missed ([`crate::placement::missed`]), looked for on the
+//! nodes loop's full passes and reported: the policy's `MissedPods` condition, a
+//! Warning Event on each pod, the gauge `berth_missed_pods`.
+//!
+//! With `onMissed: Evict`, the pods a ReplicaSet or StatefulSet recreates are
+//! evicted (the Eviction API: PodDisruptionBudgets hold) so that their
+//! replacements come through the webhook. An eviction is only worth it if the
+//! webhook now answers for that owner's pods, and berth cannot ask the apiserver
+//! that without creating pods. So each owner is probed: one pod is evicted, and
+//! only once its replacement is back *with* the policy's decision do the others go,
+//! a few per scan. A replacement that comes back without it (the webhook still
+//! cannot be reached) stops that owner for a while instead of evicting its pods in
+//! a loop.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{Api, EvictParams};
+use kube::runtime::events::EventType;
+
+use super::caches::Stores;
+use super::events::{Reported, event};
+use super::run::Pass;
+use crate::objects::PodObject;
+use crate::placement::NamespaceInfo;
+use crate::placement::missed::{is_candidate, missed_by, recreating_owner};
+use crate::policy::crd::OnMissed;
+use crate::policy::{NamespaceConfig, PolicySet};
+use crate::telemetry::PolicyLabels;
+
+/// Evictions per scan, at most, across every owner.
+const EVICTIONS_PER_SCAN: usize = 10;
+/// How often to look again while evictions are under way.
+const RESCAN: Duration = Duration::from_secs(2);
+/// How long a probe waits for its replacement.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long an owner whose replacement was missed again is left alone.
+const BACKOFF: Duration = Duration::from_secs(300);
+
+/// Where evicting one owner's missed pods stands.
+enum Owner {
+    /// One pod was evicted; the pods (uids) the owner had then tell its
+    /// replacement apart.
+    Probing {
+        known: HashSet<String>,
+        since: Instant,
+    },
+    /// A replacement came back with the policy's decision: the others may go.
+    Working,
+    /// A replacement came back without it: the webhook still misses this owner's
+    /// pods.
+    Backoff { until: Instant },
+}
+
+/// What the scans found, and the evictions under way.
+#[derive(Default)]
+pub struct Missed {
+    /// The missed pods (`namespace/name`) by policy, as the last scan found them.
+    pub by_policy: BTreeMap<String, Vec<String>>,
+    owners: HashMap<String, Owner>,
+    /// The Events of the scans: scans are not every pass, so they keep their own
+    /// memory of what was reported.
+    reported: Reported,
+}
+
+/// One missed pod, and whether a policy that missed it asks for eviction.
+struct Found<'a> {
+    pod: &'a PodObject,
+    evict: Option<String>,
+}
+
+impl Missed {
+    /// Looks at every pod: reports what each policy missed and evicts what may be
+    /// evicted. Returns when to look again, while evictions are under way.
+    pub async fn scan(
+        &mut self,
+        pass: &Pass<'_>,
+        stores: &Stores,
+        policies: &PolicySet,
+    ) -> Option<Duration> {
+        // A namespace whose annotations cannot be read gets no grants from the
+        // webhook either: its pods are not missed, and evicting them would loop.
+        let namespaces: HashMap<String, (NamespaceInfo, NamespaceConfig)> = stores
+            .namespaces
+            .state()
+            .iter()
+            .filter_map(|ns| {
+                let info = NamespaceInfo::from_meta(&ns.metadata);
+                let config = NamespaceConfig::parse(&info.annotations).ok()?;
+                Some((info.name.clone(), (info, config)))
+            })
+            .collect();
+        let pods = stores.pods.state();
+        let mut by_policy: BTreeMap<String, Vec<String>> = policies
+            .iter()
+            .map(|p| (p.name.clone(), Vec::new()))
+            .collect();
+        let mut found = Vec::new();
+        for pod in pods.iter().map(AsRef::as_ref).filter(|p| is_candidate(p)) {
+            let Some((namespace, config)) = pod
+                .metadata
+                .namespace
+                .as_ref()
+                .and_then(|ns| namespaces.get(ns))
+            else {
+                continue;
+            };
+            let missed = missed_by(pod, namespace, config, policies);
+            if missed.is_empty() {
+                continue;
+            }
+            let name = format!(
+                "{}/{}",
+                namespace.name,
+                pod.metadata.name.as_deref().unwrap_or_default()
+            );
+            for policy in &missed {
+                by_policy
+                    .entry(policy.name.clone())
+                    .or_default()
+                    .push(name.clone());
+                let note = format!(
+                    "admitted without the decision of policy {} (berth's webhook was unreachable, \
+                     or the pod is older than the policy or its namespace's opt-in); onMissed: {:?}",
+                    policy.name, policy.spec.on_missed
+                );
+                let key = format!("missed/{}/{}", pod.key(), policy.name);
+                let event = event(EventType::Warning, "MissedByWebhook", "Report", note);
+                self.reported
+                    .publish(pass.events, key, event, &reference(pod));
+            }
+            let evict = missed
+                .iter()
+                .find(|p| p.spec.on_missed == OnMissed::Evict)
+                .map(|p| p.name.clone());
+            found.push(Found { pod, evict });
+        }
+        let counts = by_policy
+            .iter()
+            .map(|(p, pods)| (p.clone(), pods.len() as i64))
+            .collect();
+        pass.metrics.missed_pods.set_all(&counts);
+        for pods in by_policy.values_mut() {
+            pods.sort();
+        }
+        self.by_policy = by_policy;
+        let again = self.evict(pass, &pods, found).await;
+        self.reported.end_pass();
+        again
+    }
+
+    /// Moves each owner's evictions on by one step.
+    async fn evict(
+        &mut self,
+        pass: &Pass<'_>,
+        pods: &[std::sync::Arc<PodObject>],
+        found: Vec<Found<'_>>,
+    ) -> Option<Duration> {
+        let mut by_owner: BTreeMap<&str, Vec<(&PodObject, String)>> = BTreeMap::new();
+        for Found { pod, evict } in found {
+            if let (Some(policy), Some(owner)) = (evict, recreating_owner(pod)) {
+                by_owner.entry(owner).or_default().push((pod, policy));
+            }
+        }
+        // Owners with nothing left to evict are done.
+        self.owners
+            .retain(|owner, _| by_owner.contains_key(owner.as_str()));
+        let mut budget = EVICTIONS_PER_SCAN;
+        let mut again = false;
+        for (owner, mut missed) in by_owner {
+            // The oldest first: the pods that have run without the decision longest.
+            missed.sort_by_key(|(p, _)| p.metadata.creation_timestamp.clone());
+            let now = Instant::now();
+            let take = match self.owners.get(owner) {
+                None => 1,
+                Some(Owner::Working) => budget,
+                Some(Owner::Backoff { until }) if now < *until => 0,
+                Some(Owner::Backoff { .. }) => 1,
+                Some(Owner::Probing { known, since }) => {
+                    let replacements: Vec<&PodObject> = pods
+                        .iter()
+                        .map(AsRef::as_ref)
+                        .filter(|p| recreating_owner(p) == Some(owner))
+                        .filter(|p| !known.contains(&p.key()))
+                        .collect();
+                    let missed_again = replacements
+                        .iter()
+                        .any(|r| missed.iter().any(|(m, _)| m.key() == r.key()));
+                    again = true;
+                    if missed_again || since.elapsed() > PROBE_TIMEOUT {
+                        tracing::warn!(%owner, "a missed pod's replacement was missed again; leaving its owner alone for {BACKOFF:?}");
+                        self.owners.insert(
+                            owner.to_owned(),
+                            Owner::Backoff {
+                                until: now + BACKOFF,
+                            },
+                        );
+                        continue;
+                    }
+                    if replacements.is_empty() {
+                        continue;
+                    }
+                    self.owners.insert(owner.to_owned(), Owner::Working);
+                    budget
+                }
+            };
+            let take = take.min(budget);
+            if take == 0 {
+                continue;
+            }
+            let probing = !matches!(self.owners.get(owner), Some(Owner::Working));
+            let known: HashSet<String> = pods
+                .iter()
+                .filter(|p| recreating_owner(p) == Some(owner))
+                .map(|p| p.key())
+                .collect();
+            for (pod, policy) in missed.into_iter().take(take) {
+                budget -= 1;
+                again = true;
+                if !evict_one(pass, pod, &policy, &mut self.reported).await {
+                    continue;
+                }
+                if probing {
+                    self.owners.insert(
+                        owner.to_owned(),
+                        Owner::Probing {
+                            known: known.clone(),
+                            since: Instant::now(),
+                        },
+                    );
+                    break;
+                }
+            }
+        }
+        again.then_some(RESCAN)
+    }
+}
+
+/// Evicts `pod`, missed by `policy`; whether it went.
+async fn evict_one(
+    pass: &Pass<'_>,
+    pod: &PodObject,
+    policy: &str,
+    reported: &mut Reported,
+) -> bool {
+    let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
+        return false;
+    };
+    let api: Api<Pod> = Api::namespaced(pass.client.clone(), namespace);
+    match api.evict(name, &EvictParams::default()).await {
+        Ok(_) => {
+            tracing::info!(pod = %name, %namespace, %policy, "evicted a missed pod; its owner recreates it through the webhook");
+            pass.metrics
+                .missed_evictions
+                .get_or_create(&PolicyLabels {
+                    policy: policy.to_owned(),
+                })
+                .inc();
+            let note = format!(
+                "evicted: it lacks the decision of policy {policy} (onMissed: Evict); its owner \
+                 recreates it through berth's webhook"
+            );
+            let event = event(EventType::Normal, "EvictedMissed", "Evict", note);
+            reported.publish(
+                pass.events,
+                format!("evicted/{}", pod.key()),
+                event,
+                &reference(pod),
+            );
+            true
+        }
+        // A PodDisruptionBudget that allows no disruption now: the next scan.
+        Err(kube::Error::Api(e)) if e.code == 429 => false,
+        Err(e) => {
+            tracing::warn!(pod = %name, %namespace, error = %e, "cannot evict a missed pod");
+            false
+        }
+    }
+}
+
+fn reference(pod: &PodObject) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: pod.metadata.namespace.clone(),
+        name: pod.metadata.name.clone(),
+        uid: pod.metadata.uid.clone(),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,238 @@
+#![cfg(feature = "e2e")]
+//! Pods berth missed while it was down (the webhook fails open, so they were
+//! created as written): once berth is back, a policy with `onMissed: Evict` has
+//! their Deployment recreate them through the webhook, onto the pool; a bare pod is
+//! reported only; a policy with the default `Report` reports and evicts nothing.
+//! Its own cluster: the test kills berth and starts it again.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::{Value, json};
+use support::{Berth, Nodes, eventually, fresh_namespace, kubectl_with_input, opt_in, placed};
+
+const NODES: Nodes = Nodes {
+    count: 4,
+    prefix: "node",
+};
+const WAIT: Duration = Duration::from_secs(120);
+
+/// A berth process the test started, killed when dropped.
+struct Restarted(Child);
+
+impl Drop for Restarted {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn deployment(ns: &str, name: &str, replicas: u32, image: &str) -> String {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": image}]}}}})
+    .to_string()
+}
+
+fn apply(berth: &Berth, manifest: &str) {
+    let out = kubectl_with_input(&berth.cluster.dir, &["apply", "-f", "-"], manifest);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// What matters of a pod here: its uid, whether berth's `berth.io/applied` names
+/// the policy, and its node.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    uid: String,
+    applied: bool,
+    node: Option<String>,
+}
+
+/// The pods labelled `app=<app>` that are not being deleted, by name.
+async fn pods_of(api: &Api<Pod>, app: &str, policy: &str) -> BTreeMap<String, Seen> {
+    let list = api
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .unwrap();
+    list.items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let applied = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("berth.io/applied"))
+                .is_some_and(|a| a.split(',').any(|x| x == policy));
+            let seen = Seen {
+                uid: p.metadata.uid.unwrap(),
+                applied,
+                node: p.spec.and_then(|s| s.node_name),
+            };
+            (p.metadata.name.unwrap(), seen)
+        })
+        .collect()
+}
+
+/// The `MissedPods` condition of `policy`, once it is True.
+async fn missed_condition(berth: &Berth, policy: &str) -> String {
+    eventually(
+        &format!("{policy}'s MissedPods condition"),
+        WAIT,
+        || async {
+            let out = berth.cluster.kubectl(&["get", "bpp", policy, "-o", "json"]);
+            let object: Value = serde_json::from_slice(&out.stdout).ok()?;
+            object["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "MissedPods" && c["status"] == "True")
+                .and_then(|c| c["message"].as_str().map(str::to_owned))
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn pods_created_while_berth_was_down_are_evicted_back_through_it_or_reported() {
+    let berth = Berth::shared(NODES);
+    let client = berth.cluster.client().await;
+    berth.cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: edge}\nspec:\n  images: ['*edge*']\n  pool: {nodeNames: [node2]}\n  onMissed: Evict\n");
+    berth.cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: audit}\nspec:\n  images: ['*audit*']\n  pool: {nodeNames: [node3]}\n");
+    let ns = fresh_namespace(&client, "missed").await;
+    let probe: Pod = serde_json::from_value(json!({"metadata": {"name": "probe"},
+        "spec": {"containers": [{"name": "c", "image": "example/edge:1"}]}}))
+    .unwrap();
+    opt_in(&client, &ns, "edge,audit", &probe, WAIT).await;
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    apply(berth, &deployment(&ns, "edge", 1, "example/edge:1"));
+    placed(&client, &ns, "app=edge", 1, WAIT).await;
+
+    // berth goes down hard. What is created now is admitted as written.
+    let pid = berth.pid();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    eventually("berth gone", WAIT, || async {
+        (!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(())
+    })
+    .await;
+    apply(berth, &deployment(&ns, "edge", 4, "example/edge:1"));
+    apply(berth, &deployment(&ns, "audit", 2, "example/audit:1"));
+    let stray: Pod = serde_json::from_value(
+        json!({"metadata": {"name": "stray", "labels": {"app": "stray"}},
+        "spec": {"containers": [{"name": "c", "image": "example/edge:1"}]}}),
+    )
+    .unwrap();
+    api.create(&PostParams::default(), &stray).await.unwrap();
+    let edge = placed(&client, &ns, "app=edge", 4, WAIT).await;
+    let audit = placed(&client, &ns, "app=audit", 2, WAIT).await;
+    placed(&client, &ns, "app=stray", 1, WAIT).await;
+    let missed_edge: BTreeSet<String> = pods_of(&api, "edge", "edge")
+        .await
+        .into_values()
+        .filter(|seen| !seen.applied)
+        .map(|seen| seen.uid)
+        .collect();
+    assert_eq!(
+        missed_edge.len(),
+        3,
+        "three edge pods were created without berth: {edge:?}"
+    );
+    let audit_before = pods_of(&api, "audit", "audit").await;
+    let stray_uid = api.get("stray").await.unwrap().metadata.uid.unwrap();
+
+    // berth is back, with the same flags.
+    let log = std::fs::File::create(berth.cluster.dir.join("logs/berth-again.log")).unwrap();
+    let _again = Restarted(
+        Command::new(&args[0])
+            .args(&args[1..])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+
+    // onMissed: Evict: the Deployment recreates the missed pods through the
+    // webhook, and the scheduler puts them on the pool.
+    let now = eventually(
+        "every edge pod with berth's decision, on node2",
+        WAIT,
+        || async {
+            let pods = pods_of(&api, "edge", "edge").await;
+            (pods.len() == 4
+                && pods
+                    .values()
+                    .all(|s| s.applied && s.node.as_deref() == Some("node2")))
+            .then_some(pods)
+        },
+    )
+    .await;
+    let uids: BTreeSet<String> = now.values().map(|s| s.uid.clone()).collect();
+    assert!(
+        uids.is_disjoint(&missed_edge),
+        "the missed pods were replaced, not patched"
+    );
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let evicted = eventually("an EvictedMissed Event for each", WAIT, || async {
+        let list = events
+            .list(&ListParams::default().fields("reason=EvictedMissed"))
+            .await
+            .ok()?;
+        let uids: BTreeSet<String> = list
+            .items
+            .into_iter()
+            .filter_map(|e| e.regarding?.uid)
+            .collect();
+        (uids.len() >= missed_edge.len()).then_some(uids)
+    })
+    .await;
+    assert_eq!(evicted, missed_edge, "exactly the missed pods were evicted");
+
+    // A bare pod has no owner to recreate it: reported, left as it is.
+    let message = missed_condition(berth, "edge").await;
+    assert!(message.contains(&format!("{ns}/stray")), "{message}");
+    assert_eq!(
+        api.get("stray").await.unwrap().metadata.uid.unwrap(),
+        stray_uid
+    );
+    let reported = events
+        .list(&ListParams::default().fields("reason=MissedByWebhook,regarding.name=stray"))
+        .await
+        .unwrap()
+        .items;
+    assert!(
+        !reported.is_empty(),
+        "no MissedByWebhook Event on the stray pod"
+    );
+
+    // onMissed: Report (the default): both audit pods are named, and none of them
+    // was evicted: the same pods, off the pool.
+    let message = missed_condition(berth, "audit").await;
+    for pod in audit.keys() {
+        assert!(message.contains(&format!("{ns}/{pod}")), "{message}");
+    }
+    assert_eq!(pods_of(&api, "audit", "audit").await, audit_before);
+    assert!(audit.values().all(|n| n != "node3"), "{audit:?}");
+}
