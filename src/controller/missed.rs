@@ -166,6 +166,14 @@ impl Missed {
         // Owners with nothing left to evict are done.
         self.owners
             .retain(|owner, _| by_owner.contains_key(owner.as_str()));
+        // Every pod of those owners, missed or not: a probe's replacement is told
+        // apart from the pods its owner had when the probe went.
+        let mut owned: HashMap<&str, Vec<&PodObject>> = HashMap::new();
+        for pod in pods.iter().map(AsRef::as_ref) {
+            if let Some(owner) = recreating_owner(pod).filter(|o| by_owner.contains_key(o)) {
+                owned.entry(owner).or_default().push(pod);
+            }
+        }
         let mut budget = EVICTIONS_PER_SCAN;
         let mut again = false;
         for (owner, mut missed) in by_owner {
@@ -178,10 +186,9 @@ impl Missed {
                 Some(Owner::Backoff { until }) if now < *until => 0,
                 Some(Owner::Backoff { .. }) => 1,
                 Some(Owner::Probing { known, since }) => {
-                    let replacements: Vec<&PodObject> = pods
+                    let replacements: Vec<&PodObject> = owned[owner]
                         .iter()
-                        .map(AsRef::as_ref)
-                        .filter(|p| recreating_owner(p) == Some(owner))
+                        .copied()
                         .filter(|p| !known.contains(&p.key()))
                         .collect();
                     let missed_again = replacements
@@ -210,11 +217,7 @@ impl Missed {
                 continue;
             }
             let probing = !matches!(self.owners.get(owner), Some(Owner::Working));
-            let known: HashSet<String> = pods
-                .iter()
-                .filter(|p| recreating_owner(p) == Some(owner))
-                .map(|p| p.key())
-                .collect();
+            let known: HashSet<String> = owned[owner].iter().map(|p| p.key()).collect();
             for (pod, policy) in missed.into_iter().take(take) {
                 budget -= 1;
                 again = true;
