@@ -14,7 +14,7 @@ use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
-use kube::runtime::watcher::{self, Event, watcher};
+use kube::runtime::watcher::{Event, watcher};
 use kube::{Client, ResourceExt};
 
 use k8s_openapi::api::scheduling::v1::PriorityClass;
@@ -203,7 +203,7 @@ impl WatchedCluster {
             namespace_writer,
             watcher(
                 Api::<NamespaceMeta>::all(client.clone()),
-                watcher::Config::default(),
+                crate::objects::watch_config(),
             ),
         );
         let this = cluster.clone();
@@ -296,7 +296,7 @@ impl WatchedCluster {
     /// change.
     async fn watch_nodes(self: Arc<Self>) {
         let api = Api::<NodeMeta>::all(self.client.clone());
-        let mut events = watcher(api, watcher::Config::default())
+        let mut events = watcher(api, crate::objects::watch_config())
             .default_backoff()
             .boxed();
         let mut building: Option<NodeIndex> = None;
@@ -357,7 +357,7 @@ where
 {
     let (store, writer) = reflector::store::<K>();
     let api = Api::<K>::all(client.clone());
-    let mut events = reflector(writer, watcher(api, watcher::Config::default()))
+    let mut events = reflector(writer, watcher(api, crate::objects::watch_config()))
         .default_backoff()
         .boxed();
     while let Some(event) = events.next().await {

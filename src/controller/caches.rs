@@ -187,7 +187,7 @@ where
     let api = Api::all(client.clone());
     let stream = reflector(
         writer,
-        watcher(api, watcher::Config::default())
+        watcher(api, crate::objects::watch_config())
             .default_backoff()
             .modify(strip),
     );
