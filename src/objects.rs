@@ -733,6 +733,18 @@ impl<'de> Visitor<'de> for LeanContainers {
     }
 }
 
+/// How long the apiserver keeps one watch open before berth's watcher resumes it
+/// from where it was (no relist): about a request a minute per watch.
+pub const WATCH_SECONDS: u32 = 60;
+
+/// How every watch of berth's is opened. The watcher gives up on a watch that has
+/// sent nothing for [`WATCH_SECONDS`] and a few seconds more, and opens it again:
+/// a connection that went silent (a lost NAT entry, a partition that sends no
+/// reset) is noticed within about a minute, not after the default five.
+pub fn watch_config() -> kube::runtime::watcher::Config {
+    kube::runtime::watcher::Config::default().timeout(WATCH_SECONDS)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -805,16 +817,4 @@ mod tests {
         assert_eq!(NodeMeta::plural(&()), "nodes");
         assert_eq!(PolicyObject::group(&()), "berth.io");
     }
-}
-
-/// How long the apiserver keeps one watch open before berth's watcher resumes it
-/// from where it was (no relist): about a request a minute per watch.
-pub const WATCH_SECONDS: u32 = 60;
-
-/// How every watch of berth's is opened. The watcher gives up on a watch that has
-/// sent nothing for [`WATCH_SECONDS`] and a few seconds more, and opens it again:
-/// a connection that went silent (a lost NAT entry, a partition that sends no
-/// reset) is noticed within about a minute, not after the default five.
-pub fn watch_config() -> kube::runtime::watcher::Config {
-    kube::runtime::watcher::Config::default().timeout(WATCH_SECONDS)
 }

@@ -246,18 +246,37 @@ pub async fn release_held_pods(
         }
     }
     for waiting in &plan.waiting {
-        // A policy not seen yet is a moment's lag, not worth an Event.
-        let Hold::Behind {
-            pod: behind,
-            policy,
-        } = &waiting.reason
-        else {
-            continue;
-        };
         // One event per held pod and policy: repeated events are folded into a
         // series by the recorder, so the note must not name a blocker that changes.
         let pod = waiting.pod;
-        let key = format!("held/{}/{policy}", pod.uid.as_deref().unwrap_or(&pod.name));
+        let (policy, why, note) = match &waiting.reason {
+            Hold::Behind {
+                pod: behind,
+                policy,
+            } => (
+                policy,
+                "behind",
+                format!(
+                    "held by {AVOID_GATE}: a pod it must avoid (policy {policy}, first {}/{}) is still \
+                     being placed; it is released once that pod is bound",
+                    behind.namespace, behind.name
+                ),
+            ),
+            Hold::NoNodeFree { policy } => (
+                policy,
+                "full",
+                format!(
+                    "held by {AVOID_GATE}: every node where it fits runs a pod it must avoid (policy \
+                     {policy}); it is released once one of them leaves its node"
+                ),
+            ),
+            // A policy not seen yet is a moment's lag, not worth an Event.
+            Hold::PolicyNotSeen(_) => continue,
+        };
+        let key = format!(
+            "held/{}/{policy}/{why}",
+            pod.uid.as_deref().unwrap_or(&pod.name)
+        );
         let reference = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),
@@ -266,11 +285,6 @@ pub async fn release_held_pods(
             uid: pod.uid.clone(),
             ..Default::default()
         };
-        let note = format!(
-            "held by {AVOID_GATE}: a pod it must avoid (policy {policy}, first {}/{}) is still being placed; \
-             it is released once that pod is bound",
-            behind.namespace, behind.name
-        );
         let event = event(EventType::Normal, "HeldForExclusion", "Hold", note);
         reported.publish(pass.events, key, event, &reference);
     }

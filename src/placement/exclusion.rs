@@ -222,6 +222,9 @@ pub enum Hold<'a> {
     /// The webhook applied a policy the controller has not seen yet: its watch lags
     /// the webhook's. Releasing now would ignore what the policy avoids.
     PolicyNotSeen(String),
+    /// Every node where it fits runs a pod it must avoid (through `policy`), as
+    /// when a rolling update adds a pod before it removes one.
+    NoNodeFree { policy: String },
 }
 
 /// What to do with the held pods now.
@@ -442,6 +445,27 @@ impl<'r, 'e, 'a, 'p> Sets<'r, 'e, 'a, 'p> {
         })
     }
 
+    /// Whether `entry` fits on some node and every node where it fits holds a
+    /// bound pod it must avoid. Released then, it would be narrowed off all of them,
+    /// and a released pod's affinity never widens again: it would stay Pending
+    /// after one of them frees its node, and hold back every pod behind it.
+    fn all_taken(&self, entry: &Entry<'a, 'p>, fit: &Fit) -> bool {
+        let mut fits_somewhere = false;
+        for (name, room) in self.rooms.iter() {
+            if fit.fits(name, room).is_err() {
+                continue;
+            }
+            fits_somewhere = true;
+            let taken = self.bound.get(name.as_str()).is_some_and(|on_node| {
+                on_node.iter().any(|other| conflict(entry, other).is_some())
+            });
+            if !taken {
+                return false;
+            }
+        }
+        fits_somewhere
+    }
+
     /// A set of nodes for the held `entry` where it fits, none of them claimed by a
     /// pod in flight that holds it back or holding a pod it must avoid; empty when
     /// the search finds none.
@@ -600,6 +624,19 @@ pub fn plan<'a>(
         }
         if let Some((i, policy)) = sets.first_blocker(entry) {
             plan.waiting.push(behind(i, policy, &sets));
+            continue;
+        }
+        if fit.is_some_and(|fit| sets.all_taken(entry, fit)) {
+            let policy = entry
+                .avoids
+                .first()
+                .or(entry.avoided_by.first().map(|(p, _)| p))
+                .map(|p| p.name.clone())
+                .unwrap_or_default();
+            plan.waiting.push(Waiting {
+                pod,
+                reason: Hold::NoNodeFree { policy },
+            });
             continue;
         }
         let mut avoid_nodes: Vec<String> = sets
@@ -1044,6 +1081,35 @@ mod tests {
         assert!(a.is_disjoint(&b), "{a:?} {b:?}");
         let free = BTreeSet::from(["h12", "h13", "h14", "h15"]);
         assert!(a.is_subset(&free) && b.is_subset(&free), "{a:?} {b:?}");
+    }
+
+    #[test]
+    fn with_a_pod_it_avoids_on_every_node_it_waits_instead_of_being_narrowed_off_all() {
+        // A rolling update's surge at full capacity: a master on each node.
+        let mut pods: Vec<ExclusionPod> = (0..3)
+            .map(|i| {
+                pod(
+                    &format!("m{i}"),
+                    "master",
+                    &["masters"],
+                    false,
+                    Some(&format!("n{i:02}")),
+                )
+            })
+            .collect();
+        pods.push(held_master("surge", json!({})));
+        let plan = plan(&pods, &masters(), &Everyone, &none(), &nodes(3, 4.0));
+        assert!(plan.release.is_empty(), "{:?}", names(&plan.release));
+        assert!(
+            matches!(&plan.waiting[0].reason, Hold::NoNodeFree { policy } if policy == "masters"),
+            "{:?}",
+            plan.waiting[0].reason
+        );
+        // One of them has left its node: the surge pod goes there.
+        pods.remove(0);
+        let plan = super::plan(&pods, &masters(), &Everyone, &none(), &nodes(3, 4.0));
+        assert_eq!(names(&plan.release), ["surge"]);
+        assert_eq!(hosts(&plan.release[0]), BTreeSet::from(["h00"]));
     }
 
     #[test]
