@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo demo-down test lint bench bench-admission bench-cluster fuzz static control-plane helm
+.PHONY: demo demo-down test test-faults soak lint bench bench-admission bench-cluster bench-missed fuzz static control-plane helm
 
 ## demo: start a local control plane with four nodes and show berth at work; leaves it running
 demo: control-plane
@@ -17,6 +17,24 @@ demo-down:
 ## printing the time each took; `cargo test` alone runs the fast tier
 test:
 	scripts/test-tiers
+
+## test-faults: the fault suite in full: every case (berth killed, rolled, its leader
+## killed; kube-apiserver and etcd restarted, the watch cut; certificate and CA
+## rotated; policies edited and deleted; a flood) under 50 pod creates/s for 60 s,
+## against the release build, with a table of results per kind
+test-faults: control-plane
+	cargo build --locked --release --bin berth
+	BERTH_FAULTS=full BERTH_BIN="$(CURDIR)/target/release/berth" \
+		cargo test --locked --features e2e --test faults -- --include-ignored --skip soak --nocapture
+
+## soak: the release build under a fixed load of pod creates (SOAK_RATE/s, default 20)
+## for SOAK_SECONDS (default 600), its RSS sampled every 10 s and checked flat within 10%
+SOAK_SECONDS ?= 600
+SOAK_RATE ?= 20
+soak: control-plane
+	cargo build --locked --release --bin berth
+	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_RATE=$(SOAK_RATE) BERTH_BIN="$(CURDIR)/target/release/berth" \
+		cargo test --locked --features e2e --test faults -- --ignored --exact soak --nocapture
 
 ## bench: criterion benchmark of decision + patch with 1, 20 and 200 policies
 bench:
@@ -32,10 +50,19 @@ bench-admission: control-plane
 bench-cluster: control-plane
 	cargo bench --locked --bench cluster
 
-## fuzz: run the decision fuzz target for FUZZ_SECONDS (needs nightly and cargo-fuzz)
-FUZZ_SECONDS ?= 600
+## bench-missed: a CDN Deployment scaled while berth is killed, with onMissed Report
+## and Evict: how many of its pods end up on the pool, and how soon
+bench-missed: control-plane
+	cargo build --quiet --bin berth
+	scripts/bench-missed
+
+## fuzz: run the decision fuzz target on one worker for FUZZ_RUNS executions (default
+## 2000000), stopped early after FUZZ_SECONDS if set, then libFuzzer's final stats; needs
+## the nightly toolchain, installs cargo-fuzz (pinned) once into ~/.cache/berth
+FUZZ_RUNS ?= 2000000
+FUZZ_SECONDS ?=
 fuzz:
-	cd fuzz && cargo +nightly fuzz run decide -- -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1
+	FUZZ_RUNS="$(FUZZ_RUNS)" FUZZ_SECONDS="$(FUZZ_SECONDS)" scripts/fuzz
 
 ## static: the Dockerfile's build step: a static release binary
 static:

@@ -6,6 +6,11 @@
 //! client is built from the kubeconfig that `up` writes into the cluster folder.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod audit;
+pub mod fleet;
+pub mod load;
+pub mod proxy;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
