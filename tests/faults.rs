@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -42,7 +43,8 @@ use support::audit::{Findings, Recorder, World, final_state, node_errors, policy
 use support::fleet::{Fleet, replace_file};
 use support::load::{self, FloodReport, InForce, Load, LoadReport, Scale, Stream};
 use support::{
-    Nodes, cluster_script, create_at_once, eventually, fresh_namespace, opt_in, wait_admitted,
+    Nodes, cluster_script, create_at_once, eventually, fresh_namespace, is_bound, opt_in,
+    wait_admitted, wait_for,
 };
 
 const NODES: Nodes = Nodes {
@@ -58,18 +60,22 @@ const KEEP: &[(&str, &str)] = &[(RESERVED_NODE, RESERVED_TAINT)];
 const ANCHOR_NODES: [&str; 3] = ["node3", "node5", "node7"];
 /// How long after a fault ends the nodes must be right again.
 const NODES_GOAL: Duration = Duration::from_secs(10);
+/// A connection that went silent ends no fault: berth must notice by itself.
+/// Its watches end every 60 s and every request gives up after 75 s without an
+/// answer (src/objects.rs, src/cli/mod.rs), so the nodes must be right within 75 s
+/// of the moment the case measures from (10 s after the connections went silent).
+const STALL_GOAL: Duration = Duration::from_secs(75);
 /// The memory limit of the shipped Deployment (manifests/deployment.yaml).
 const MEMORY_LIMIT_MIB: f64 = 384.0;
 
-/// How long a case waits for the nodes to be right after its fault:
-/// `BERTH_FAULTS_RECOVERY` seconds, 60 unless set (longer, to see how long a
-/// recovery takes that misses the goal).
-fn recovery_limit() -> Duration {
-    let seconds = std::env::var("BERTH_FAULTS_RECOVERY")
+/// How long a case waits for the nodes to be right after its fault, whose goal
+/// is `goal`: `BERTH_FAULTS_RECOVERY` seconds if set (longer, to see how long a
+/// recovery takes that misses the goal), else the goal and 50 s more.
+fn recovery_limit(goal: Duration) -> Duration {
+    std::env::var("BERTH_FAULTS_RECOVERY")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
-    Duration::from_secs(seconds)
+        .map_or(goal + Duration::from_secs(50), Duration::from_secs)
 }
 
 /// The load of one case.
@@ -449,9 +455,9 @@ impl Run {
     /// Seconds from `end` until the nodes were right (probed every 200 ms while
     /// the load goes on), or the errors still there after `BERTH_FAULTS_RECOVERY`
     /// seconds (60).
-    async fn nodes_correct_after(&self, end: Instant) -> Result<f64, Vec<String>> {
+    async fn nodes_correct_after(&self, end: Instant, goal: Duration) -> Result<f64, Vec<String>> {
         let mut last = Vec::new();
-        while end.elapsed() < recovery_limit() {
+        while end.elapsed() < recovery_limit(goal) {
             match node_errors(&self.client, KEEP).await {
                 Ok(errors) if errors.is_empty() => return Ok(end.elapsed().as_secs_f64()),
                 Ok(errors) => last = errors,
@@ -794,7 +800,7 @@ impl Run {
         };
         tokio::time::sleep(mode.lead()).await;
         let injected = self.inject(case.fault, &recorder, mode, start).await;
-        let nodes_after = self.nodes_correct_after(injected.end).await;
+        let nodes_after = self.nodes_correct_after(injected.end, case.goal()).await;
         let fault_end = (injected.end - start).as_secs_f64();
         let report = load_task.await.expect("the load");
         // The pods left must all land (exclusion pods one set at a time).
@@ -858,6 +864,16 @@ struct Row {
     flood: Vec<Flood>,
 }
 
+impl Case {
+    /// How soon after the fault the nodes must be right.
+    fn goal(&self) -> Duration {
+        match self.fault {
+            Fault::WatchStall => STALL_GOAL,
+            _ => NODES_GOAL,
+        }
+    }
+}
+
 impl Row {
     fn missed(&self) -> usize {
         self.load.missed.len() + self.findings.missed.count()
@@ -871,7 +887,7 @@ impl Row {
         let f = &self.findings;
         let nodes = match &self.nodes_after {
             Ok(s) => format!("{s:.1} s"),
-            Err(_) => format!("not in {} s", recovery_limit().as_secs()),
+            Err(_) => format!("not in {} s", recovery_limit(self.case.goal()).as_secs()),
         };
         let mut notes = self.notes.clone();
         if let Some((first, last)) = self.load.missed_span() {
@@ -976,11 +992,11 @@ impl Row {
             unmet.push(format!("{name}: wrong decisions: {:?}", self.load.wrong));
         }
         match &self.nodes_after {
-            Ok(s) if *s <= NODES_GOAL.as_secs_f64() => {}
+            Ok(s) if *s <= self.case.goal().as_secs_f64() => {}
             Ok(s) => unmet.push(format!("{name}: nodes right only {s:.1} s after the fault")),
             Err(errors) => unmet.push(format!(
                 "{name}: nodes not right {} s after the fault: {errors:?}",
-                recovery_limit().as_secs()
+                recovery_limit(self.case.goal()).as_secs()
             )),
         }
         if !self.nodes_final.is_empty() {
@@ -1012,7 +1028,7 @@ async fn berth_killed_restarted_and_rolled_under_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_control_plane_restarted_and_the_watch_cut_under_load() {
     let run = Run::begin().await;
-    run.cases(pick(&[WATCH_CUT], &[WATCH_CUT, ETCD_RESTART]))
+    run.cases(pick(&[WATCH_CUT], &[WATCH_CUT, ETCD_RESTART, WATCH_STALL]))
         .await;
 }
 
@@ -1031,26 +1047,14 @@ async fn kube_apiserver_restarted_under_load() {
     run.cases(&[APISERVER_RESTART]).await;
 }
 
-/// Every connection between berth and the apiserver goes silent at once (no byte
-/// and no reset, as when a load balancer or conntrack drops the flows): new
-/// connections would work, but berth's watches wait on the old ones. berth's
-/// client has no read timeout and no keepalive on them, so its caches stop
-/// following the cluster: node labels go stale and exclusion pods stay held until
-/// the connections are reset (here by the suite, at the end of the case).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "berth bug: its watches never notice a connection that went silent; make test-faults runs it"]
-async fn a_silent_connection_to_the_apiserver_under_load() {
-    let run = Run::begin().await;
-    run.cases(&[WATCH_STALL]).await;
-}
-
 /// One exclusion pod on each of the eight nodes that take them, and one more
 /// created before an old one is deleted, as a rolling update with surge does. The
-/// new pod stays held, and berth says why in an Event (released, it would be
-/// narrowed off every node for good: a released pod's affinity never widens); once
-/// the old pod is gone it is released onto the freed node, as required
-/// anti-affinity would place it.
+/// new pod must stay held (berth says why in a `HeldForExclusion` Event) and land on
+/// the node the old one leaves, as required anti-affinity would place it. (berth
+/// used to release it alone, narrowed off all eight nodes for good: it stayed
+/// Pending and every later pod of its policy waited behind it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "racy beside the suite's churn, which can free a node between berth's Event and the check; the hold itself is unit-tested (exclusion::tests); make test-faults runs it"]
 async fn exclusion_pods_replaced_surge_first_at_full_capacity() {
     let run = Run::begin().await;
     let api: Api<Pod> = Api::namespaced(run.client.clone(), &run.ns.exclusion);
@@ -1071,58 +1075,50 @@ async fn exclusion_pods_replaced_surge_first_at_full_capacity() {
         Duration::from_secs(120),
     )
     .await;
-    api.create(&PostParams::default(), &master("surge"))
+    let surge = api
+        .create(&PostParams::default(), &master("surge"))
         .await
         .expect("the surge pod");
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(run.client.clone(), &run.ns.exclusion);
-    eventually(
-        "berth's word that the surge pod waits for a free node",
+    let uid = surge.metadata.uid.expect("uid");
+    let events: Api<Event> = Api::namespaced(run.client.clone(), &run.ns.exclusion);
+    let note = eventually(
+        "berth's word on the held surge pod",
         Duration::from_secs(60),
         || async {
-            let surge = api.get("surge").await.ok()?;
-            let uid = surge.metadata.uid?;
             let list = events
                 .list(&ListParams::default().fields("reason=HeldForExclusion"))
                 .await
                 .ok()?;
             list.items
-                .iter()
-                .any(|e| {
-                    e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str())
-                        && e.note
-                            .as_deref()
-                            .is_some_and(|n| n.contains("every node where it fits"))
-                })
-                .then_some(())
+                .into_iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(&uid))
+                .filter_map(|e| e.note)
+                .find(|note| note.contains("every node where it fits"))
         },
     )
     .await;
+    let held = api.get("surge").await.expect("the surge pod");
+    let gates = held
+        .spec
+        .and_then(|s| s.scheduling_gates)
+        .unwrap_or_default();
+    assert!(
+        gates.iter().any(|g| g.name == "berth.io/avoid"),
+        "the surge pod is held while every node runs a master: {note}"
+    );
+
     api.delete("full-0", &DeleteParams::default())
         .await
         .expect("delete an old pod");
     let freed = &nodes["full-0"];
-    let started = Instant::now();
-    let bound = loop {
-        let pod = api.get("surge").await.expect("the surge pod");
-        if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
-            break Ok(node);
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            break Err(pod);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let result = bound.map_err(|pod| {
-        let view = support::audit::PodView::from_pod(&pod);
-        let affinity = serde_json::to_string(&pod.spec.and_then(|s| s.affinity)).unwrap();
-        format!("{:?}; affinity {affinity}", view.unscheduled)
-    });
+    let bound = wait_for(&api, "surge", is_bound, Duration::from_secs(60)).await;
+    let node = bound.and_then(|p| p.spec?.node_name);
+    assert_eq!(
+        node.as_ref(),
+        Some(freed),
+        "the surge pod took the freed node"
+    );
     run.reset(Fault::None).await;
-    let node = result.unwrap_or_else(|why| {
-        panic!("the surge pod is still Pending 60 s after {freed} was freed: {why}")
-    });
-    assert_eq!(&node, freed, "the surge pod took the freed node");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1198,7 +1194,7 @@ async fn soak() {
         tokio::time::sleep(Duration::from_secs(10)).await;
     }
     let report = load_task.await.unwrap();
-    let nodes_after = run.nodes_correct_after(Instant::now()).await;
+    let nodes_after = run.nodes_correct_after(Instant::now(), NODES_GOAL).await;
     let mut findings = recorder.finish().await;
     findings.merge(&final_state(&run.client).await.unwrap());
     let nodes = node_errors(&run.client, KEEP).await.unwrap();
