@@ -370,7 +370,7 @@ impl Run {
             // Eight nodes can take them (not the pool node, not the reserved one):
             // five live, one new before the oldest goes, and the leader-kill case's
             // two more leave a node free at every moment. With none free a new pod
-            // goes alone narrowed off every node, for good (see
+            // would wait for one (see
             // `exclusion_pods_replaced_surge_first_at_full_capacity`).
             stream(
                 "redis",
@@ -1054,7 +1054,6 @@ async fn kube_apiserver_restarted_under_load() {
 /// used to release it alone, narrowed off all eight nodes for good: it stayed
 /// Pending and every later pod of its policy waited behind it.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "racy beside the suite's churn, which can free a node between berth's Event and the check; the hold itself is unit-tested (exclusion::tests); make test-faults runs it"]
 async fn exclusion_pods_replaced_surge_first_at_full_capacity() {
     let run = Run::begin().await;
     let api: Api<Pod> = Api::namespaced(run.client.clone(), &run.ns.exclusion);

@@ -25,6 +25,7 @@
 //! stopped, and no pod is released twice.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::Value;
@@ -274,17 +275,23 @@ impl<'a, 'p> Entry<'a, 'p> {
 /// of `b`: the policy's anchor label when `a` is one of its pods, its placed label
 /// when `a` is a pod it avoids.
 fn conflict(a: &Entry, b: &Entry) -> Option<String> {
-    avoided_through(a, b)
-        .map(anchor_label)
-        .or_else(|| avoided_through(b, a).map(placed_label))
+    conflict_marks(a, b).next()
 }
 
-/// The avoid policy of `x` that avoids `y`, by name.
-fn avoided_through<'e>(x: &'e Entry, y: &Entry) -> Option<&'e str> {
-    x.avoids
-        .iter()
-        .find(|p| y.avoided_by.iter().any(|(q, _)| q.name == p.name))
-        .map(|p| p.name.as_str())
+/// Every node label a bound `b` puts on its node that keeps `a` off it: the anchor
+/// label of each avoid policy of `a` that avoids `b`, then the placed label of each
+/// avoid policy of `b` that avoids `a` (a policy whose pods avoid each other puts
+/// both).
+fn conflict_marks<'e>(a: &'e Entry, b: &'e Entry) -> impl Iterator<Item = String> + 'e {
+    let through = |x: &'e Entry, y: &'e Entry| {
+        x.avoids
+            .iter()
+            .filter(move |p| y.avoided_by.iter().any(|(q, _)| q.name == p.name))
+            .map(|p| p.name.as_str())
+    };
+    through(a, b)
+        .map(anchor_label)
+        .chain(through(b, a).map(placed_label))
 }
 
 /// The policy through which the in-flight `other` holds the held `pod` back. Only
@@ -445,25 +452,38 @@ impl<'r, 'e, 'a, 'p> Sets<'r, 'e, 'a, 'p> {
         })
     }
 
-    /// Whether `entry` fits on some node and every node where it fits holds a
-    /// bound pod it must avoid. Released then, it would be narrowed off all of them,
-    /// and a released pod's affinity never widens again: it would stay Pending
-    /// after one of them frees its node, and hold back every pod behind it.
+    /// Whether every node where `entry` would fit holds a bound pod it must avoid,
+    /// and there is such a node. Released then, it would be narrowed off all of
+    /// them, and a released pod's affinity never widens again: it would stay
+    /// Pending after one of them frees its node, and hold back every pod behind it.
+    /// On a taken node the pod is judged apart from the labels that mark the
+    /// conflict (the anchor or placed label berth keeps there): with them it fits
+    /// none of those nodes, by design, until the pod it avoids leaves.
     fn all_taken(&self, entry: &Entry<'a, 'p>, fit: &Fit) -> bool {
-        let mut fits_somewhere = false;
+        let mut taken_where_it_fits = false;
         for (name, room) in self.rooms.iter() {
-            if fit.fits(name, room).is_err() {
+            let marks: Vec<String> = self
+                .bound
+                .get(name.as_str())
+                .into_iter()
+                .flatten()
+                .flat_map(|other| conflict_marks(entry, other))
+                .collect();
+            if marks.is_empty() {
+                if fit.fits(name, room).is_ok() {
+                    return false;
+                }
                 continue;
             }
-            fits_somewhere = true;
-            let taken = self.bound.get(name.as_str()).is_some_and(|on_node| {
-                on_node.iter().any(|other| conflict(entry, other).is_some())
-            });
-            if !taken {
-                return false;
+            if !taken_where_it_fits {
+                let mut apart = room.clone();
+                Arc::make_mut(&mut apart.info)
+                    .labels
+                    .retain(|key, _| !marks.contains(key));
+                taken_where_it_fits = fit.fits(name, &apart).is_ok();
             }
         }
-        fits_somewhere
+        taken_where_it_fits
     }
 
     /// A set of nodes for the held `entry` where it fits, none of them claimed by a
@@ -961,7 +981,8 @@ mod tests {
             "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}],
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
                 {"nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": "berth.anchor.masters", "operator": "DoesNotExist"}]}]}}},
+                    {"key": anchor_label("masters"), "operator": "DoesNotExist"},
+                    {"key": placed_label("masters"), "operator": "DoesNotExist"}]}]}}},
         });
         for (k, v) in extra.as_object().unwrap() {
             spec[k] = v.clone();
@@ -1040,7 +1061,7 @@ mod tests {
                 "labels": {"role": "master"}, "annotations": {"berth.io/applied": "masters"}},
             "spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
                 {"nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": "berth.anchor.masters", "operator": "DoesNotExist"},
+                    {"key": anchor_label("masters"), "operator": "DoesNotExist"},
                     {"key": HOSTNAME_LABEL, "operator": "In", "values": hosts}]}]}}}}}))
         .unwrap();
         ExclusionPod::from_pod(&released).unwrap()
@@ -1098,18 +1119,55 @@ mod tests {
             })
             .collect();
         pods.push(held_master("surge", json!({})));
-        let plan = plan(&pods, &masters(), &Everyone, &none(), &nodes(3, 4.0));
-        assert!(plan.release.is_empty(), "{:?}", names(&plan.release));
-        assert!(
-            matches!(&plan.waiting[0].reason, Hold::NoNodeFree { policy } if policy == "masters"),
-            "{:?}",
-            plan.waiting[0].reason
-        );
-        // One of them has left its node: the surge pod goes there.
+        // As the controller keeps them: the masters' nodes carry the anchor and
+        // placed labels (which the surge pod's own term keeps it off), and one more
+        // node is a dedicated pool it does not tolerate.
+        let mut rooms = nodes(4, 4.0);
+        for node in ["n00", "n01", "n02"] {
+            let labels = &mut Arc::make_mut(&mut rooms.get_mut(node).unwrap().info).labels;
+            labels.insert(anchor_label("masters"), "true".to_string());
+            labels.insert(placed_label("masters"), "true".to_string());
+        }
+        Arc::make_mut(&mut rooms.get_mut("n03").unwrap().info).taints = vec![
+            serde_json::from_value(json!({"key": "berth.io/pool", "value": "cdn",
+                "effect": "NoSchedule"}))
+            .unwrap(),
+        ];
+        for rooms in [nodes(3, 4.0), rooms.clone()] {
+            let plan = plan(&pods, &masters(), &Everyone, &none(), &rooms);
+            assert!(plan.release.is_empty(), "{:?}", names(&plan.release));
+            assert!(
+                matches!(&plan.waiting[0].reason, Hold::NoNodeFree { policy } if policy == "masters"),
+                "{:?}",
+                plan.waiting[0].reason
+            );
+        }
+        // One of them has left its node, and the controller took its labels off:
+        // the surge pod goes there.
         pods.remove(0);
-        let plan = super::plan(&pods, &masters(), &Everyone, &none(), &nodes(3, 4.0));
+        let labels = &mut Arc::make_mut(&mut rooms.get_mut("n00").unwrap().info).labels;
+        labels.remove(&anchor_label("masters"));
+        labels.remove(&placed_label("masters"));
+        let plan = super::plan(&pods, &masters(), &Everyone, &none(), &rooms);
         assert_eq!(names(&plan.release), ["surge"]);
         assert_eq!(hosts(&plan.release[0]), BTreeSet::from(["h00"]));
+    }
+
+    #[test]
+    fn a_pod_that_fits_no_node_for_other_reasons_is_not_held_for_exclusion() {
+        // A master on the one node, which is also too small for the held one: a
+        // freed node would not take it either, so berth lets the scheduler say why.
+        let pods = vec![
+            pod("m0", "master", &["masters"], false, Some("n00")),
+            held_master(
+                "big",
+                json!({"containers": [{"name": "c",
+                "resources": {"requests": {"cpu": "8"}}}]}),
+            ),
+        ];
+        let plan = plan(&pods, &masters(), &Everyone, &none(), &nodes(1, 4.0));
+        assert_eq!(names(&plan.release), ["big"]);
+        assert_eq!(plan.release[0].avoid_nodes, ["n00"]);
     }
 
     #[test]
