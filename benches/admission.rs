@@ -27,6 +27,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::json;
+use support::fleet::rss_kib;
 use support::{Berth, Nodes};
 
 const NODES: Nodes = Nodes {
@@ -35,17 +36,6 @@ const NODES: Nodes = Nodes {
 };
 const ROUND: Duration = Duration::from_secs(15);
 const FLOOD: Duration = Duration::from_secs(20);
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
-}
 
 #[tokio::main]
 async fn main() {

@@ -493,6 +493,25 @@ impl Run {
             .expect("edit the cdn policy");
     }
 
+    /// CPU seconds used so far by kube-apiserver and by berth's replicas together:
+    /// where a flood's cost goes.
+    fn cpu_seconds(&self) -> (f64, f64) {
+        use support::fleet::cpu_seconds;
+        let apiserver = self
+            .fleet
+            .berth
+            .cluster
+            .pid("kube-apiserver")
+            .map_or(0.0, cpu_seconds);
+        let berth = self
+            .fleet
+            .identities()
+            .iter()
+            .map(|id| cpu_seconds(self.fleet.pid(id)))
+            .sum();
+        (apiserver, berth)
+    }
+
     /// Pods of the exclusion policy held (gated) and released but not bound yet.
     async fn exclusion_in_flight(&self) -> (usize, usize) {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns.exclusion);
@@ -662,9 +681,18 @@ impl Run {
                         )
                     };
                     let began = start.elapsed().as_secs_f64();
+                    let cpu_before = self.cpu_seconds();
                     tokio::time::sleep(length).await;
                     stop.store(true, Ordering::Relaxed);
                     let report = task.await.unwrap();
+                    let cpu_after = self.cpu_seconds();
+                    let cpu = (cpu_after.0 - cpu_before.0, cpu_after.1 - cpu_before.1);
+                    notes.push(format!(
+                        "flood {label}: CPU seconds over {:.0} s: kube-apiserver {:.1}, berth {:.1}",
+                        length.as_secs_f64(),
+                        cpu.0,
+                        cpu.1
+                    ));
                     flood.push((label, report, began, start.elapsed().as_secs_f64()));
                 }
             }

@@ -23,6 +23,17 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP/2 connections are pinged this often, and closed when a ping goes
 /// unanswered as long: a peer that vanished does not hold a connection open.
 const KEEP_ALIVE: Duration = Duration::from_secs(20);
+/// The apiserver sends its reviews as streams of one HTTP/2 connection. A body
+/// that waits unread (for room in the memory budget, `BodyLimits`) holds the
+/// bytes it was sent so far, up to its stream window, and those count against the
+/// connection's window too. With hyper's defaults (1 MiB each) one waiting 2 MB pod
+/// used the whole connection window, and every ordinary review behind it stalled
+/// until the apiserver's 3 s timeout let the pod through without berth. So each
+/// stream may hold at most 64 KiB (an ordinary review is a few kB), and the
+/// connection's window has room for every stream at once: no stream waits on
+/// another's unread bytes. That bounds what a connection buffers to 8 MiB.
+const STREAM_WINDOW: u32 = 64 * 1024;
+const MAX_STREAMS: u32 = 128;
 
 /// Serves `app` over TLS on `listener` until `shutdown` is cancelled, then waits
 /// up to `grace` for open connections to finish.
@@ -77,7 +88,10 @@ pub async fn serve_tls(
                 .http2()
                 .timer(TokioTimer::new())
                 .keep_alive_interval(KEEP_ALIVE)
-                .keep_alive_timeout(KEEP_ALIVE);
+                .keep_alive_timeout(KEEP_ALIVE)
+                .max_concurrent_streams(MAX_STREAMS)
+                .initial_stream_window_size(STREAM_WINDOW)
+                .initial_connection_window_size(MAX_STREAMS * STREAM_WINDOW);
             let connection = builder
                 .serve_connection(TokioIo::new(stream), service)
                 .into_owned();

@@ -82,6 +82,22 @@ pub fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time `pid` has used, user and system, in seconds (0 once it is gone).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    // Linux's USER_HZ, the unit of utime and stime, is 100 on every architecture
+    // Kubernetes runs on.
+    const TICKS: f64 = 100.0;
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // After the command's `)`: state is the first field, utime the 12th.
+            let fields: Vec<&str> = s.rsplit_once(") ")?.1.split_whitespace().collect();
+            let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
+            Some((ticks(11)? + ticks(12)?) / TICKS)
+        })
+        .unwrap_or(0.0)
+}
+
 fn signal(pid: u32, signal: &str) {
     let status = Command::new("kill")
         .args([signal, &pid.to_string()])

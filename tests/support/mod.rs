@@ -117,6 +117,19 @@ impl TestCluster {
         self.dir.join("kubeconfig")
     }
 
+    /// The pid of the component `name` (`kube-apiserver`, `etcd`, `berth`, ...) as
+    /// the cluster scripts recorded it, while it runs.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        std::fs::read_to_string(self.dir.join("pids"))
+            .ok()?
+            .lines()
+            .find_map(|line| {
+                let mut fields = line.split_whitespace();
+                (fields.next()? == name).then_some(())?;
+                fields.next()?.parse().ok()
+            })
+    }
+
     /// A client for this cluster only, built from its own kubeconfig.
     pub async fn client(&self) -> Client {
         client_for(&self.kubeconfig()).await
@@ -398,17 +411,7 @@ impl Berth {
 
     /// The pid berth-up recorded.
     pub fn pid(&self) -> u32 {
-        std::fs::read_to_string(self.cluster.dir.join("pids"))
-            .expect("pids")
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("berth ")?
-                    .split_whitespace()
-                    .next()?
-                    .parse()
-                    .ok()
-            })
-            .expect("berth pid")
+        self.cluster.pid("berth").expect("berth pid")
     }
 
     /// The Prometheus text from berth's metrics port.
