@@ -147,6 +147,19 @@ struct Case {
     /// Whether some replica of berth answers the apiserver all along, so that no
     /// pod may miss berth's decision.
     reachable: bool,
+    /// Refusals the fault brings that are not berth's to prevent: reported in a
+    /// column of their own, and a goal missed only outside their bounds.
+    refusals: Option<Refusals>,
+}
+
+/// Creates the apiserver may refuse because of the fault: those whose answer has
+/// one of `answers` in it, sent at most `within` after the fault ended; `what`
+/// names them in the table.
+#[derive(Debug, Clone, Copy)]
+struct Refusals {
+    what: &'static str,
+    answers: &'static [&'static str],
+    within: Duration,
 }
 
 const fn case(name: &'static str, fault: Fault, reachable: bool) -> Case {
@@ -154,6 +167,7 @@ const fn case(name: &'static str, fault: Fault, reachable: bool) -> Case {
         name,
         fault,
         reachable,
+        refusals: None,
     }
 }
 
@@ -161,7 +175,24 @@ const BASELINE: Case = case("baseline", Fault::None, true);
 const KILL_ALL: Case = case("kill-all", Fault::KillAll, false);
 const ROLLING: Case = case("rolling", Fault::Rolling, true);
 const LEADER_KILL: Case = case("leader-kill", Fault::LeaderKill, false);
-const APISERVER_RESTART: Case = case("apiserver-restart", Fault::ApiserverRestart, true);
+/// A kube-apiserver that has just come back refuses pods by berth's backstop, the
+/// shipped ValidatingAdmissionPolicies (`failurePolicy: Fail`), until it has read
+/// their params, the PlacementPolicies: "paramKind kind ... not yet synced to use
+/// for admission" (kubernetes/kubernetes#141367), or "failed to find resource
+/// referenced by paramKind" while its discovery of the CRD is stale, which it
+/// refreshes every 30 s (kubernetes/kubernetes#124237). Failing closed there is
+/// the backstop's point; the goal is that it ends within 40 s of `/readyz`.
+const APISERVER_RESTART: Case = Case {
+    refusals: Some(Refusals {
+        what: "by the backstop before the apiserver had its params",
+        answers: &[
+            "not yet synced to use for admission",
+            "failed to find resource referenced by paramKind",
+        ],
+        within: Duration::from_secs(40),
+    }),
+    ..case("apiserver-restart", Fault::ApiserverRestart, true)
+};
 const ETCD_RESTART: Case = case("etcd-restart", Fault::EtcdRestart, true);
 const WATCH_CUT: Case = case("watch-cut", Fault::WatchCut, true);
 const WATCH_STALL: Case = case("watch-stall", Fault::WatchStall, true);
@@ -950,7 +981,7 @@ impl Row {
             self.case.name,
             self.load.created,
             self.load.issued,
-            self.load.failed.len(),
+            self.failed_cell(),
             self.load.retried,
             self.missed(),
             f.unentitled.count(),
@@ -964,6 +995,16 @@ impl Row {
             self.peak_rss_mib,
             notes.join("; "),
         )
+    }
+
+    /// Failed creates, and of them how many the case expects (see [`Refusals`]).
+    fn failed_cell(&self) -> String {
+        let all = self.load.failed.len();
+        let expected = all - self.failed_by_berths_goal().len();
+        match self.case.refusals {
+            Some(refusals) if expected > 0 => format!("{all} ({expected} {})", refusals.what),
+            _ => all.to_string(),
+        }
     }
 
     /// The `p` quantile of the latencies of creates sent outside `began..ended`.
@@ -983,16 +1024,25 @@ impl Row {
     }
 
     /// The goals this case missed, each with its evidence.
+    /// Failed creates that are not among the case's expected refusals.
+    fn failed_by_berths_goal(&self) -> Vec<&(String, String, f64)> {
+        let expected = |(_, answer, at): &&(String, String, f64)| {
+            self.case.refusals.is_some_and(|r| {
+                r.answers.iter().any(|a| answer.contains(a))
+                    && *at <= self.fault_end + r.within.as_secs_f64()
+            })
+        };
+        self.load.failed.iter().filter(|f| !expected(f)).collect()
+    }
+
     fn unmet(&self) -> Vec<String> {
         let f = &self.findings;
         let mut unmet = Vec::new();
         let name = self.case.name;
-        if !self.load.failed.is_empty() {
-            let some: Vec<_> = self.load.failed.iter().take(3).collect();
-            unmet.push(format!(
-                "{name}: {} failed creates: {some:?}",
-                self.load.failed.len()
-            ));
+        let failed = self.failed_by_berths_goal();
+        if !failed.is_empty() {
+            let some: Vec<_> = failed.iter().take(3).collect();
+            unmet.push(format!("{name}: {} failed creates: {some:?}", failed.len()));
         }
         if self.case.reachable && self.missed() > 0 {
             let some: Vec<_> = self.load.missed.iter().take(3).collect();
@@ -1060,16 +1110,13 @@ async fn the_control_plane_restarted_and_the_watch_cut_under_load() {
         .await;
 }
 
-/// kube-apiserver restarted. In about half the runs, for up to 30 s after it is
-/// back, every pod create and every binding outside kube-system, kube-node-lease
-/// and berth-system is refused by the shipped admission policies (`failurePolicy:
-/// Fail`): "ValidatingAdmissionPolicy 'berth-pools' denied request: failed to
-/// configure policy: failed to find resource referenced by paramKind" (the
-/// apiserver resolves a CRD `paramKind` through discovery it refreshes every 30 s,
-/// kubernetes/kubernetes#124237) or "... paramKind kind ... not yet synced to use
-/// for admission" (kubernetes/kubernetes#141367). `make test-faults` runs it.
+/// kube-apiserver restarted. Once it is back, for a moment (0.1 s here) or up to
+/// 30 s, it refuses every pod create and every binding outside kube-system,
+/// kube-node-lease and berth-system by the shipped admission policies, which fail
+/// closed until it has read their params ([`APISERVER_RESTART`]); those refusals
+/// are counted apart, and any other is a goal missed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "berth's admission policies can refuse every pod for up to 30 s after kube-apiserver restarts (kubernetes#124237, #141367); make test-faults runs it"]
+#[ignore = "make test-faults runs it; in make test the watch cut stands for the control plane's faults"]
 async fn kube_apiserver_restarted_under_load() {
     let run = Run::begin().await;
     run.cases(&[APISERVER_RESTART]).await;
@@ -1246,11 +1293,7 @@ async fn soak() {
         );
     }
     let row = Row {
-        case: Case {
-            name: "soak",
-            fault: Fault::None,
-            reachable: true,
-        },
+        case: case("soak", Fault::None, true),
         load: report,
         findings,
         nodes_after,
