@@ -906,14 +906,16 @@ async fn a_pod_still_terminating_counts_for_avoid() {
     .await;
     pods.delete("a1", &now()).await.unwrap();
 
-    // A surge: the replacement arrives while a1 is still terminating on node4.
+    // A surge: the replacement arrives while a1 is still terminating on node4, the
+    // one node where it fits. berth holds it rather than let it go narrowed off
+    // node4 for good.
     pods.create(
         &PostParams::default(),
         &support::test_pod("a2", json!({"role": "apart"}), pinned(&["node4"])),
     )
     .await
     .unwrap();
-    unschedulable(&pods, "a2").await;
+    support::held_for_exclusion(&client, &ns, "a2", "every node where it fits").await;
     let patch = json!({"metadata": {"finalizers": null}});
     pods.patch("a1", &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -945,14 +947,15 @@ async fn avoid_is_symmetric_a_later_target_keeps_off_the_policys_nodes() {
     .unwrap();
     wait_for(&pods, "p1", is_bound, WAIT).await;
     // The secondary comes later: it keeps off node1, as it would with required
-    // anti-affinity on the primary.
+    // anti-affinity on the primary. Pinned to node1, it waits held, with berth's
+    // word on why.
     pods.create(
         &PostParams::default(),
         &support::test_pod("s1", json!({"role": "secondary"}), pinned(&["node1"])),
     )
     .await
     .unwrap();
-    unschedulable(&pods, "s1").await;
+    support::held_for_exclusion(&client, &ns, "s1", "every node where it fits").await;
     pods.create(
         &PostParams::default(),
         &support::test_pod(

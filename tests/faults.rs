@@ -35,7 +35,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -1149,26 +1148,14 @@ async fn exclusion_pods_replaced_surge_first_at_full_capacity() {
         Duration::from_secs(120),
     )
     .await;
-    let surge = api
-        .create(&PostParams::default(), &master("surge"))
+    api.create(&PostParams::default(), &master("surge"))
         .await
         .expect("the surge pod");
-    let uid = surge.metadata.uid.expect("uid");
-    let events: Api<Event> = Api::namespaced(run.client.clone(), &run.ns.exclusion);
-    let note = eventually(
-        "berth's word on the held surge pod",
-        Duration::from_secs(60),
-        || async {
-            let list = events
-                .list(&ListParams::default().fields("reason=HeldForExclusion"))
-                .await
-                .ok()?;
-            list.items
-                .into_iter()
-                .filter(|e| e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(&uid))
-                .filter_map(|e| e.note)
-                .find(|note| note.contains("every node where it fits"))
-        },
+    let note = support::held_for_exclusion(
+        &run.client,
+        &run.ns.exclusion,
+        "surge",
+        "every node where it fits",
     )
     .await;
     let held = api.get("surge").await.expect("the surge pod");

@@ -341,6 +341,27 @@ where
     }
 }
 
+/// Waits for berth's `HeldForExclusion` Event about pod `name` in `namespace`
+/// whose note says `why`, and returns the note.
+pub async fn held_for_exclusion(client: &Client, namespace: &str, name: &str, why: &str) -> String {
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::ListParams;
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let what = format!("berth's HeldForExclusion Event on {name} saying {why:?}");
+    eventually(&what, Duration::from_secs(60), || async {
+        let list = events
+            .list(&ListParams::default().fields("reason=HeldForExclusion"))
+            .await
+            .ok()?;
+        list.items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .filter_map(|e| e.note)
+            .find(|note| note.contains(why))
+    })
+    .await
+}
+
 /// A wait condition: the pod exists and the scheduler has bound it to a node.
 pub fn is_bound(pod: Option<&Pod>) -> bool {
     pod.and_then(|p| p.spec.as_ref())
