@@ -196,57 +196,31 @@ async fn a_surplus_waits_with_a_reason_and_is_placed_when_nodes_are_added() {
     let first = placed(&client, &ns, "app=cache", 3, WAIT).await;
     assert_eq!(first.values().collect::<BTreeSet<_>>().len(), 3);
 
-    // The other two wait: one released but unschedulable (the scheduler's own
-    // word), one still gated, with an Event that says what it waits for.
+    // The other two wait held: every node where they fit runs a pod they must
+    // avoid. Released, they would be narrowed off those nodes for good; `berth
+    // explain pod` says why.
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let (gated, in_flight) = eventually("one unschedulable in flight, one held", WAIT, || async {
+    let held = eventually("two pods held", WAIT, || async {
         let list = api
             .list(&ListParams::default().labels("app=cache"))
             .await
             .ok()?;
-        let (gated, in_flight): (Vec<Pod>, Vec<Pod>) = list
+        let unbound: Vec<Pod> = list
             .items
             .into_iter()
             .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_none()))
-            .partition(|p| {
-                p.spec
-                    .as_ref()
-                    .and_then(|s| s.scheduling_gates.as_ref())
-                    .is_some_and(|g| !g.is_empty())
-            });
-        let unschedulable = in_flight.iter().all(|p| {
-            p.status
+            .collect();
+        let gated = unbound.iter().all(|p| {
+            p.spec
                 .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .into_iter()
-                .flatten()
-                .any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
+                .and_then(|s| s.scheduling_gates.as_ref())
+                .is_some_and(|g| g.iter().any(|g| g.name == "berth.io/avoid"))
         });
-        (gated.len() == 1 && in_flight.len() == 1 && unschedulable).then_some((gated, in_flight))
+        (unbound.len() == 2 && gated).then_some(unbound)
     })
     .await;
-    let events = eventually("a HeldForExclusion event", WAIT, || async {
-        let out = berth().cluster.kubectl(&[
-            "get",
-            "events",
-            "-n",
-            &ns,
-            "--field-selector",
-            "reason=HeldForExclusion",
-            "-o",
-            "jsonpath={.items[*].message}",
-        ]);
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        (!text.is_empty()).then_some(text)
-    })
-    .await;
-    assert!(
-        events.contains("held by berth.io/avoid: a pod it must avoid (policy small-zone"),
-        "{events}"
-    );
+    let why = "every node where it fits runs a pod it must avoid (policy small-zone)";
 
-    // `berth explain pod` says the same, live: the held pod names the one it waits
-    // behind and what the scheduler says about that one.
     let kubeconfig = berth().cluster.kubeconfig();
     let explain = |pod: &Pod| {
         let out = berth().run(&[
@@ -261,25 +235,19 @@ async fn a_surplus_waits_with_a_reason_and_is_placed_when_nodes_are_added() {
         assert!(out.status.success(), "{out:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let blocker = format!("{ns}/{}", in_flight[0].metadata.name.as_deref().unwrap());
-    let text = eventually("explain names the pod in flight", WAIT, || async {
-        let text = explain(&gated[0]);
-        text.contains("the scheduler says:").then_some(text)
+    let text = eventually("explain says why the pod is held", WAIT, || async {
+        let text = explain(&held[0]);
+        text.contains("Now: held").then_some(text)
     })
     .await;
     assert!(
         text.contains(&format!(
-            "Now: held by the scheduling gate berth.io/avoid: it must avoid {blocker} (policy small-zone)"
+            "Now: held by the scheduling gate berth.io/avoid: {why}"
         )),
         "{text}"
     );
     assert!(
         text.contains("Policies that apply:\n  small-zone, because:"),
-        "{text}"
-    );
-    let text = explain(&in_flight[0]);
-    assert!(
-        text.contains("Now: not scheduled yet; the scheduler says:"),
         "{text}"
     );
     let missing = berth().run(&[
@@ -297,7 +265,7 @@ async fn a_surplus_waits_with_a_reason_and_is_placed_when_nodes_are_added() {
         "{missing:?}"
     );
 
-    // Two nodes join the cluster: the pod in flight lands, then the held one.
+    // Two nodes join the cluster: the held pods land there, one on each.
     let dir = berth().cluster.dir.to_string_lossy().into_owned();
     support::cluster_script("add-nodes", &[&dir, "2", "--prefix", "small"]);
     for node in ["small1", "small2"] {

@@ -447,7 +447,7 @@ fn held(
         Some(Hold::NoNodeFree { policy }) => format!(
             "held by the scheduling gate {AVOID_GATE}: every node where it fits runs a pod it \
              must avoid (policy {policy}); berth's controller releases it once one of them \
-             leaves its node"
+             leaves its node or a node where it fits joins"
         ),
         Some(Hold::PolicyNotSeen(policy)) => {
             format!("held by the scheduling gate {AVOID_GATE} until policy {policy} is known")

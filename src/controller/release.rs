@@ -267,7 +267,8 @@ pub async fn release_held_pods(
                 "full",
                 format!(
                     "held by {AVOID_GATE}: every node where it fits runs a pod it must avoid (policy \
-                     {policy}); it is released once one of them leaves its node"
+                     {policy}); it is released once one of them leaves its node or a node where it \
+                     fits joins"
                 ),
             ),
             // A policy not seen yet is a moment's lag, not worth an Event.

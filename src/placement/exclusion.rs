@@ -1119,6 +1119,7 @@ mod tests {
             })
             .collect();
         pods.push(held_master("surge", json!({})));
+        pods.push(held_master("surge2", json!({})));
         // As the controller keeps them: the masters' nodes carry the anchor and
         // placed labels (which the surge pod's own term keeps it off), and one more
         // node is a dedicated pool it does not tolerate.
@@ -1136,11 +1137,14 @@ mod tests {
         for rooms in [nodes(3, 4.0), rooms.clone()] {
             let plan = plan(&pods, &masters(), &Everyone, &none(), &rooms);
             assert!(plan.release.is_empty(), "{:?}", names(&plan.release));
-            assert!(
-                matches!(&plan.waiting[0].reason, Hold::NoNodeFree { policy } if policy == "masters"),
-                "{:?}",
-                plan.waiting[0].reason
-            );
+            for waiting in &plan.waiting {
+                assert!(
+                    matches!(&waiting.reason, Hold::NoNodeFree { policy } if policy == "masters"),
+                    "{:?}",
+                    waiting.reason
+                );
+            }
+            assert_eq!(plan.waiting.len(), 2);
         }
         // One of them has left its node, and the controller took its labels off:
         // the surge pod goes there.
