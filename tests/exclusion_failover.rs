@@ -59,7 +59,7 @@ async fn a_new_leader_keeps_the_old_leaders_pod_in_flight_and_releases_the_rest(
     let berth = Berth::shared(NODES);
     let client = berth.cluster.client().await;
     // Three eligible nodes for six pods: the old leader binds three, leaves the
-    // fourth in flight (released, unschedulable) and two held.
+    // fourth in flight (released, unschedulable; see below) and two held.
     label_eligible(&client, &["node1", "node2", "node3"]).await;
     berth.cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: failover}\nspec:\n  podSelector: {matchLabels: {app: failover}}\n  avoid: {matchLabels: {app: failover}}\n  nodeAffinity:\n    required: [{key: zone, operator: In, values: [failover]}]\n");
     let ns = opted_in(
@@ -77,8 +77,17 @@ async fn a_new_leader_keeps_the_old_leaders_pod_in_flight_and_releases_the_rest(
     let account = berth.cluster.berth_service_account_kubeconfig();
     let standby = Replica::start(berth, "standby", &account);
 
+    // A host port hides from berth where a pod fits: each goes alone, and the
+    // fourth, narrowed off the three nodes taken, stays in flight, unschedulable.
+    // (A pod whose fit berth predicts would wait held instead.)
+    let host_port = json!({"containers": [{"name": "redis", "image": "redis:7",
+        "ports": [{"containerPort": 6379, "hostPort": 6379}],
+        "resources": {"requests": {"cpu": "100m"}}}]});
     let pods = (0..6)
-        .map(|i| test_pod(&format!("cache-{i}"), json!({"app": "failover"}), json!({})))
+        .map(|i| {
+            let name = format!("cache-{i}");
+            test_pod(&name, json!({"app": "failover"}), host_port.clone())
+        })
         .collect();
     create_at_once(&client, &ns, pods).await;
     eventually("three bound, one in flight, two held", WAIT, || async {
