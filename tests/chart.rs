@@ -680,20 +680,17 @@ async fn helm_install_runs_seed_000_and_helm_uninstall_removes_the_webhooks() {
     let berth_kubeconfig = service_account_kubeconfig(cluster);
     let log = std::fs::File::create(cluster.dir.join("logs/chart-berth.log")).expect("log");
     let mut berth = LocalBerth(
-        Command::new(env!("CARGO_BIN_EXE_berth"))
-            .arg("serve")
-            .arg("--tls-cert")
-            .arg(certs.join("tls.crt"))
-            .arg("--tls-key")
-            .arg(certs.join("tls.key"))
-            .args(["--addr", &format!("127.0.0.1:{port}")])
-            .args(["--metrics-addr", "127.0.0.1:0"])
-            .arg("--kubeconfig")
-            .arg(&berth_kubeconfig)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start berth"),
+        support::serve_command(
+            Path::new(env!("CARGO_BIN_EXE_berth")),
+            &certs,
+            port,
+            "127.0.0.1:0",
+            &berth_kubeconfig,
+        )
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start berth"),
     );
     let ca = certs.join("ca.crt");
     eventually("berth ready", WAIT, || {

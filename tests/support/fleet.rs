@@ -175,16 +175,8 @@ impl Fleet {
             .append(true)
             .open(dir.join(format!("logs/{identity}.log")))
             .unwrap();
-        let child = Command::new(binary())
-            .arg("serve")
-            .arg("--tls-cert")
-            .arg(certs.join("tls.crt"))
-            .arg("--tls-key")
-            .arg(certs.join("tls.key"))
-            .args(["--addr", &format!("127.0.0.1:{port}")])
-            .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
+        let metrics_addr = format!("127.0.0.1:{metrics_port}");
+        let child = super::serve_command(&binary(), &certs, port, &metrics_addr, &self.kubeconfig)
             .args(["--cert-check-seconds", "1", "--shutdown-grace-seconds", "5"])
             .args(["--identity", identity])
             .stdout(Stdio::null())

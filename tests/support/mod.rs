@@ -515,6 +515,30 @@ pub async fn placed(
     .await
 }
 
+/// `berth serve` (webhook and controller) from `binary`, serving the pair in
+/// `certs` on 127.0.0.1:`port` and its metrics on `metrics_addr`, reaching the
+/// cluster through `kubeconfig`; the caller adds its own flags and output.
+pub fn serve_command(
+    binary: &Path,
+    certs: &Path,
+    port: u16,
+    metrics_addr: &str,
+    kubeconfig: &Path,
+) -> Command {
+    let mut command = Command::new(binary);
+    command
+        .arg("serve")
+        .arg("--tls-cert")
+        .arg(certs.join("tls.crt"))
+        .arg("--tls-key")
+        .arg(certs.join("tls.key"))
+        .args(["--addr", &format!("127.0.0.1:{port}")])
+        .args(["--metrics-addr", metrics_addr])
+        .arg("--kubeconfig")
+        .arg(kubeconfig);
+    command
+}
+
 /// A controller-only replica, killed when dropped.
 pub struct Replica(Child);
 
