@@ -624,25 +624,17 @@ impl Run {
                     killed.elapsed().as_secs_f64()
                 ));
             }
-            Fault::ApiserverRestart => {
+            Fault::ApiserverRestart | Fault::EtcdRestart => {
+                let (name, said) = if fault == Fault::EtcdRestart {
+                    ("etcd", "etcd away, apiserver ready after")
+                } else {
+                    ("kube-apiserver", "apiserver away")
+                };
                 let stopped = Instant::now();
-                self.component("stop", "kube-apiserver").await;
-                self.component("start", "kube-apiserver").await;
+                self.component("stop", name).await;
+                self.component("start", name).await;
                 self.apiserver_ready().await;
-                notes.push(format!(
-                    "apiserver away {:.1} s",
-                    stopped.elapsed().as_secs_f64()
-                ));
-            }
-            Fault::EtcdRestart => {
-                let stopped = Instant::now();
-                self.component("stop", "etcd").await;
-                self.component("start", "etcd").await;
-                self.apiserver_ready().await;
-                notes.push(format!(
-                    "etcd away, apiserver ready after {:.1} s",
-                    stopped.elapsed().as_secs_f64()
-                ));
+                notes.push(format!("{said} {:.1} s", stopped.elapsed().as_secs_f64()));
             }
             Fault::WatchCut => {
                 self.fleet.link.cut(Duration::from_secs(5));

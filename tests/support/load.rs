@@ -214,14 +214,7 @@ fn wrongly_decided(pod: &Pod, expects_none: bool) -> Option<String> {
         ));
     }
     let spec = pod.spec.as_ref()?;
-    let tolerations: Vec<String> = spec
-        .tolerations
-        .iter()
-        .flatten()
-        .map(|t| serde_json::to_string(t).unwrap())
-        .collect();
-    let mut seen = std::collections::BTreeSet::new();
-    if tolerations.iter().any(|t| !seen.insert(t)) {
+    if twice(spec.tolerations.iter().flatten()) {
         return Some("a toleration twice".into());
     }
     let terms = spec
@@ -235,18 +228,19 @@ fn wrongly_decided(pod: &Pod, expects_none: bool) -> Option<String> {
         .map(|r| r.node_selector_terms.clone())
         .unwrap_or_default();
     for term in terms {
-        let exprs: Vec<String> = term
-            .match_expressions
-            .iter()
-            .flatten()
-            .map(|e| serde_json::to_string(e).unwrap())
-            .collect();
-        let mut seen = std::collections::BTreeSet::new();
-        if exprs.iter().any(|e| !seen.insert(e)) {
+        if twice(term.match_expressions.iter().flatten()) {
             return Some("a node affinity expression twice".into());
         }
     }
     None
+}
+
+/// Whether some item comes twice, as JSON.
+fn twice<T: serde::Serialize>(items: impl Iterator<Item = T>) -> bool {
+    let mut seen = std::collections::BTreeSet::new();
+    items
+        .map(|item| serde_json::to_string(&item).unwrap())
+        .any(|json| !seen.insert(json))
 }
 
 fn applied_names(pod: &Pod) -> Vec<String> {
