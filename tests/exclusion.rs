@@ -197,8 +197,8 @@ async fn a_surplus_waits_with_a_reason_and_is_placed_when_nodes_are_added() {
     assert_eq!(first.values().collect::<BTreeSet<_>>().len(), 3);
 
     // The other two wait held: every node where they fit runs a pod they must
-    // avoid. Released, they would be narrowed off those nodes for good; `berth
-    // explain pod` says why.
+    // avoid. Released, they would be narrowed off those nodes for good; berth says
+    // why in an Event and in `berth explain pod`.
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let held = eventually("two pods held", WAIT, || async {
         let list = api
@@ -220,6 +220,11 @@ async fn a_surplus_waits_with_a_reason_and_is_placed_when_nodes_are_added() {
     })
     .await;
     let why = "every node where it fits runs a pod it must avoid (policy small-zone)";
+    // Each was first held behind a pod in flight; its Event now says the new cause.
+    for pod in &held {
+        let name = pod.metadata.name.as_deref().unwrap();
+        support::held_for_exclusion(&client, &ns, name, why).await;
+    }
 
     let kubeconfig = berth().cluster.kubeconfig();
     let explain = |pod: &Pod| {

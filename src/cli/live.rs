@@ -443,12 +443,11 @@ fn held(
             }
             text
         }
-        // Not possible with no unseen policies, but said plainly if it were.
         Some(Hold::NoNodeFree { policy }) => format!(
-            "held by the scheduling gate {AVOID_GATE}: every node where it fits runs a pod it \
-             must avoid (policy {policy}); berth's controller releases it once one of them \
-             leaves its node or a node where it fits joins"
+            "held by the scheduling gate {AVOID_GATE}: {}",
+            exclusion::no_node_free(policy)
         ),
+        // Not possible with no unseen policies, but said plainly if it were.
         Some(Hold::PolicyNotSeen(policy)) => {
             format!("held by the scheduling gate {AVOID_GATE} until policy {policy} is known")
         }

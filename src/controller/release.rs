@@ -246,16 +246,18 @@ pub async fn release_held_pods(
         }
     }
     for waiting in &plan.waiting {
-        // One event per held pod and policy: repeated events are folded into a
-        // series by the recorder, so the note must not name a blocker that changes.
+        // One event per held pod, policy and cause. The recorder folds Events with
+        // the same reason and action on a pod into one series and keeps its first
+        // note, so each cause has its own action, and the note must not name a
+        // blocker that changes.
         let pod = waiting.pod;
-        let (policy, why, note) = match &waiting.reason {
+        let (policy, action, note) = match &waiting.reason {
             Hold::Behind {
                 pod: behind,
                 policy,
             } => (
                 policy,
-                "behind",
+                "Hold",
                 format!(
                     "held by {AVOID_GATE}: a pod it must avoid (policy {policy}, first {}/{}) is still \
                      being placed; it is released once that pod is bound",
@@ -264,18 +266,14 @@ pub async fn release_held_pods(
             ),
             Hold::NoNodeFree { policy } => (
                 policy,
-                "full",
-                format!(
-                    "held by {AVOID_GATE}: every node where it fits runs a pod it must avoid (policy \
-                     {policy}); it is released once one of them leaves its node or a node where it \
-                     fits joins"
-                ),
+                "HoldUntilNodeFree",
+                format!("held by {AVOID_GATE}: {}", exclusion::no_node_free(policy)),
             ),
             // A policy not seen yet is a moment's lag, not worth an Event.
             Hold::PolicyNotSeen(_) => continue,
         };
         let key = format!(
-            "held/{}/{policy}/{why}",
+            "held/{}/{policy}/{action}",
             pod.uid.as_deref().unwrap_or(&pod.name)
         );
         let reference = ObjectReference {
@@ -286,7 +284,7 @@ pub async fn release_held_pods(
             uid: pod.uid.clone(),
             ..Default::default()
         };
-        let event = event(EventType::Normal, "HeldForExclusion", "Hold", note);
+        let event = event(EventType::Normal, "HeldForExclusion", action, note);
         reported.publish(pass.events, key, event, &reference);
     }
 }

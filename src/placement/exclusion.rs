@@ -228,6 +228,14 @@ pub enum Hold<'a> {
     NoNodeFree { policy: String },
 }
 
+/// Why a pod held as [`Hold::NoNodeFree`] waits, and what releases it.
+pub fn no_node_free(policy: &str) -> String {
+    format!(
+        "every node where it fits runs a pod it must avoid (policy {policy}); it is released \
+         once one of them leaves its node or a node where it fits joins"
+    )
+}
+
 /// What to do with the held pods now.
 #[derive(Debug, Default)]
 pub struct Plan<'a> {
