@@ -125,15 +125,20 @@ pub fn is_label_key(key: &str) -> bool {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),
     };
-    let bytes = name.as_bytes();
-    prefix.is_none_or(is_dns_subdomain)
-        && !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes[0].is_ascii_alphanumeric()
-        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-        && bytes
-            .iter()
-            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+    prefix.is_none_or(is_dns_subdomain) && !name.is_empty() && is_label_value(name)
+}
+
+/// Whether `value` is a Kubernetes label value: empty, or at most 63
+/// alphanumerics, `-`, `_` or `.`, starting and ending alphanumeric.
+pub fn is_label_value(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    bytes.is_empty()
+        || (bytes.len() <= 63
+            && bytes[0].is_ascii_alphanumeric()
+            && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+            && bytes
+                .iter()
+                .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.')))
 }
 
 /// Whether `username` is the DaemonSet controller.
@@ -148,16 +153,19 @@ pub fn is_valid_policy_name(name: &str) -> bool {
     name.len() <= MAX_POLICY_NAME && is_dns_subdomain(name)
 }
 
-/// Whether `name` is a DNS-1123 subdomain: lowercase alphanumerics, `-` and `.`,
-/// starting and ending alphanumeric, at most 253 characters.
+/// Whether `name` is a DNS-1123 subdomain: at most 253 characters, labels of
+/// lowercase alphanumerics and `-` joined by `.`, each label starting and ending
+/// alphanumeric.
 pub fn is_dns_subdomain(name: &str) -> bool {
     let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 253
-        && alnum(bytes[0])
-        && alnum(bytes[bytes.len() - 1])
-        && bytes.iter().all(|&c| alnum(c) || c == b'-' || c == b'.')
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            let bytes = label.as_bytes();
+            !bytes.is_empty()
+                && alnum(bytes[0])
+                && alnum(bytes[bytes.len() - 1])
+                && bytes.iter().all(|&c| alnum(c) || c == b'-')
+        })
 }
 
 #[cfg(test)]
@@ -170,7 +178,9 @@ mod tests {
         assert!(is_valid_policy_name("redis-master.v2"));
         assert!(is_valid_policy_name(&"a".repeat(50)));
         assert!(!is_valid_policy_name(&"a".repeat(51)));
-        for bad in ["", "CDN", "-cdn", "cdn-", "cdn_x", "cdn gpu", "cdn/x"] {
+        for bad in [
+            "", "CDN", "-cdn", "cdn-", "cdn_x", "cdn gpu", "cdn/x", "a..b", "a.-b", "a-.b", ".a",
+        ] {
             assert!(!is_valid_policy_name(bad), "{bad:?}");
         }
     }
@@ -194,9 +204,14 @@ mod tests {
             "x-",
             "a/b/c",
             "Ex.com/x",
+            "a..b/x",
             &"a".repeat(64),
         ] {
             assert!(!is_label_key(bad), "{bad:?}");
+        }
+        assert!(is_label_value("") && is_label_value("A-1_b.2"));
+        for bad in ["-a", "a-", "a b", "+5", &"a".repeat(64)] {
+            assert!(!is_label_value(bad), "{bad:?}");
         }
     }
 

@@ -86,11 +86,14 @@ fn pool_variables() -> Vec<Value> {
     ]
 }
 
-/// `object` (or `oldObject`) tolerates the param pool's taint by name.
+/// `object` (or `oldObject`) has a toleration of berth's pool key that could
+/// tolerate the param pool's taint: `Exists`, the pool's name, or a comparison
+/// (`Gt`, `Lt`), which berth never grants and which a numeric pool name would
+/// satisfy ([`crate::placement::entitlement::Breach::Toleration`]).
 fn pool_toleration(o: &str) -> String {
     format!(
         "(has({o}.spec.tolerations) && {o}.spec.tolerations.exists(t, has(t.key) && t.key == '{POOL_TAINT}' && \
-         ((has(t.operator) && t.operator == 'Exists') || (has(t.value) && t.value == params.metadata.name))))"
+         ((has(t.operator) && t.operator in ['Exists', 'Gt', 'Lt']) || (has(t.value) && t.value == params.metadata.name))))"
     )
 }
 

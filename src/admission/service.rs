@@ -9,10 +9,11 @@ use serde_json::Value;
 
 use super::review::{AdmissionRequest, AdmissionResponse};
 use super::state::GroupState;
-use crate::names::{MAX_QUEUE_CLASSES, POOL_LABEL, POOL_TAINT, is_owned_node_key};
+use crate::names::{MAX_QUEUE_CLASSES, is_owned_node_key};
+use crate::placement::entitlement::breaches_in_words;
 use crate::placement::grants::QueuePriority;
 use crate::placement::groups::GroupContext;
-use crate::placement::pod::{PodView, is_empty_term};
+use crate::placement::pod::PodView;
 use crate::placement::records::forbidden_changes;
 use crate::placement::warning::bounded;
 use crate::placement::{Decision, Input, NamespaceInfo, NodeIndex, Requester, build_patch, decide};
@@ -215,43 +216,31 @@ struct Problems {
     warnings: Vec<String>,
 }
 
-/// What breaks entitlement in a pod as it stands (after mutation).
-fn entitlement_violations(object: &Value, decision: &Decision) -> Vec<String> {
-    let mut violations: Vec<String> = decision.denial.iter().cloned().collect();
-    for t in &decision.stripped {
-        let pool = t.value.as_deref().unwrap_or("*");
-        violations.push(format!(
-            "the pod tolerates {POOL_TAINT}={pool} but is not entitled to pool {pool}"
-        ));
+/// What breaks entitlement in a pod as it stands (after mutation): a way onto a
+/// dedicated pool it is not entitled to (the rule the admission policy
+/// `berth-pools` enforces), else the webhook's own denial (a node name where a pod
+/// it must avoid runs).
+fn entitlement_violations(
+    object: &Value,
+    request: &AdmissionRequest,
+    snapshot: &Snapshot,
+) -> Vec<String> {
+    let decision = run(object, request, snapshot);
+    let Ok(pod) = PodView::read(object) else {
+        return decision.denial.into_iter().collect();
+    };
+    let entitled = decision.grants.applied.iter().cloned().collect();
+    let breaches = breaches_in_words(
+        &pod,
+        &snapshot.namespace.name,
+        &entitled,
+        snapshot.policies,
+        snapshot.nodes,
+    );
+    if !breaches.is_empty() {
+        return breaches;
     }
-    let exclusion = decision
-        .grants
-        .required
-        .iter()
-        .find(|r| r.key == POOL_LABEL && r.operator == "NotIn");
-    if let Some(exclusion) = exclusion {
-        let wanted = serde_json::to_value(exclusion).unwrap_or(Value::Null);
-        let terms = object
-            .pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
-            .and_then(Value::as_array);
-        // An empty term matches no node, so it needs no exclusion.
-        let every_term_excludes = terms.is_some_and(|terms| {
-            !terms.is_empty()
-                && terms.iter().all(|t| {
-                    is_empty_term(t)
-                        || t.get("matchExpressions")
-                            .and_then(Value::as_array)
-                            .is_some_and(|e| e.contains(&wanted))
-                })
-        });
-        if !every_term_excludes {
-            let pools = exclusion.values.as_deref().unwrap_or_default().join(", ");
-            violations.push(format!(
-                "the pod tolerates every taint but does not keep off dedicated pool {pools}"
-            ));
-        }
-    }
-    violations
+    decision.denial.into_iter().collect()
 }
 
 /// berth's own required node expressions on a pod, as JSON.
@@ -272,12 +261,11 @@ fn owned_expressions(object: &Value) -> BTreeSet<String> {
 /// that did not already, berth's own node expressions may not be dropped, and only
 /// berth changes its record, its gates and who controls the pod.
 fn pod_problems(request: &AdmissionRequest, object: &Value, snapshot: &Snapshot) -> Problems {
-    let decision = run(object, request, snapshot);
-    let mut violations = entitlement_violations(object, &decision);
+    let mut violations = entitlement_violations(object, request, snapshot);
     if request.operation == "UPDATE"
         && let Some(old) = request.old_object.as_ref()
     {
-        let before = entitlement_violations(old, &run(old, request, snapshot));
+        let before = entitlement_violations(old, request, snapshot);
         violations.retain(|v| !before.contains(v));
         if !owned_expressions(old).is_subset(&owned_expressions(object)) {
             violations.push("berth's node affinity on a pod may not be removed".into());

@@ -61,9 +61,6 @@ enum Command {
         live: Option<Live>,
         #[command(flatten)]
         files: Option<PlacementFiles>,
-        /// Nodes to check the pods against (YAML or JSON, several documents allowed).
-        #[arg(long, value_name = "NODES.yaml")]
-        nodes: Option<PathBuf>,
     },
     /// Make a CA and a serving certificate for the webhook, and the caBundle.
     ///
@@ -178,10 +175,8 @@ pub fn run() -> ExitCode {
             live::explain_live(kind, target)
         }
         Command::Explain {
-            files: Some(files),
-            nodes,
-            ..
-        } => offline::explain_offline(&files, nodes.as_deref()).map_err(|e| e.to_string()),
+            files: Some(files), ..
+        } => offline::explain_offline(&files).map_err(|e| e.to_string()),
         Command::Explain { .. } => Err(
             "explain needs -f POD.yaml --policies PATH (offline), or pod NAME -n NS or \
              deployment|statefulset|daemonset|job|cronjob|replicaset NAME -n NS (live)"

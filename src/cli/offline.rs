@@ -29,6 +29,14 @@ pub struct PlacementFiles {
     /// namespace is taken to opt into every policy given.
     #[arg(long, value_name = "NS.yaml")]
     pub namespace: Option<PathBuf>,
+    /// Nodes (YAML or JSON, several documents allowed), with their labels and
+    /// taints as they are; berth's pool labels and taints are applied as the
+    /// controller keeps them. The webhook knows the cluster's nodes: with them,
+    /// `mutate` decides what needs them (which nodes a pool by nodeSelector claims,
+    /// for a pod's nodeName and DaemonSet pods) as the webhook does, and `explain`
+    /// also says which nodes each pod may land on.
+    #[arg(long, value_name = "NODES.yaml")]
+    pub nodes: Option<PathBuf>,
 }
 
 /// How `berth mutate` prints its result.
@@ -63,17 +71,20 @@ struct Loaded {
     policies: PolicySet,
     policy_names: Vec<String>,
     namespace: Option<NamespaceInfo>,
+    nodes: Option<NodeIndex>,
 }
 
 fn load(files: &PlacementFiles) -> Result<Loaded, InputError> {
     let (policies, policy_names) = read_policies(&files.policies)?;
     let namespace = files.namespace.as_deref().map(read_namespace).transpose()?;
+    let nodes = files.nodes.as_deref().map(read_nodes).transpose()?;
     let subjects = read_subjects(&files.filename)?;
     Ok(Loaded {
         subjects,
         policies,
         policy_names,
         namespace,
+        nodes,
     })
 }
 
@@ -113,7 +124,7 @@ fn offline_requester(pod: &Value) -> Requester {
     }
 }
 
-fn admit_all(loaded: &Loaded, nodes: Option<&NodeIndex>) -> Vec<Admitted> {
+fn admit_all(loaded: &Loaded) -> Vec<Admitted> {
     loaded
         .subjects
         .iter()
@@ -124,7 +135,7 @@ fn admit_all(loaded: &Loaded, nodes: Option<&NodeIndex>) -> Vec<Admitted> {
                 pod: raw,
                 namespace: &namespace,
                 policies: &loaded.policies,
-                nodes,
+                nodes: loaded.nodes.as_ref(),
                 requester: offline_requester(raw),
                 groups: Default::default(),
             };
@@ -165,7 +176,7 @@ fn report(admitted: &[Admitted]) -> bool {
 /// `berth mutate`.
 pub fn mutate(files: &PlacementFiles, output: Output) -> Result<Ending, InputError> {
     let loaded = load(files)?;
-    let admitted = admit_all(&loaded, None);
+    let admitted = admit_all(&loaded);
     let denied = report(&admitted);
     // A denied pod would not be created, so it is not printed.
     let allowed: Vec<&Admitted> = admitted
@@ -217,13 +228,9 @@ pub(super) fn print(text: &str) {
 }
 
 /// `berth explain`.
-pub fn explain_offline(
-    files: &PlacementFiles,
-    nodes: Option<&std::path::Path>,
-) -> Result<Ending, InputError> {
+pub fn explain_offline(files: &PlacementFiles) -> Result<Ending, InputError> {
     let loaded = load(files)?;
-    let nodes = nodes.map(read_nodes).transpose()?;
-    let admitted = admit_all(&loaded, nodes.as_ref());
+    let admitted = admit_all(&loaded);
     let texts: Vec<String> = admitted
         .iter()
         .map(|a| {
@@ -231,7 +238,7 @@ pub fn explain_offline(
                 pod: &a.raw,
                 namespace: &a.namespace,
                 policies: &loaded.policies,
-                nodes: nodes.as_ref(),
+                nodes: loaded.nodes.as_ref(),
                 requester: offline_requester(&a.raw),
                 groups: Default::default(),
             };

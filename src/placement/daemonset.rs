@@ -19,6 +19,7 @@ use serde_json::Value;
 use super::entitlement::{is_owned_toleration, wildcard_exclusion};
 use super::grants::{Grants, pool_toleration};
 use super::pod::{PodView, is_wildcard_for};
+use super::selection::{is_empty_term, tolerates};
 use super::{NamespaceInfo, NodeIndex};
 use crate::names::POOL_LABEL;
 use crate::policy::PolicySet;
@@ -157,22 +158,18 @@ pub fn template_drift(
     let (_, view) = template_pod(daemonset)?;
     let (_, allowed, excluded) = template_grants(&view, policies, namespace);
     let in_force = |name: &str| policies.get(name).is_some();
-    // A berth toleration without a value (operator Exists) tolerates every pool.
-    let tolerated: BTreeSet<String> = view
-        .tolerations()
+    // The pools in force whose taint one of berth's tolerations tolerates, read as
+    // Kubernetes reads it (an Exists tolerates them all).
+    let tolerated: BTreeSet<String> = policies
         .iter()
-        .filter(|t| is_owned_toleration(t))
-        .flat_map(|t| {
-            match t
-                .value
-                .as_deref()
-                .filter(|_| t.operator.as_deref() != Some("Exists"))
-            {
-                Some(pool) => vec![pool.to_owned()],
-                None => policies.iter().map(|p| p.name.clone()).collect(),
-            }
+        .filter(|p| {
+            p.pool_taint().is_some_and(|taint| {
+                view.tolerations()
+                    .iter()
+                    .any(|t| is_owned_toleration(t) && tolerates(t, &taint))
+            })
         })
-        .filter(|name| in_force(name))
+        .map(|p| p.name.clone())
         .collect();
     let kept_off = excluded_pools(&view)
         .into_iter()
@@ -184,10 +181,11 @@ pub fn template_drift(
 
 /// The pools every non-empty required term of the template excludes by name.
 fn excluded_pools(view: &PodView) -> BTreeSet<String> {
-    let mut terms = view.required_terms().iter().filter(|t| {
-        t.match_expressions.as_ref().is_some_and(|e| !e.is_empty())
-            || t.match_fields.as_ref().is_some_and(|f| !f.is_empty())
-    });
+    let mut terms = view
+        .required_affinity()
+        .unwrap_or_default()
+        .iter()
+        .filter(|t| !is_empty_term(t));
     let excluded = |term: &k8s_openapi::api::core::v1::NodeSelectorTerm| -> BTreeSet<String> {
         term.match_expressions
             .iter()

@@ -17,7 +17,7 @@ use super::grants::requirement;
 use super::pod::{PodView, is_wildcard_for};
 use super::warning::bounded;
 use crate::names::{POOL_LABEL, POOL_TAINT};
-use crate::policy::PolicySet;
+use crate::policy::{CompiledPolicy, PolicySet};
 
 /// Whether berth owns a toleration: its key is the pool taint key.
 pub fn is_owned_toleration(toleration: &Toleration) -> bool {
@@ -89,4 +89,171 @@ pub fn node_name_denial(
             owner.name
         )
     })
+}
+
+/// A way a pod, as it stands, could reach a dedicated pool it is not entitled to:
+/// the rule the admission policy `berth-pools` enforces in the apiserver with berth
+/// up or down ([`crate::admission::cel`]), and `/validate` where that policy is not
+/// installed. A differential test holds the CEL to this function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Breach {
+    /// A toleration of berth's pool key that could tolerate this pool's taint:
+    /// `Exists`, this pool's name, or a comparison (`Gt`, `Lt`), which berth
+    /// never grants and which a pool with a numeric name would satisfy.
+    Toleration,
+    /// `spec.nodeName` is one of the pool's nodes.
+    NodeName,
+    /// A wildcard toleration for the pool's effect, with nothing that keeps the pod
+    /// off the pool's nodes.
+    Wildcard,
+}
+
+/// Where a pod stands towards one pool.
+#[derive(Debug, Clone, Copy)]
+pub struct Standing<'a> {
+    /// The pod may use the pool. The webhook and `/validate` know the policies
+    /// that apply to the pod (its namespace opts in and its images and labels
+    /// match) and, for a DaemonSet pod, whether the pool takes its namespace's
+    /// DaemonSets; the admission policy, which cannot see images, takes the
+    /// namespace's opt-in, the boundary that matters.
+    pub entitled: bool,
+    /// The pool's nodes, as its policy lists them and the controller reports them.
+    pub pool_nodes: &'a BTreeSet<String>,
+}
+
+/// Whether a toleration could tolerate the taint of pool `pool`, whatever its
+/// effect (see [`Breach::Toleration`]).
+fn could_tolerate_pool(toleration: &Toleration, pool: &str) -> bool {
+    is_owned_toleration(toleration)
+        && match toleration.operator.as_deref() {
+            Some("Exists" | "Gt" | "Lt") => true,
+            _ => toleration.value.as_deref() == Some(pool),
+        }
+}
+
+/// Whether the pod cannot land on one of `pool_nodes` (labelled with pool
+/// `pool`): it names another node, or every required term keeps it off: it is
+/// empty, excludes the pool by label (`NotIn` naming it, or `In` not naming it),
+/// or names only other nodes by `metadata.name In`.
+fn kept_off(pod: &PodView, pool: &str, pool_nodes: &BTreeSet<String>) -> bool {
+    if pod
+        .node_name()
+        .is_some_and(|node| !pool_nodes.contains(node))
+    {
+        return true;
+    }
+    let Some(terms) = pod.required_affinity().filter(|t| !t.is_empty()) else {
+        return false;
+    };
+    terms.iter().all(|term| {
+        let by_label = term.match_expressions.iter().flatten().any(|e| {
+            let values = e.values.as_deref().unwrap_or_default();
+            let names = values.iter().any(|v| v == pool);
+            e.key == POOL_LABEL
+                && !values.is_empty()
+                && ((e.operator == "NotIn" && names) || (e.operator == "In" && !names))
+        });
+        let by_name = term.match_fields.iter().flatten().any(|f| {
+            let values = f.values.as_deref().unwrap_or_default();
+            f.key == "metadata.name"
+                && f.operator == "In"
+                && !values.is_empty()
+                && values.iter().all(|n| !pool_nodes.contains(n))
+        });
+        super::selection::is_empty_term(term) || by_label || by_name
+    })
+}
+
+/// How `pod` could reach the dedicated pool of `policy` without entitlement; empty
+/// when it cannot, or when it is entitled.
+pub fn pool_breaches(pod: &PodView, policy: &CompiledPolicy, standing: Standing) -> Vec<Breach> {
+    let Some(pool) = policy.dedicated_pool() else {
+        return Vec::new();
+    };
+    if standing.entitled {
+        return Vec::new();
+    }
+    let mut breaches = Vec::new();
+    if pod
+        .tolerations()
+        .iter()
+        .any(|t| could_tolerate_pool(t, &policy.name))
+    {
+        breaches.push(Breach::Toleration);
+    }
+    if pod
+        .node_name()
+        .is_some_and(|n| standing.pool_nodes.contains(n))
+    {
+        breaches.push(Breach::NodeName);
+    }
+    let wildcard = pod
+        .tolerations()
+        .iter()
+        .any(|t| is_wildcard_for(t, pool.effect.as_str()));
+    if wildcard && !kept_off(pod, &policy.name, standing.pool_nodes) {
+        breaches.push(Breach::Wildcard);
+    }
+    breaches
+}
+
+/// The nodes of `policy`'s pool: those it names, and those whose labels it claims
+/// and that no older pool claims, among `nodes` (the controller reports the same
+/// set as `status.nodeNames`, which the admission policies read).
+pub fn pool_nodes(
+    policy: &CompiledPolicy,
+    policies: &PolicySet,
+    nodes: Option<&NodeIndex>,
+) -> BTreeSet<String> {
+    let mut pool: BTreeSet<String> = policy
+        .spec
+        .pool
+        .iter()
+        .flat_map(|p| p.node_names.iter().cloned())
+        .collect();
+    let owned = nodes.into_iter().flatten().filter(|(name, node)| {
+        policies
+            .pool_of_node(name, Some(&node.labels))
+            .is_some_and(|owner| owner.name == policy.name)
+    });
+    pool.extend(owned.map(|(name, _)| name.clone()));
+    pool
+}
+
+/// Every breach of a dedicated pool by `pod` in namespace `namespace`
+/// ([`pool_breaches`]), in words; `entitled` names the pools it may use.
+pub fn breaches_in_words(
+    pod: &PodView,
+    namespace: &str,
+    entitled: &BTreeSet<String>,
+    policies: &PolicySet,
+    nodes: Option<&NodeIndex>,
+) -> Vec<String> {
+    let mut words = Vec::new();
+    for policy in policies.iter().filter(|p| p.dedicated_pool().is_some()) {
+        let pool_nodes = pool_nodes(policy, policies, nodes);
+        let standing = Standing {
+            entitled: entitled.contains(&policy.name),
+            pool_nodes: &pool_nodes,
+        };
+        let pool = &policy.name;
+        words.extend(
+            pool_breaches(pod, policy, standing)
+                .into_iter()
+                .map(|breach| match breach {
+                    Breach::Toleration => format!(
+                        "the pod tolerates {POOL_TAINT}={pool} but is not entitled to pool {pool}"
+                    ),
+                    Breach::NodeName => format!(
+                        "spec.nodeName {} is in dedicated pool {pool}, which this pod in namespace \
+                 {namespace} is not entitled to",
+                        pod.node_name().unwrap_or_default()
+                    ),
+                    Breach::Wildcard => format!(
+                        "the pod tolerates every taint but does not keep off dedicated pool {pool}"
+                    ),
+                }),
+        );
+    }
+    words
 }

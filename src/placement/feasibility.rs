@@ -1,15 +1,20 @@
 //! Which nodes a pod may land on: the checks kube-scheduler makes that placement
 //! can see without running it (nodeName, nodeSelector, required node affinity,
-//! NoSchedule/NoExecute taints). Used by `berth explain --nodes` and for the
-//! "no pool node fits" warning; resources and inter-pod rules are left to the
-//! scheduler.
+//! NoSchedule/NoExecute taints), with Kubernetes' own semantics
+//! ([`super::selection`]). Used by `berth explain --nodes` and for the "no pool
+//! node fits" warning; resources and inter-pod rules are left to the scheduler.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Taint, Toleration};
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Toleration};
 
+use super::canonical::requirement_key;
 use super::grants::Grants;
 use super::pod::PodView;
+use super::selection::{
+    is_empty_term, label_requirement_parses, required_matches, requirement_matches, taint_counts,
+    term_parses, tolerates,
+};
 use super::warning::bounded;
 use super::{Input, NodeIndex, NodeInfo};
 use crate::names::{POOL_LABEL, POOL_TAINT};
@@ -21,8 +26,9 @@ use crate::policy::PolicySet;
 pub struct Placement {
     pub node_name: Option<String>,
     pub node_selector: BTreeMap<String, String>,
-    /// Required nodeSelectorTerms (ORed); none means no requirement.
-    pub required: Vec<NodeSelectorTerm>,
+    /// Required nodeSelectorTerms (ORed); `None` means no requirement, and `Some`
+    /// of no terms matches no node.
+    pub required: Option<Vec<NodeSelectorTerm>>,
     pub tolerations: Vec<Toleration>,
 }
 
@@ -32,50 +38,28 @@ impl Placement {
         Placement {
             node_name: pod.node_name().map(str::to_owned),
             node_selector: pod.node_selector().clone(),
-            required: pod.required_terms().to_vec(),
+            required: pod.required_affinity().map(<[_]>::to_vec),
             tolerations: pod.tolerations().to_vec(),
         }
     }
 
     /// The pod as berth's patch for `grants` leaves it ([`super::patch`] builds
     /// that patch on the raw JSON; a property test holds the two to the same
-    /// nodes). berth's own tolerations and node expressions go, its grants come in:
-    /// the required expressions are ANDed into every term, a term left with
-    /// nothing is dropped (and with all of them the requirement), a term empty to
-    /// begin with stays empty (it matches no node), and a pod without terms gets
-    /// one of the grants.
+    /// nodes). berth's own tolerations go and its grants come in; the required
+    /// expressions are ANDed into every term that matches something (an expression
+    /// already there in another spelling is not repeated), an empty term stays
+    /// empty, a required affinity with no terms stays so (it matches no node), and
+    /// a pod without one gets one term of the grants.
     pub fn after(pod: &PodView, grants: &Grants) -> Placement {
         let wanted = &grants.required;
-        let own = pod.required_terms();
-        let required = if own.is_empty() {
-            (!wanted.is_empty())
-                .then(|| NodeSelectorTerm {
+        let required = match pod.required_affinity() {
+            None => (!wanted.is_empty()).then(|| {
+                vec![NodeSelectorTerm {
                     match_expressions: Some(wanted.clone()),
                     match_fields: None,
-                })
-                .into_iter()
-                .collect()
-        } else {
-            own.iter()
-                .map(|term| {
-                    if matches_nothing(term) {
-                        return term.clone();
-                    }
-                    // The pod's own expressions stay, berth's own keys included:
-                    // removing one would widen where the pod may land.
-                    let mut expressions: Vec<NodeSelectorRequirement> =
-                        term.match_expressions.iter().flatten().cloned().collect();
-                    for expression in wanted {
-                        if !expressions.contains(expression) {
-                            expressions.push(expression.clone());
-                        }
-                    }
-                    NodeSelectorTerm {
-                        match_expressions: Some(expressions),
-                        match_fields: term.match_fields.clone().filter(|f| !f.is_empty()),
-                    }
-                })
-                .collect()
+                }]
+            }),
+            Some(own) => Some(own.iter().map(|term| with_required(term, wanted)).collect()),
         };
         let tolerations = pod
             .tolerations()
@@ -93,10 +77,24 @@ impl Placement {
     }
 }
 
-/// A term with neither expressions nor fields: it matches no node.
-fn matches_nothing(term: &NodeSelectorTerm) -> bool {
-    term.match_expressions.as_ref().is_none_or(Vec::is_empty)
-        && term.match_fields.as_ref().is_none_or(Vec::is_empty)
+/// `term` with `wanted` ANDed in. The pod's own expressions stay, berth's own keys
+/// included: removing one would widen where the pod may land.
+fn with_required(term: &NodeSelectorTerm, wanted: &[NodeSelectorRequirement]) -> NodeSelectorTerm {
+    if is_empty_term(term) {
+        return term.clone();
+    }
+    let mut expressions: Vec<NodeSelectorRequirement> =
+        term.match_expressions.iter().flatten().cloned().collect();
+    let mut present: BTreeSet<_> = expressions.iter().map(requirement_key).collect();
+    for expression in wanted {
+        if present.insert(requirement_key(expression)) {
+            expressions.push(expression.clone());
+        }
+    }
+    NodeSelectorTerm {
+        match_expressions: Some(expressions),
+        match_fields: term.match_fields.clone(),
+    }
 }
 
 /// `node` as the controller keeps it: with the pool label and, for a dedicated
@@ -125,21 +123,15 @@ pub fn node_fits(pod: &Placement, name: &str, node: &NodeInfo) -> Result<(), Str
             return Err(format!("nodeSelector {key}={value} does not match"));
         }
     }
-    let terms = &pod.required;
-    if !terms.is_empty() && !terms.iter().any(|t| term_matches(t, name, node)) {
-        let first = terms
-            .iter()
-            .flat_map(|t| t.match_expressions.iter().flatten());
-        let failing = first
-            .filter(|r| !requirement_matches(r, node.labels.get(&r.key).map(String::as_str)))
-            .map(describe_requirement)
-            .next()
-            .unwrap_or_else(|| "matchFields".into());
-        return Err(format!("required node affinity fails ({failing})"));
+    let required = pod.required.as_deref();
+    if !required_matches(required, name, &node.labels) {
+        return Err(why_no_term_matches(required.unwrap_or_default(), node));
     }
+    let names_its_node = pod.node_name.is_some();
     for taint in &node.taints {
-        let blocking = taint.effect == "NoSchedule" || taint.effect == "NoExecute";
-        if blocking && !pod.tolerations.iter().any(|t| tolerates(t, taint)) {
+        if taint_counts(taint, names_its_node)
+            && !pod.tolerations.iter().any(|t| tolerates(t, taint))
+        {
             let value = taint.value.as_deref().unwrap_or_default();
             return Err(format!(
                 "taint {}={value}:{} is not tolerated",
@@ -150,62 +142,34 @@ pub fn node_fits(pod: &Placement, name: &str, node: &NodeInfo) -> Result<(), Str
     Ok(())
 }
 
-fn term_matches(term: &NodeSelectorTerm, name: &str, node: &NodeInfo) -> bool {
-    let expressions = term.match_expressions.iter().flatten();
-    let fields = term.match_fields.iter().flatten();
-    !matches_nothing(term)
-        && expressions
-            .clone()
-            .all(|r| requirement_matches(r, node.labels.get(&r.key).map(String::as_str)))
-        && fields
-            .clone()
-            .all(|r| r.key == "metadata.name" && requirement_matches(r, Some(name)))
-}
-
-/// Kubernetes node-selector semantics for one requirement against a label value.
-pub fn requirement_matches(requirement: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    let values = requirement.values.as_deref().unwrap_or_default();
-    let number = |v: &str| v.parse::<i64>().ok();
-    match requirement.operator.as_str() {
-        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
-        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            let (Some(have), Some(bound)) = (
-                value.and_then(number),
-                values.first().and_then(|v| number(v)),
-            ) else {
-                return false;
-            };
-            if requirement.operator == "Gt" {
-                have > bound
-            } else {
-                have < bound
-            }
-        }
-        _ => false,
-    }
-}
-
-/// Kubernetes toleration semantics: an empty key with `Exists` tolerates every
-/// taint; an empty effect matches every effect.
-pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
-    let effect_ok = toleration
-        .effect
-        .as_deref()
-        .is_none_or(|e| e.is_empty() || e == taint.effect);
-    let key = toleration.key.as_deref().unwrap_or_default();
-    let key_ok = key.is_empty() || key == taint.key;
-    let value_ok = match toleration.operator.as_deref() {
-        Some("Exists") => true,
-        _ => {
-            !key.is_empty()
-                && toleration.value.as_deref().unwrap_or_default()
-                    == taint.value.as_deref().unwrap_or_default()
-        }
+/// Why no required term admits the node, from the first term: it has no terms,
+/// it is empty, a requirement does not parse, or a requirement fails.
+fn why_no_term_matches(terms: &[NodeSelectorTerm], node: &NodeInfo) -> String {
+    let Some(first) = terms.first() else {
+        return "required node affinity has no terms, so it matches no node".into();
     };
-    effect_ok && key_ok && value_ok
+    if terms.iter().all(is_empty_term) {
+        return "required node affinity has only empty terms, so it matches no node".into();
+    }
+    let term = terms.iter().find(|t| !is_empty_term(t)).unwrap_or(first);
+    if !term_parses(term) {
+        let broken = term
+            .match_expressions
+            .iter()
+            .flatten()
+            .find(|r| !label_requirement_parses(r))
+            .map(describe_requirement)
+            .unwrap_or_else(|| "matchFields".into());
+        return format!("required node affinity does not parse ({broken}), so it matches no node");
+    }
+    let failing = term
+        .match_expressions
+        .iter()
+        .flatten()
+        .find(|r| !requirement_matches(r, node.labels.get(&r.key).map(String::as_str)))
+        .map(describe_requirement)
+        .unwrap_or_else(|| "matchFields".into());
+    format!("required node affinity fails ({failing})")
 }
 
 /// `key Operator [values]`, as a person reads it.
@@ -279,10 +243,7 @@ pub fn pool_warnings(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn req(op: &str, values: &[&str]) -> NodeSelectorRequirement {
-        super::super::grants::requirement("k", op, values)
-    }
+    use k8s_openapi::api::core::v1::Taint;
 
     #[test]
     fn the_placement_after_grants_is_that_of_the_whole_patched_pod() {
@@ -319,50 +280,80 @@ mod tests {
         assert_eq!(placement.tolerations.len(), 2, "forged one out, cdn in");
     }
 
-    #[test]
-    fn requirements_follow_kubernetes_semantics() {
-        assert!(requirement_matches(&req("In", &["a", "b"]), Some("b")));
-        assert!(!requirement_matches(&req("In", &["a"]), None));
-        assert!(requirement_matches(&req("NotIn", &["a"]), None));
-        assert!(!requirement_matches(&req("NotIn", &["a"]), Some("a")));
-        assert!(requirement_matches(&req("Exists", &[]), Some("")));
-        assert!(requirement_matches(&req("DoesNotExist", &[]), None));
-        assert!(requirement_matches(&req("Gt", &["3"]), Some("4")));
-        assert!(!requirement_matches(&req("Lt", &["3"]), Some("x")));
+    fn node(labels: &[(&str, &str)], taints: &[(&str, &str, &str)]) -> NodeInfo {
+        NodeInfo {
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            taints: taints
+                .iter()
+                .map(|(key, value, effect)| Taint {
+                    key: key.to_string(),
+                    value: Some(value.to_string()),
+                    effect: effect.to_string(),
+                    time_added: None,
+                })
+                .collect(),
+        }
+    }
+
+    fn placement(pod: serde_json::Value) -> Placement {
+        Placement::of(&PodView::read(&pod).unwrap())
     }
 
     #[test]
-    fn tolerations_follow_kubernetes_semantics() {
-        let taint = Taint {
-            key: POOL_TAINT.into(),
-            value: Some("cdn".into()),
-            effect: "NoSchedule".into(),
-            time_added: None,
-        };
-        let tol =
-            |key: Option<&str>, op: &str, value: Option<&str>, effect: Option<&str>| Toleration {
-                key: key.map(Into::into),
-                operator: Some(op.into()),
-                value: value.map(Into::into),
-                effect: effect.map(Into::into),
-                toleration_seconds: None,
-            };
-        assert!(tolerates(&tol(None, "Exists", None, None), &taint));
-        assert!(!tolerates(
-            &tol(None, "Exists", None, Some("NoExecute")),
-            &taint
-        ));
-        assert!(tolerates(
-            &tol(Some(POOL_TAINT), "Equal", Some("cdn"), None),
-            &taint
-        ));
-        assert!(!tolerates(
-            &tol(Some(POOL_TAINT), "Equal", Some("gpu"), None),
-            &taint
-        ));
-        assert!(tolerates(
-            &tol(Some(POOL_TAINT), "Exists", None, Some("NoSchedule")),
-            &taint
-        ));
+    fn a_pod_that_names_its_node_is_judged_by_noexecute_taints_only() {
+        let named = placement(serde_json::json!({"spec": {"nodeName": "n1"}}));
+        let pool = node(&[], &[(POOL_TAINT, "cdn", "NoSchedule")]);
+        assert_eq!(
+            node_fits(&named, "n1", &pool),
+            Ok(()),
+            "the kubelet admits it"
+        );
+        let evicting = node(&[], &[(POOL_TAINT, "cdn", "NoExecute")]);
+        assert!(node_fits(&named, "n1", &evicting).is_err());
+        let scheduled = placement(serde_json::json!({"spec": {}}));
+        assert!(
+            node_fits(&scheduled, "n1", &pool).is_err(),
+            "kube-scheduler keeps it off"
+        );
+    }
+
+    #[test]
+    fn a_required_affinity_with_no_terms_fits_no_node_and_keeps_none_after_grants() {
+        for required in [
+            serde_json::json!({"nodeSelectorTerms": []}),
+            serde_json::json!({"nodeSelectorTerms": null}),
+            serde_json::json!({}),
+            serde_json::json!({"nodeSelectorTerms": [{}]}),
+        ] {
+            let raw = serde_json::json!({"spec": {"affinity": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": required}}}});
+            let pod = PodView::read(&raw).unwrap();
+            let mut grants = Grants::default();
+            grants.require(super::super::grants::requirement(
+                POOL_LABEL,
+                "NotIn",
+                &["cdn"],
+            ));
+            let after = Placement::after(&pod, &grants);
+            let plain = node(&[("zone", "a")], &[]);
+            let why = node_fits(&after, "n1", &plain).unwrap_err();
+            assert!(why.contains("matches no node"), "{required}: {why}");
+            let mut whole = raw.clone();
+            json_patch::patch(&mut whole, &super::super::build_patch(&raw, &grants)).unwrap();
+            assert_eq!(
+                whole, raw,
+                "{required}: berth adds nothing that would make it match"
+            );
+        }
+        let none = placement(serde_json::json!({"spec": {"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": null}}}}));
+        assert_eq!(
+            node_fits(&none, "n1", &node(&[], &[])),
+            Ok(()),
+            "null is no requirement"
+        );
     }
 }

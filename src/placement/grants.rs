@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::{
     NodeSelectorRequirement, NodeSelectorTerm, PreferredSchedulingTerm, Toleration,
 };
 
+use super::canonical::{normalized, preferred_key, requirement_key, toleration_key};
 use crate::names::{AVOID_GATE, POOL_LABEL, POOL_TAINT, anchor_label};
 use crate::policy::CompiledPolicy;
 use crate::policy::crd::Placement;
@@ -36,10 +37,11 @@ pub struct QueuePriority {
 }
 
 impl Grants {
-    /// Adds a required expression unless an identical one is already there.
+    /// Adds a required expression unless one that means the same is already there.
     pub fn require(&mut self, requirement: NodeSelectorRequirement) {
-        if !self.required.contains(&requirement) {
-            self.required.push(requirement);
+        let key = requirement_key(&requirement);
+        if !self.required.iter().any(|r| requirement_key(r) == key) {
+            self.required.push(normalized(&requirement));
         }
     }
 
@@ -51,20 +53,24 @@ impl Grants {
     }
 
     pub fn tolerate(&mut self, toleration: Toleration) {
-        if !self.tolerations.contains(&toleration) {
+        let key = toleration_key(&toleration);
+        if !self.tolerations.iter().any(|t| toleration_key(t) == key) {
             self.tolerations.push(toleration);
         }
     }
 
+    /// Prefers nodes matching `requirement` with `weight`, once: two policies that
+    /// prefer the same thing with the same weight count it once.
     fn prefer(&mut self, weight: i32, requirement: NodeSelectorRequirement) {
         let term = PreferredSchedulingTerm {
             weight,
             preference: NodeSelectorTerm {
-                match_expressions: Some(vec![requirement]),
+                match_expressions: Some(vec![normalized(&requirement)]),
                 match_fields: None,
             },
         };
-        if !self.preferred.contains(&term) {
+        let key = preferred_key(&term);
+        if !self.preferred.iter().any(|p| preferred_key(p) == key) {
             self.preferred.push(term);
         }
     }

@@ -4,6 +4,7 @@
 //! onto [`decide`] and [`build_patch`].
 
 pub mod avoid;
+pub mod canonical;
 pub mod daemonset;
 pub mod entitlement;
 pub mod exclusion;
@@ -19,6 +20,7 @@ pub mod pod;
 pub mod records;
 pub mod rooms;
 pub mod scheduler;
+pub mod selection;
 pub mod warning;
 
 use std::collections::BTreeSet;

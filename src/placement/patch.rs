@@ -10,6 +10,12 @@
 //!   placement instead of narrowing it; a pod without terms gets one; an empty
 //!   term (it matches no node) is left empty;
 //! - preferred terms and tolerations are appended once, never duplicated;
+//! - items are compared by what they mean to Kubernetes, never by spelling
+//!   ([`super::canonical`]): the pod berth sees again after the apiserver stored
+//!   it spells them the apiserver's way;
+//! - a required node affinity with no terms (or only empty ones) matches no node
+//!   and is left so: berth never makes a pod placeable where Kubernetes would
+//!   place it nowhere;
 //! - what berth owns and grants (pool tolerations, preferred pool and anchor
 //!   terms, the applied annotation) is removed unless it is still wanted, so
 //!   admitting berth's own output yields an empty patch and a pod cannot bring
@@ -24,6 +30,9 @@ use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use serde_json::{Value, json};
 
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PreferredSchedulingTerm, Toleration};
+
+use super::canonical::{key_of_json, preferred_key, requirement_key, toleration_key};
 use super::grants::{Grants, QueuePriority};
 use super::pod::is_empty_term;
 use crate::names::{APPLIED_ANNOTATION, POOL_TAINT, is_berth_gate, is_owned_node_key};
@@ -106,27 +115,52 @@ fn is_owned_preferred(term: &Value) -> bool {
 
 /// For a list where berth owns some items: the indices to remove (owned and no
 /// longer wanted, or repeated) in descending order, and the wanted items missing.
-fn reconcile_list<'w>(
+/// Items are compared by `key` (an item without one equals nothing), so the cost
+/// grows with the list's length times its logarithm, whatever a pod brings.
+fn reconcile_list<'w, K: Ord>(
     current: &[Value],
     wanted: &'w [Value],
+    key: impl Fn(&Value) -> Option<K>,
     owned: impl Fn(&Value) -> bool,
 ) -> (Vec<usize>, Vec<&'w Value>) {
-    let mut kept: Vec<&Value> = Vec::new();
+    let wanted_keys: BTreeSet<K> = wanted.iter().filter_map(&key).collect();
+    let mut kept: BTreeSet<K> = BTreeSet::new();
     let mut remove = Vec::new();
     for (i, item) in current.iter().enumerate() {
+        let item_key = key(item);
         if owned(item) {
-            if wanted.contains(item) && !kept.contains(&item) {
-                kept.push(item);
-            } else {
-                remove.push(i);
+            match item_key {
+                Some(k) if wanted_keys.contains(&k) && !kept.contains(&k) => {
+                    kept.insert(k);
+                }
+                _ => remove.push(i),
             }
-        } else {
-            kept.push(item);
+        } else if let Some(k) = item_key {
+            kept.insert(k);
         }
     }
     remove.reverse();
-    let missing = wanted.iter().filter(|w| !kept.contains(w)).collect();
+    let mut missing = Vec::new();
+    for item in wanted {
+        if let Some(k) = key(item)
+            && kept.insert(k)
+        {
+            missing.push(item);
+        }
+    }
     (remove, missing)
+}
+
+fn toleration_of(item: &Value) -> Option<super::canonical::TolerationKey> {
+    key_of_json::<Toleration, _>(item, toleration_key)
+}
+
+fn requirement_of(item: &Value) -> Option<super::canonical::RequirementKey> {
+    key_of_json::<NodeSelectorRequirement, _>(item, requirement_key)
+}
+
+fn preferred_of(item: &Value) -> Option<super::canonical::PreferredKey> {
+    key_of_json::<PreferredSchedulingTerm, _>(item, preferred_key)
 }
 
 impl Builder<'_> {
@@ -166,7 +200,7 @@ impl Builder<'_> {
             }
             return;
         };
-        let (remove, missing) = reconcile_list(current, wanted, is_owned_toleration);
+        let (remove, missing) = reconcile_list(current, wanted, toleration_of, is_owned_toleration);
         for i in remove {
             self.remove(&["spec", "tolerations", &i.to_string()]);
         }
@@ -178,14 +212,17 @@ impl Builder<'_> {
     fn required(&mut self, wanted: &[Value]) {
         let required = [&NODE_AFFINITY[..], &[REQUIRED]].concat();
         let terms_path = [&required[..], &["nodeSelectorTerms"]].concat();
-        let terms = lookup(self.raw, &terms_path)
-            .and_then(Value::as_array)
-            .filter(|t| !t.is_empty());
-        let Some(terms) = terms else {
+        // Only a pod without required node affinity (absent or `null`) gets a term
+        // of its own. A `required` object with no terms matches no node, and the
+        // apiserver refuses it: berth leaves it so rather than make it match.
+        if !lookup(self.raw, &required).is_some_and(Value::is_object) {
             if !wanted.is_empty() {
                 self.ensure_object(&required);
                 self.add(&terms_path, json!([{ "matchExpressions": wanted }]));
             }
+            return;
+        }
+        let Some(terms) = lookup(self.raw, &terms_path).and_then(Value::as_array) else {
             return;
         };
         for (t, term) in terms.iter().enumerate() {
@@ -197,9 +234,14 @@ impl Builder<'_> {
             let expressions_path =
                 [&terms_path[..], &[index.as_str()], &["matchExpressions"]].concat();
             let current = term.get("matchExpressions").and_then(Value::as_array);
+            let mut present: BTreeSet<_> = current
+                .into_iter()
+                .flatten()
+                .filter_map(requirement_of)
+                .collect();
             let missing: Vec<Value> = wanted
                 .iter()
-                .filter(|w| !current.is_some_and(|c| c.contains(w)))
+                .filter(|w| requirement_of(w).is_some_and(|k| present.insert(k)))
                 .cloned()
                 .collect();
             if current.is_none() {
@@ -223,7 +265,7 @@ impl Builder<'_> {
             }
             return;
         };
-        let (remove, missing) = reconcile_list(current, wanted, is_owned_preferred);
+        let (remove, missing) = reconcile_list(current, wanted, preferred_of, is_owned_preferred);
         for i in remove {
             let i = i.to_string();
             self.remove(&[&path[..], &[i.as_str()]].concat());
@@ -249,7 +291,8 @@ impl Builder<'_> {
                 .and_then(Value::as_str)
                 .is_some_and(is_berth_gate)
         };
-        let (remove, missing) = reconcile_list(current, wanted, owned);
+        let name = |g: &Value| g.get("name").and_then(Value::as_str).map(str::to_owned);
+        let (remove, missing) = reconcile_list(current, wanted, name, owned);
         for i in remove {
             self.remove(&["spec", "schedulingGates", &i.to_string()]);
         }

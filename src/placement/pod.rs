@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{NodeAffinity, NodeSelectorTerm, Toleration};
+use k8s_openapi::api::core::v1::{NodeSelectorTerm, PreferredSchedulingTerm, Toleration};
 use serde::{Deserialize, Deserializer};
 
 use crate::names::is_daemonset_controller;
@@ -141,8 +141,31 @@ struct Resources {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Affinity {
-    #[serde(default)]
-    node_affinity: Option<NodeAffinity>,
+    #[serde(default, deserialize_with = "nullable")]
+    node_affinity: NodeAffinity,
+}
+
+/// Node affinity as Kubernetes reads it. `required: null` (or absent) is no
+/// requirement at all, while a `required` object whose `nodeSelectorTerms` is
+/// empty or `null` matches no node: the two must not be confused, or berth would
+/// turn "nowhere" into "anywhere".
+#[derive(Debug, Clone, Default, Deserialize)]
+struct NodeAffinity {
+    #[serde(default, rename = "requiredDuringSchedulingIgnoredDuringExecution")]
+    required: Option<NodeSelector>,
+    #[serde(
+        default,
+        rename = "preferredDuringSchedulingIgnoredDuringExecution",
+        deserialize_with = "nullable"
+    )]
+    preferred: Vec<PreferredSchedulingTerm>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeSelector {
+    #[serde(default, deserialize_with = "nullable")]
+    node_selector_terms: Vec<NodeSelectorTerm>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -218,8 +241,13 @@ impl PodView {
         &self.fields.spec.tolerations
     }
 
+    /// The node the pod names, if any (an empty name is none, as in Kubernetes).
     pub fn node_name(&self) -> Option<&str> {
-        self.fields.spec.node_name.as_deref()
+        self.fields
+            .spec
+            .node_name
+            .as_deref()
+            .filter(|n| !n.is_empty())
     }
 
     pub fn node_selector(&self) -> &BTreeMap<String, String> {
@@ -238,19 +266,16 @@ impl PodView {
             .map(|g| g.name.as_str())
     }
 
-    /// The terms of the required node affinity; empty when there is none.
-    pub fn required_terms(&self) -> &[NodeSelectorTerm] {
-        self.fields
-            .spec
-            .affinity
-            .node_affinity
-            .as_ref()
-            .and_then(|n| {
-                n.required_during_scheduling_ignored_during_execution
-                    .as_ref()
-            })
-            .map(|r| r.node_selector_terms.as_slice())
-            .unwrap_or_default()
+    /// The terms of the required node affinity (ORed); `None` when the pod has no
+    /// required node affinity. `Some` of no terms matches no node.
+    pub fn required_affinity(&self) -> Option<&[NodeSelectorTerm]> {
+        let required = self.fields.spec.affinity.node_affinity.required.as_ref()?;
+        Some(&required.node_selector_terms)
+    }
+
+    /// The preferred node-affinity terms.
+    pub fn preferred_terms(&self) -> &[PreferredSchedulingTerm] {
+        &self.fields.spec.affinity.node_affinity.preferred
     }
 
     /// The Kubernetes PodGroup the pod names itself (`spec.schedulingGroup`).
@@ -297,7 +322,7 @@ impl PodView {
     /// The one node a DaemonSet pod is made for: the DaemonSet controller pins each
     /// pod with `matchFields metadata.name In [node]` in every required term.
     pub fn daemonset_node(&self) -> Option<&str> {
-        self.required_terms().iter().find_map(|term| {
+        self.required_affinity()?.iter().find_map(|term| {
             term.match_fields.iter().flatten().find_map(|f| {
                 let values = f.values.as_deref().unwrap_or_default();
                 (f.key == "metadata.name" && f.operator == "In" && values.len() == 1)
@@ -342,16 +367,10 @@ pub fn is_wildcard_for(toleration: &Toleration, effect: &str) -> bool {
             .is_none_or(|e| e.is_empty() || e == effect)
 }
 
-/// Whether a node-selector term matches nothing: Kubernetes treats a term with
-/// neither expressions nor fields as matching no node, so berth never adds to one
-/// (that would turn "nothing" into "anything with berth's labels").
+/// Whether a raw node-selector term matches nothing ([`super::selection::is_empty_term`]);
+/// a term that cannot be read is not taken for empty.
 pub fn is_empty_term(term: &serde_json::Value) -> bool {
-    let empty = |key: &str| {
-        term.get(key)
-            .and_then(serde_json::Value::as_array)
-            .is_none_or(|a| a.is_empty())
-    };
-    empty("matchExpressions") && empty("matchFields")
+    NodeSelectorTerm::deserialize(term).is_ok_and(|t| super::selection::is_empty_term(&t))
 }
 
 #[cfg(test)]
