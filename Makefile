@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo demo-down test test-faults soak lint bench bench-admission bench-cluster bench-missed fuzz static control-plane helm
+.PHONY: demo demo-down test test-semantics test-faults soak lint bench bench-admission bench-cluster bench-missed fuzz static control-plane helm oracle
 
 ## demo: start a local control plane with four nodes and show berth at work; leaves it running
 demo: control-plane
@@ -17,6 +17,13 @@ demo-down:
 ## printing the time each took; `cargo test` alone runs the fast tier
 test:
 	scripts/test-tiers
+
+## test-semantics: the differential test against Kubernetes' own code, long: every
+## contract promise on SEMANTICS_WORLDS generated worlds (default 9000, over 100,000
+## admissions), judged by the oracle; prints the counts
+SEMANTICS_WORLDS ?= 9000
+test-semantics: oracle
+	SEMANTICS_WORLDS=$(SEMANTICS_WORLDS) cargo test --locked --release --features oracle --test semantics -- --nocapture
 
 ## test-faults: the fault suite in full: every case (berth killed, rolled, its leader
 ## killed; kube-apiserver and etcd restarted, the watch cut; certificate and CA
@@ -71,14 +78,20 @@ static:
 ## lint: formatting, clippy with warnings denied, shell syntax, and `helm lint` of the chart
 lint: helm
 	cargo fmt --all -- --check   # the fuzz target too: it is in the workspace
-	cargo clippy --locked --all-targets --features e2e -- -D warnings   # the end-to-end tests too
+	cargo clippy --locked --all-targets --features e2e,oracle -- -D warnings   # the end-to-end and differential tests too
 	cargo check --locked -p berth-fuzz   # keep the fuzz target compiling
-	for f in tests/cluster/{build,build-helm,up,down,add-nodes,component,berth-up,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
+	for f in tests/cluster/{build,build-helm,build-oracle,up,down,add-nodes,component,berth-up,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
+	test -z "$$(gofmt -l tests/cluster/oracle)" || { gofmt -l tests/cluster/oracle; exit 1; }
 	"$$(tests/cluster/build-helm)" lint --strict charts/berth
 
 ## helm: build helm once from its Go module (tests/cluster/helm), into ~/.cache/berth
 helm:
 	tests/cluster/build-helm >/dev/null
+
+## oracle: build the oracle (Kubernetes' scheduling, validation and admission-policy
+## code for the differential tests) from its Go module, into ~/.cache/berth
+oracle:
+	tests/cluster/build-oracle >/dev/null
 
 ## control-plane: build etcd and the Kubernetes binaries once, into ~/.cache/berth
 control-plane:

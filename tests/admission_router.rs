@@ -594,3 +594,162 @@ async fn queue_classes_are_made_on_first_use_up_to_a_cap_that_tenants_cannot_pas
     let patch = decoded_patch(&response).to_string();
     assert!(!patch.contains("priorityClassName"), "{patch}");
 }
+
+/// The nodes, policy and namespaces of tests/data/semantics, as the webhook's
+/// caches would hold them.
+fn semantics_view() -> FixedView {
+    let dir = format!("{}/tests/data/semantics", env!("CARGO_MANIFEST_DIR"));
+    let read = |file: &str| -> Value {
+        serde_yaml_ng::from_str(&std::fs::read_to_string(format!("{dir}/{file}")).unwrap()).unwrap()
+    };
+    let edge: PlacementPolicy = serde_json::from_value(read("edge.yaml")).unwrap();
+    let (policies, errors) = PolicySet::compile(&[edge]);
+    assert!(errors.is_empty());
+    let nodes = read("nodes.yaml")["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(n.clone()).unwrap();
+            let info = berth::placement::NodeInfo::from_node(&node);
+            (node.metadata.name.unwrap(), Arc::new(info))
+        })
+        .collect();
+    let namespaces = ["tenant.yaml", "opted-in.yaml"]
+        .iter()
+        .map(|file| {
+            let ns: k8s_openapi::api::core::v1::Namespace =
+                serde_json::from_value(read(file)).unwrap();
+            let info = NamespaceInfo::from_namespace(&ns);
+            (info.name.clone(), info)
+        })
+        .collect();
+    FixedView {
+        policies: Arc::new(policies),
+        nodes: Arc::new(nodes),
+        namespaces,
+        groups: Arc::default(),
+    }
+}
+
+#[tokio::test]
+async fn berth_mutate_with_nodes_decides_as_the_webhook_does() {
+    let daemonset_owner = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "u", "controller": true}]);
+    let pinned = |node: &str| {
+        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}})
+    };
+    // (namespace, labels, spec, ownerReferences)
+    let pods = [
+        ("shop", json!({"tier": "edge"}), json!({}), Value::Null),
+        (
+            "shop",
+            json!({"tier": "edge"}),
+            json!({"nodeName": "e1"}),
+            Value::Null,
+        ),
+        ("tenant", json!({}), json!({"nodeName": "e1"}), Value::Null),
+        (
+            "tenant",
+            json!({}),
+            json!({"tolerations": [{"operator": "Exists"}]}),
+            Value::Null,
+        ),
+        (
+            "tenant",
+            json!({}),
+            json!({"tolerations": [{"key": "berth.io/pool", "operator": "Gt", "value": "1"}]}),
+            Value::Null,
+        ),
+        (
+            "tenant",
+            json!({}),
+            json!({"tolerations": [{"operator": "Exists"}], "affinity": pinned("e1")}),
+            daemonset_owner.clone(),
+        ),
+        (
+            "tenant",
+            json!({}),
+            json!({"tolerations": [{"operator": "Exists"}], "affinity": pinned("w1")}),
+            daemonset_owner,
+        ),
+        (
+            "shop",
+            json!({"tier": "edge"}),
+            json!({"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}}),
+            Value::Null,
+        ),
+    ];
+    for (i, (namespace, labels, spec, owners)) in pods.into_iter().enumerate() {
+        let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("p{i}"), "namespace": namespace, "labels": labels},
+            "spec": spec});
+        pod["spec"]["containers"] = json!([{"name": "c", "image": "nginx"}]);
+        let daemonset = !owners.is_null();
+        if daemonset {
+            pod["metadata"]["ownerReferences"] = owners;
+        }
+        let mut request = fixture("pod-create.json");
+        request["request"]["namespace"] = json!(namespace);
+        request["request"]["object"] = pod.clone();
+        if daemonset {
+            request["request"]["userInfo"]["username"] =
+                json!("system:serviceaccount:kube-system:daemon-set-controller");
+        }
+        let (status, body) = post(
+            state(semantics_view(), true),
+            "/mutate",
+            request.to_string(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let webhook: Value = serde_json::from_slice::<Value>(&body).unwrap()["response"].clone();
+
+        let dir = format!("{}/tests/data/semantics", env!("CARGO_MANIFEST_DIR"));
+        let namespace_file = if namespace == "shop" {
+            "opted-in.yaml"
+        } else {
+            "tenant.yaml"
+        };
+        let mut cli = std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(["mutate", "-f", "-", "-o", "patch"])
+            .args(["--policies", &format!("{dir}/edge.yaml")])
+            .args(["--namespace", &format!("{dir}/{namespace_file}")])
+            .args(["--nodes", &format!("{dir}/nodes.yaml")])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        cli.stdin
+            .take()
+            .unwrap()
+            .write_all(pod.to_string().as_bytes())
+            .unwrap();
+        let out = cli.wait_with_output().unwrap();
+        let allowed = webhook["allowed"] == true;
+        assert_eq!(
+            out.status.success(),
+            allowed,
+            "pod {i}: {pod}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if allowed {
+            let patch: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let from_webhook = if webhook.get("patch").is_some() {
+                decoded_patch(&webhook)
+            } else {
+                json!([])
+            };
+            assert_eq!(patch, from_webhook, "pod {i}: {pod}");
+        } else {
+            let reason = webhook["status"]["message"].as_str().unwrap();
+            assert!(
+                String::from_utf8_lossy(&out.stderr).contains(reason),
+                "pod {i}: {reason}"
+            );
+        }
+    }
+}

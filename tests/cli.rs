@@ -615,3 +615,181 @@ fn explain_names_the_workload_and_where_its_pods_may_land() {
         "{text}"
     );
 }
+
+/// Runs `berth ARGS -f -` on `pod`, with the policies, namespace and nodes of
+/// tests/data/semantics.
+fn semantics(command: &str, pod: &Value, namespace: &str, extra: &[&str]) -> Output {
+    let namespace = format!("tests/data/semantics/{namespace}.yaml");
+    let mut args = vec![
+        command,
+        "-f",
+        "-",
+        "--policies",
+        "tests/data/semantics/edge.yaml",
+        "--namespace",
+        &namespace,
+    ];
+    args.extend_from_slice(extra);
+    berth(&args, Some(&pod.to_string()))
+}
+
+#[test]
+fn a_required_affinity_with_no_terms_is_never_given_one() {
+    // Kubernetes matches such a pod to no node (and the apiserver refuses it);
+    // a term of berth's own would make it valid and placeable.
+    for required in [
+        json!({"nodeSelectorTerms": []}),
+        json!({"nodeSelectorTerms": null}),
+        json!({}),
+    ] {
+        let mut pod = pod(json!({"tier": "edge"}), "nginx");
+        pod["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+        pod["spec"]["affinity"] =
+            json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}});
+        for namespace in ["tenant", "opted-in"] {
+            let out = semantics("mutate", &pod, namespace, &["-o", "json"]);
+            assert!(out.status.success(), "{}", stderr(&out));
+            let mutated: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(
+                mutated["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"],
+                required,
+                "{namespace}: {required}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_pod_that_names_its_node_is_not_kept_off_by_a_noschedule_taint() {
+    // The kubelet admits a pod with spec.nodeName past NoSchedule taints.
+    let mut named = pod(json!({}), "nginx");
+    named["spec"]["nodeName"] = json!("w1");
+    let out = semantics(
+        "explain",
+        &named,
+        "tenant",
+        &["--nodes", "tests/data/semantics/nodes.yaml"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("The pod may land on: w1."),
+        "{}",
+        stdout(&out)
+    );
+    // Entitled and named to its pool's node, which carries a NoSchedule taint of
+    // someone else's: no false "will stay Pending" warning.
+    let mut entitled = pod(json!({"tier": "edge"}), "nginx");
+    entitled["spec"]["nodeName"] = json!("e1");
+    let out = semantics(
+        "explain",
+        &entitled,
+        "opted-in",
+        &["--nodes", "tests/data/semantics/nodes.yaml"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("Warnings:"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("The pod may land on: e1."),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn the_pod_as_the_apiserver_stores_it_is_admitted_to_an_empty_patch() {
+    let edge = pod(json!({"tier": "edge"}), "nginx");
+    let out = semantics("mutate", &edge, "opted-in", &["-o", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut stored: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let terms = &stored["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    assert!(
+        terms[0]["matchExpressions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e.get("values") != Some(&json!([]))),
+        "berth writes no empty values: {terms}"
+    );
+    // The apiserver drops empty lists; berth compares by meaning, so the stored pod
+    // gets no second copy of anything.
+    for e in
+        stored["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0]["matchExpressions"]
+            .as_array_mut()
+            .unwrap()
+    {
+        if e["values"] == json!([]) {
+            e.as_object_mut().unwrap().remove("values");
+        }
+    }
+    let again = semantics("mutate", &stored, "opted-in", &["-o", "patch"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(
+        serde_json::from_slice::<Value>(&again.stdout).unwrap(),
+        json!([])
+    );
+}
+
+#[test]
+fn a_preference_the_pod_has_in_another_spelling_is_not_added_again() {
+    let mut edge = pod(json!({"tier": "edge"}), "nginx");
+    edge["spec"]["affinity"] = json!({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 50, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b", "a"]}]}}]}});
+    let out = semantics("mutate", &edge, "opted-in", &["-o", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mutated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let preferred = mutated["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        .as_array()
+        .unwrap();
+    let zones = preferred
+        .iter()
+        .filter(|p| p["preference"]["matchExpressions"][0]["key"] == "zone")
+        .count();
+    assert_eq!(zones, 1, "{preferred:?}");
+}
+
+#[test]
+fn mutate_with_nodes_knows_which_nodes_a_pool_by_selector_claims() {
+    let mut named = pod(json!({}), "nginx");
+    named["spec"]["nodeName"] = json!("e1");
+    let blind = semantics("mutate", &named, "tenant", &[]);
+    assert!(
+        blind.status.success(),
+        "without nodes berth cannot know e1 is edge's"
+    );
+    let seeing = semantics(
+        "mutate",
+        &named,
+        "tenant",
+        &["--nodes", "tests/data/semantics/nodes.yaml"],
+    );
+    assert_eq!(seeing.status.code(), Some(1), "{}", stderr(&seeing));
+    assert!(
+        stderr(&seeing).contains("spec.nodeName e1 is in dedicated pool edge"),
+        "{}",
+        stderr(&seeing)
+    );
+
+    // A DaemonSet pod that tolerates every taint, made for e1, of a namespace the
+    // pool does not take.
+    let mut agent = pod(json!({}), "fluent-bit");
+    agent["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet",
+        "name": "agent", "uid": "u", "controller": true}]);
+    agent["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+    agent["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["e1"]}]}]}}});
+    assert!(semantics("mutate", &agent, "tenant", &[]).status.success());
+    let seeing = semantics(
+        "mutate",
+        &agent,
+        "tenant",
+        &["--nodes", "tests/data/semantics/nodes.yaml"],
+    );
+    assert_eq!(seeing.status.code(), Some(1), "{}", stderr(&seeing));
+    assert!(
+        stderr(&seeing).contains("the node is in pool edge, which does not take this DaemonSet"),
+        "{}",
+        stderr(&seeing)
+    );
+}

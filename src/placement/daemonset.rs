@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 use json_patch::Patch;
 use serde_json::Value;
 
-use super::entitlement::{is_owned_toleration, wildcard_exclusion};
+use super::entitlement::{in_pool, is_owned_toleration, wildcard_exclusion};
 use super::grants::{Grants, pool_toleration};
 use super::pod::{PodView, is_wildcard_for};
 use super::selection::{is_empty_term, tolerates};
@@ -69,11 +69,7 @@ pub fn daemonset_grants(
         let Some(node) = target.filter(|_| wildcard && decision.denial.is_none()) else {
             continue;
         };
-        let labels = nodes.and_then(|n| n.get(node)).map(|n| &n.labels);
-        if policies
-            .pool_of_node(node, labels)
-            .is_some_and(|owner| owner.name == policy.name)
-        {
+        if in_pool(policy, node, policies, nodes) {
             decision.denial = Some(format!(
                 "DaemonSet pod for node {node}: the node is in pool {}, which does not take this \
                  DaemonSet ({}), and the pod tolerates every taint",

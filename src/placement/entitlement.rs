@@ -71,8 +71,7 @@ pub fn wildcard_exclusion(
 }
 
 /// A denial when `spec.nodeName` names a node of a dedicated pool the pod is not
-/// entitled to. Pool membership comes from `pool.nodeNames`, and from
-/// `pool.nodeSelector` when the node's labels are known.
+/// entitled to ([`in_pool`]).
 pub fn node_name_denial(
     pod: &PodView,
     policies: &PolicySet,
@@ -80,15 +79,40 @@ pub fn node_name_denial(
     entitled: &BTreeSet<String>,
 ) -> Option<String> {
     let node = pod.node_name()?;
-    let labels = nodes.and_then(|n| n.get(node)).map(|n| &n.labels);
-    let owner = policies.pool_of_node(node, labels)?;
-    owner.dedicated_pool()?;
-    (!entitled.contains(owner.name.as_str())).then(|| {
-        format!(
-            "spec.nodeName {node} is in dedicated pool {}, which this pod is not entitled to",
-            owner.name
-        )
-    })
+    let closed = policies.iter().find(|p| {
+        p.dedicated_pool().is_some()
+            && !entitled.contains(p.name.as_str())
+            && in_pool(p, node, policies, nodes)
+    })?;
+    Some(format!(
+        "spec.nodeName {node} is in dedicated pool {}, which this pod is not entitled to",
+        closed.name
+    ))
+}
+
+/// Whether `node` is one of `policy`'s pool nodes for entitlement: the pool names
+/// it in `nodeNames`, or owns it (its selector claims the node and no older pool
+/// does). A node two pools name stays closed to what either refuses until the
+/// conflict is resolved, while only the older pool's label and taint are on it:
+/// the admission policies, which see `nodeNames` and the controller's
+/// `status.nodeNames`, judge so too, and the two must agree.
+pub fn in_pool(
+    policy: &CompiledPolicy,
+    node: &str,
+    policies: &PolicySet,
+    nodes: Option<&NodeIndex>,
+) -> bool {
+    let named = policy
+        .spec
+        .pool
+        .as_ref()
+        .is_some_and(|p| p.node_names.iter().any(|n| n == node));
+    named || {
+        let labels = nodes.and_then(|n| n.get(node)).map(|n| &n.labels);
+        policies
+            .pool_of_node(node, labels)
+            .is_some_and(|owner| owner.name == policy.name)
+    }
 }
 
 /// A way a pod, as it stands, could reach a dedicated pool it is not entitled to:
@@ -197,9 +221,9 @@ pub fn pool_breaches(pod: &PodView, policy: &CompiledPolicy, standing: Standing)
     breaches
 }
 
-/// The nodes of `policy`'s pool: those it names, and those whose labels it claims
-/// and that no older pool claims, among `nodes` (the controller reports the same
-/// set as `status.nodeNames`, which the admission policies read).
+/// The nodes of `policy`'s pool for entitlement ([`in_pool`]): those it names,
+/// and those among `nodes` it owns (the controller reports these as
+/// `status.nodeNames`, which the admission policies read with `nodeNames`).
 pub fn pool_nodes(
     policy: &CompiledPolicy,
     policies: &PolicySet,
@@ -211,11 +235,10 @@ pub fn pool_nodes(
         .iter()
         .flat_map(|p| p.node_names.iter().cloned())
         .collect();
-    let owned = nodes.into_iter().flatten().filter(|(name, node)| {
-        policies
-            .pool_of_node(name, Some(&node.labels))
-            .is_some_and(|owner| owner.name == policy.name)
-    });
+    let owned = nodes
+        .into_iter()
+        .flatten()
+        .filter(|(name, _)| in_pool(policy, name, policies, nodes));
     pool.extend(owned.map(|(name, _)| name.clone()));
     pool
 }

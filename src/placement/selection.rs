@@ -12,25 +12,15 @@ use k8s_openapi::api::core::v1::{
     NodeSelectorRequirement, NodeSelectorTerm, PreferredSchedulingTerm, Taint, Toleration,
 };
 
-use crate::names::{is_label_key, is_label_value};
-use crate::policy::compile::Labels;
+use crate::policy::compile::{Labels, requirement_problem};
 
 /// The one node field a `matchFields` requirement can name.
 const NODE_NAME_FIELD: &str = "metadata.name";
 
 /// Whether the label requirement `r` parses as Kubernetes parses it
-/// (`labels.NewRequirement`): a valid key, valid label values, at least one value
-/// for `In`/`NotIn`, none for `Exists`/`DoesNotExist`, and exactly one integer for
-/// `Gt`/`Lt`.
+/// ([`requirement_problem`]).
 pub fn label_requirement_parses(r: &NodeSelectorRequirement) -> bool {
-    let values = r.values.as_deref().unwrap_or_default();
-    let count_ok = match r.operator.as_str() {
-        "In" | "NotIn" => !values.is_empty(),
-        "Exists" | "DoesNotExist" => values.is_empty(),
-        "Gt" | "Lt" => values.len() == 1 && values[0].parse::<i64>().is_ok(),
-        _ => false,
-    };
-    count_ok && is_label_key(&r.key) && values.iter().all(|v| is_label_value(v))
+    requirement_problem(r).is_none()
 }
 
 /// Whether a label requirement that parses matches a node whose label `r.key` has

@@ -933,3 +933,45 @@ fn broken_group_labels_warn_and_hold_nothing() {
         out.decision.warnings
     );
 }
+
+#[test]
+fn a_comparison_toleration_on_berths_key_is_removed_as_any_forged_one() {
+    // A pool named 450 is tainted berth.io/pool=450: `Gt 100` would tolerate it.
+    let set = mk_set(&[mk_policy("450", json!({"pool": {"nodeNames": ["node2"]}}))]);
+    let mut pod = mk_pod("nginx");
+    pod["spec"]["tolerations"] = json!([{"key": "berth.io/pool", "operator": "Gt", "value": "100"},
+        {"key": "sla", "operator": "Gt", "value": "900"}]);
+    let out = admit(&pod, &NamespaceInfo::new("default"), &set);
+    assert_eq!(
+        out.pod["spec"]["tolerations"],
+        json!([{"key": "sla", "operator": "Gt", "value": "900"}]),
+        "berth's own key goes, a comparison on another key stays"
+    );
+    assert!(
+        out.decision
+            .warnings
+            .iter()
+            .any(|w| w.contains("removed toleration berth.io/pool")),
+        "{:?}",
+        out.decision.warnings
+    );
+}
+
+#[test]
+fn a_policy_expression_written_with_empty_values_is_granted_as_stored() {
+    let set = mk_set(&[mk_policy(
+        "ssd",
+        json!({"nodeAffinity": {"required": [{"key": "disk", "operator": "Exists", "values": []}],
+            "preferred": [{"weight": 50, "preference": {"key": "zone", "operator": "In", "values": ["a", "b"]}}]}}),
+    )]);
+    let out = admit(&mk_pod("nginx"), &opted_in("ssd"), &set);
+    assert_eq!(
+        required_terms(&out.pod)[0]["matchExpressions"],
+        json!([{"key": "disk", "operator": "Exists"}])
+    );
+    // Stored, the pod spells the preference's values in another order: same meaning.
+    let mut stored = out.pod.clone();
+    stored["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        [0]["preference"]["matchExpressions"][0]["values"] = json!(["b", "a"]);
+    assert!(admit(&stored, &opted_in("ssd"), &set).patch.0.is_empty());
+}

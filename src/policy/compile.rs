@@ -11,7 +11,7 @@ use kube::core::{Selector, SelectorExt};
 use super::crd::{PlacementPolicy, PlacementPolicySpec, Pool};
 use super::image::ImagePatterns;
 use crate::names::{
-    MAX_POLICY_NAME, POOL_TAINT, is_dns_subdomain, is_label_key, is_owned_node_key,
+    MAX_POLICY_NAME, POOL_TAINT, is_dns_subdomain, is_label_key, is_label_value, is_owned_node_key,
     is_valid_policy_name,
 };
 
@@ -364,17 +364,33 @@ fn check_requirement(requirement: &NodeSelectorRequirement) -> Result<(), String
             "{key} is berth's own label; use pool or colocateWith/avoid"
         ));
     }
+    requirement_problem(requirement).map_or(Ok(()), Err)
+}
+
+/// Why a node requirement does not parse as Kubernetes parses it
+/// (`labels.NewRequirement`: a label key, label values, values for `In` and
+/// `NotIn`, none for `Exists` and `DoesNotExist`, one whole number for `Gt` and
+/// `Lt`); `None` when it does. A pod with such a requirement in a term is refused
+/// by the apiserver, and the term matches no node.
+pub fn requirement_problem(requirement: &NodeSelectorRequirement) -> Option<String> {
+    let key = &requirement.key;
+    if !is_label_key(key) {
+        return Some(format!("{key:?} is not a label key"));
+    }
     let values = requirement.values.as_deref().unwrap_or_default();
+    if let Some(bad) = values.iter().find(|v| !is_label_value(v)) {
+        return Some(format!("{key}: {bad:?} is not a label value"));
+    }
     match requirement.operator.as_str() {
-        "In" | "NotIn" if values.is_empty() => Err(format!("{key}: In and NotIn need values")),
+        "In" | "NotIn" if values.is_empty() => Some(format!("{key}: In and NotIn need values")),
         "Exists" | "DoesNotExist" if !values.is_empty() => {
-            Err(format!("{key}: Exists and DoesNotExist take no values"))
+            Some(format!("{key}: Exists and DoesNotExist take no values"))
         }
         "Gt" | "Lt" if values.len() != 1 || values[0].parse::<i64>().is_err() => {
-            Err(format!("{key}: Gt and Lt take one whole number"))
+            Some(format!("{key}: Gt and Lt take one whole number"))
         }
-        "In" | "NotIn" | "Exists" | "DoesNotExist" | "Gt" | "Lt" => Ok(()),
-        other => Err(format!("{key}: unknown operator {other:?}")),
+        "In" | "NotIn" | "Exists" | "DoesNotExist" | "Gt" | "Lt" => None,
+        other => Some(format!("{key}: unknown operator {other:?}")),
     }
 }
 

@@ -4,11 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/go-logr/logr"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
-	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	podutil "k8s.io/kubernetes/pkg/api/pod"
 	api "k8s.io/kubernetes/pkg/apis/core"
@@ -128,7 +128,8 @@ func whyNot(pod *v1.Pod, node *v1.Node) string {
 	counted := func(t *v1.Taint) bool {
 		return t.Effect == v1.TaintEffectNoExecute || (!named && t.Effect == v1.TaintEffectNoSchedule)
 	}
-	if taint, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), node.Spec.Taints, pod.Spec.Tolerations, counted, true); untolerated {
+	// A value a comparison cannot read is logged there; the answer says it here.
+	if taint, untolerated := corev1helpers.FindMatchingUntoleratedTaint(logr.Discard(), node.Spec.Taints, pod.Spec.Tolerations, counted, true); untolerated {
 		return "untolerated taint " + taint.ToString()
 	}
 	return ""

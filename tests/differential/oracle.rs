@@ -1,0 +1,124 @@
+//! The oracle process (tests/cluster/oracle): Kubernetes' own scheduling,
+//! validation and admission-policy code, built from the control plane's Go modules
+//! into the cache, asked one JSON line at a time.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// What Kubernetes' code says of one pod (see the oracle's `podAnswer`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct PodAnswer {
+    pub valid: bool,
+    pub errors: Vec<String>,
+    pub stored: Option<Value>,
+    pub fits: Vec<bool>,
+    pub why: Vec<String>,
+    pub scores: Option<Vec<i64>>,
+}
+
+impl PodAnswer {
+    /// The nodes (by index) where the pod may run once the apiserver has it: none
+    /// when the apiserver refuses it.
+    pub fn placeable(&self) -> Vec<bool> {
+        self.fits.iter().map(|f| *f && self.valid).collect()
+    }
+}
+
+/// One case of Kubernetes' own table TestPodMatchesNodeSelectorAndAffinityTerms.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Seed {
+    pub name: String,
+    pub pod: Value,
+    pub node: Value,
+    pub want: bool,
+}
+
+/// What the apiserver's admission-policy code says of one request.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PolicyAnswer {
+    pub denied: bool,
+    pub messages: Vec<String>,
+    pub nanos: i64,
+    pub error: Option<String>,
+}
+
+pub struct Oracle {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Oracle {
+    /// Builds the oracle (once, into the cache) and starts it. Fails, never
+    /// skips, when it cannot be built.
+    pub fn start() -> Oracle {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let built = Command::new(root.join("tests/cluster/build-oracle"))
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run tests/cluster/build-oracle");
+        assert!(
+            built.status.success(),
+            "building the oracle failed; it needs Go (see tests/cluster/build-oracle)"
+        );
+        let binary = String::from_utf8(built.stdout).expect("a path");
+        let mut child = Command::new(binary.trim())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the oracle");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Oracle {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn ask(&mut self, request: &Value) -> Value {
+        let mut line = serde_json::to_vec(request).expect("a request");
+        line.push(b'\n');
+        self.stdin.write_all(&line).expect("write to the oracle");
+        self.stdin.flush().expect("flush to the oracle");
+        let mut answer = String::new();
+        self.stdout
+            .read_line(&mut answer)
+            .expect("read from the oracle");
+        let answer: Value = serde_json::from_str(&answer).expect("the oracle answers JSON");
+        if let Some(error) = answer.get("error").and_then(Value::as_str) {
+            panic!("the oracle refused the request: {error}");
+        }
+        answer
+    }
+
+    /// Each pod judged by the apiserver's validation and kube-scheduler's filters
+    /// and scoring against `nodes`.
+    pub fn evaluate(&mut self, pods: &[Value], nodes: &[Value]) -> Vec<PodAnswer> {
+        let answer = self.ask(&json!({"op": "evaluate", "pods": pods, "nodes": nodes}));
+        serde_json::from_value(answer["pods"].clone()).expect("pod answers")
+    }
+
+    pub fn seeds(&mut self) -> Vec<Seed> {
+        let answer = self.ask(&json!({"op": "seeds"}));
+        serde_json::from_value(answer["seeds"].clone()).expect("seeds")
+    }
+
+    /// The ValidatingAdmissionPolicy `policy` run on each case.
+    pub fn admission_policy(&mut self, policy: &Value, cases: &[Value]) -> Vec<PolicyAnswer> {
+        let answer = self.ask(&json!({"op": "vap", "policy": policy, "cases": cases}));
+        serde_json::from_value(answer["results"].clone()).expect("policy answers")
+    }
+}
+
+impl Drop for Oracle {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,792 @@
+//! berth checked against Kubernetes' own code, on generated worlds: where a pod
+//! may run before and after berth is decided by the apiserver's validation and
+//! kube-scheduler's node-affinity and taint code (`k8s.io/component-helpers`), run
+//! by the oracle (tests/cluster/oracle), and the contract's promises are checked
+//! as set equations over those answers. Nothing here asks berth whether berth is
+//! right: the expectations come from the contract's words (`differential/expect`),
+//! the judgement from Kubernetes.
+//!
+//! `make test` runs `SEMANTICS_WORLDS` worlds (default 150, seconds);
+//! `make test-semantics` runs the long version and prints the counts. A failure
+//! prints the seed (`SEMANTICS_SEED`) that reproduces it.
+
+#![cfg(feature = "oracle")]
+
+mod differential;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use berth::admission::cel;
+use berth::names::BERTH_SERVICE_ACCOUNT;
+use berth::placement::entitlement::{Standing, pool_breaches, pool_nodes};
+use berth::placement::feasibility::{Placement, node_fits};
+use berth::placement::matching::opts_in;
+use berth::placement::pod::PodView;
+use berth::placement::{
+    Decision, Input, NamespaceInfo, NodeIndex, NodeInfo, Requester, build_patch, decide,
+};
+use berth::policy::{NamespaceConfig, PlacementPolicy, PolicySet};
+use differential::expect::{Expected, Pools, Tally, canonical_requirement, expect, scoring_pod};
+use differential::oracle::{Oracle, PodAnswer};
+use differential::world::{DAEMONSET_CONTROLLER, POOL_TAINT, World, arb_world};
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use proptest::strategy::{Strategy, ValueTree};
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use serde_json::{Value, json};
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `count` worlds from the seed `SEMANTICS_SEED` (a fixed one by default, so that
+/// `make test` is repeatable), each with its index.
+fn worlds(count: u64) -> impl Iterator<Item = (u64, World)> {
+    let seed = env_number("SEMANTICS_SEED", 23);
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &bytes);
+    let mut runner = TestRunner::new_with_rng(Config::default(), rng);
+    let strategy = arb_world();
+    (0..count).map(move |i| {
+        let world = strategy.new_tree(&mut runner).expect("a world").current();
+        (i, world)
+    })
+}
+
+fn compile(world: &World) -> PolicySet {
+    let policies: Vec<PlacementPolicy> = world
+        .policies
+        .iter()
+        .map(|p| serde_json::from_value(p.clone()).expect("a PlacementPolicy"))
+        .collect();
+    let (set, errors) = PolicySet::compile(&policies);
+    assert!(errors.is_empty(), "generated policies compile: {errors:?}");
+    set
+}
+
+fn node_index(nodes: &[Value]) -> NodeIndex {
+    nodes
+        .iter()
+        .map(|n| {
+            let node: Node = serde_json::from_value(n.clone()).expect("a Node");
+            (
+                node.metadata.name.clone().unwrap(),
+                Arc::new(NodeInfo::from_node(&node)),
+            )
+        })
+        .collect()
+}
+
+fn namespace_info(namespace: &Value) -> NamespaceInfo {
+    let namespace: Namespace = serde_json::from_value(namespace.clone()).expect("a Namespace");
+    NamespaceInfo::from_namespace(&namespace)
+}
+
+fn namespace_of<'w>(world: &'w World, pod: &Value) -> &'w Value {
+    let name = &pod["metadata"]["namespace"];
+    world
+        .namespaces
+        .iter()
+        .find(|n| &n["metadata"]["name"] == name)
+        .expect("the pod's namespace")
+}
+
+fn requester(daemonset: bool) -> Requester {
+    if daemonset {
+        Requester::from_username(DAEMONSET_CONTROLLER)
+    } else {
+        Requester::Other
+    }
+}
+
+/// One pod as berth admitted it, in one of its forms.
+struct Admission {
+    /// `p3 in ns-all, as written` or `..., as served`: which pod and form.
+    label: String,
+    form: Value,
+    daemonset: bool,
+    namespace: NamespaceInfo,
+    decision: Decision,
+    /// The pod after berth's patch; `None` when berth denied it.
+    mutated: Option<Value>,
+    expected: Expected,
+}
+
+struct Judged {
+    original: PodAnswer,
+    mutated: Option<PodAnswer>,
+    tolerating: PodAnswer,
+    required: Option<PodAnswer>,
+    scoring: PodAnswer,
+}
+
+fn admit(
+    label: String,
+    form: Value,
+    daemonset: bool,
+    world: &World,
+    pools: &Pools,
+    set: &PolicySet,
+    index: &NodeIndex,
+) -> Admission {
+    let namespace_json = namespace_of(world, &form);
+    let namespace = namespace_info(namespace_json);
+    let decision = decide(&Input {
+        pod: &form,
+        namespace: &namespace,
+        policies: set,
+        nodes: Some(index),
+        requester: requester(daemonset),
+        groups: Default::default(),
+    });
+    let mutated = decision.denial.is_none().then(|| {
+        let mut pod = form.clone();
+        json_patch::patch(&mut pod, &build_patch(&form, &decision.grants))
+            .expect("berth's patch applies");
+        pod
+    });
+    let expected = expect(pools, namespace_json, &form, daemonset);
+    Admission {
+        label,
+        form,
+        daemonset,
+        namespace,
+        decision,
+        mutated,
+        expected,
+    }
+}
+
+fn set_of(flags: &[bool]) -> BTreeSet<usize> {
+    (0..flags.len()).filter(|&i| flags[i]).collect()
+}
+
+fn required_terms(pod: &Value) -> Option<&Value> {
+    pod.pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution")
+}
+
+fn expressions(term: &Value) -> BTreeSet<String> {
+    term.get("matchExpressions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|e| canonical_requirement(e).to_string())
+        .collect()
+}
+
+fn is_empty_term(term: &Value) -> bool {
+    ["matchExpressions", "matchFields"].iter().all(|k| {
+        term.get(*k)
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty)
+    })
+}
+
+fn canonical_toleration(t: &Value) -> String {
+    let text = |k: &str| t.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+    let operator = match text("operator").as_str() {
+        "" => "Equal".to_owned(),
+        op => op.to_owned(),
+    };
+    json!([
+        text("key"),
+        operator,
+        text("value"),
+        text("effect"),
+        t.get("tolerationSeconds")
+    ])
+    .to_string()
+}
+
+fn tolerations(pod: &Value, owned: bool) -> Vec<Value> {
+    pod["spec"]["tolerations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| (t.get("key").and_then(Value::as_str) == Some(POOL_TAINT)) == owned)
+        .cloned()
+        .collect()
+}
+
+/// The contract's promises for one admission, judged by Kubernetes' answers.
+fn check(
+    a: &Admission,
+    j: &Judged,
+    world: &World,
+    pools: &Pools,
+    set: &PolicySet,
+    index: &NodeIndex,
+    tally: &mut Tally,
+) {
+    let names: Vec<String> = pools
+        .nodes
+        .iter()
+        .map(|n| n["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    let context = || {
+        format!(
+            "{}:\n  pod {}\n  decision {:?}\n  mutated {}\n  world {:?}",
+            a.label,
+            a.form,
+            a.decision.grants,
+            a.mutated
+                .as_ref()
+                .map(Value::to_string)
+                .unwrap_or("denied".into()),
+            world.policies
+        )
+    };
+    let e = &a.expected;
+    let mut applied = a.decision.grants.applied.clone();
+    applied.sort();
+    tally.check(
+        "the policies that apply are the contract's",
+        applied == e.applied,
+        || {
+            format!(
+                "berth {:?}, contract {:?}; {}",
+                applied,
+                e.applied,
+                context()
+            )
+        },
+    );
+
+    // Where the pod may run after berth, by Kubernetes' code: nowhere if denied.
+    let after: BTreeSet<usize> = j
+        .mutated
+        .as_ref()
+        .map(|m| set_of(&m.placeable()))
+        .unwrap_or_default();
+    let all: BTreeSet<usize> = (0..names.len()).collect();
+    let tolerating = set_of(&j.tolerating.placeable());
+    let required = j
+        .required
+        .as_ref()
+        .map(|r| set_of(&r.fits))
+        .unwrap_or_else(|| all.clone());
+    let pool = e.pool_nodes.clone().unwrap_or_else(|| all.clone());
+    let exact: BTreeSet<usize> = tolerating
+        .iter()
+        .filter(|i| required.contains(i) && pool.contains(i) && !e.closed.contains(i))
+        .filter(|_| !e.names_a_closed_node)
+        .copied()
+        .collect();
+    tally.check(
+        "placed exactly: (tolerating ∩ required ∩ pool) minus closed pools",
+        after == exact,
+        || format!("after berth {after:?}, contract {exact:?} (tolerating {tolerating:?}, required {required:?}, pool {pool:?}, closed {:?}); why not: {:?}, refused for: {:?}; {}", e.closed, j.mutated.as_ref().map(|m| &m.why), j.mutated.as_ref().map(|m| &m.errors), context()),
+    );
+    let before = set_of(&j.original.placeable());
+    tally.check(
+        "never wider than the original but for entitled pools",
+        after
+            .iter()
+            .all(|i| before.contains(i) || e.entitled_nodes.contains(i)),
+        || {
+            format!(
+                "after {after:?}, before {before:?}, entitled {:?}; {}",
+                e.entitled_nodes,
+                context()
+            )
+        },
+    );
+
+    // berth's own reading of the pod agrees with Kubernetes' (explain --nodes).
+    let view = PodView::read(&a.form).expect("berth reads generated pods");
+    let infos: Vec<Arc<NodeInfo>> = names.iter().map(|n| index[n].clone()).collect();
+    let berth_before: Vec<bool> = names
+        .iter()
+        .zip(&infos)
+        .map(|(n, info)| node_fits(&Placement::of(&view), n, info).is_ok())
+        .collect();
+    tally.check(
+        "explain reads the original pod as Kubernetes does",
+        berth_before == j.original.fits,
+        || {
+            format!(
+                "berth {berth_before:?}, Kubernetes {:?} ({:?}); {}",
+                j.original.fits,
+                j.original.why,
+                context()
+            )
+        },
+    );
+
+    let (Some(mutated), Some(judged)) = (a.mutated.as_ref(), j.mutated.as_ref()) else {
+        return;
+    };
+    let placement = Placement::after(&view, &a.decision.grants);
+    let berth_after: Vec<bool> = names
+        .iter()
+        .zip(&infos)
+        .map(|(n, info)| node_fits(&placement, n, info).is_ok())
+        .collect();
+    tally.check(
+        "explain --nodes says where the mutated pod may run",
+        berth_after == judged.fits,
+        || {
+            format!(
+                "berth {berth_after:?}, Kubernetes {:?} ({:?}); {}",
+                judged.fits,
+                judged.why,
+                context()
+            )
+        },
+    );
+    tally.check(
+        "preferences are added once: the scores are the contract's",
+        judged.scores == j.scoring.scores,
+        || {
+            format!(
+                "berth's pod scores {:?}, contract {:?} ({:?}); {}",
+                judged.scores,
+                j.scoring.scores,
+                e.preferred,
+                context()
+            )
+        },
+    );
+
+    // Required node affinity: ANDed into every term that matches something; a
+    // term or a list of terms that matches nothing stays so.
+    if let Some(own) = required_terms(&a.form).filter(|r| r.is_object()) {
+        let kept = required_terms(mutated);
+        let own_terms = own.get("nodeSelectorTerms").and_then(Value::as_array);
+        let holds = match (
+            own_terms,
+            kept.and_then(|k| k.get("nodeSelectorTerms"))
+                .and_then(Value::as_array),
+        ) {
+            (Some(own_terms), Some(terms)) if !own_terms.is_empty() => {
+                own_terms.len() == terms.len()
+                    && own_terms.iter().zip(terms).all(|(o, t)| {
+                        if is_empty_term(o) {
+                            o == t
+                        } else {
+                            let have = expressions(t);
+                            expressions(o).is_subset(&have)
+                                && e.required_expressions
+                                    .iter()
+                                    .all(|r| have.contains(&canonical_requirement(r).to_string()))
+                                && o.get("matchFields") == t.get("matchFields")
+                        }
+                    })
+            }
+            // No terms, in whatever spelling: berth adds none.
+            _ => kept == Some(own),
+        };
+        tally.check(
+            "required expressions are ANDed into every term, none added",
+            holds,
+            context,
+        );
+    }
+
+    // Tolerations: the pod's own kept verbatim, the entitled pools' added once.
+    let owned: Vec<String> = tolerations(mutated, true)
+        .iter()
+        .map(canonical_toleration)
+        .collect();
+    let distinct: BTreeSet<&String> = owned.iter().collect();
+    let wanted: BTreeSet<String> = e
+        .pool_tolerations
+        .iter()
+        .map(canonical_toleration)
+        .collect();
+    tally.check(
+        "tolerations: the pod's own verbatim, each entitled pool's once",
+        tolerations(mutated, false) == tolerations(&a.form, false)
+            && distinct.len() == owned.len()
+            && distinct.into_iter().cloned().collect::<BTreeSet<_>>() == wanted,
+        context,
+    );
+
+    // Idempotent: on berth's output, and on that output as the apiserver stores it.
+    let again = |pod: &Value| {
+        let decision = decide(&Input {
+            pod,
+            namespace: &a.namespace,
+            policies: set,
+            nodes: Some(index),
+            requester: requester(a.daemonset),
+            groups: Default::default(),
+        });
+        build_patch(pod, &decision.grants)
+    };
+    let patch = again(mutated);
+    tally.check(
+        "admitting berth's output again changes nothing",
+        patch.0.is_empty(),
+        || {
+            format!(
+                "patch {}; {}",
+                serde_json::to_string(&patch).unwrap(),
+                context()
+            )
+        },
+    );
+    if let Some(stored) = judged.stored.as_ref().filter(|_| judged.valid) {
+        let patch = again(stored);
+        tally.check(
+            "admitting berth's output as stored changes nothing",
+            patch.0.is_empty(),
+            || {
+                format!(
+                    "patch {}; stored {stored}; {}",
+                    serde_json::to_string(&patch).unwrap(),
+                    context()
+                )
+            },
+        );
+    }
+}
+
+fn judge_world(oracle: &mut Oracle, world: &World, tally: &mut Tally) {
+    let pools = Pools::of(world);
+    let set = compile(world);
+    let index = node_index(&pools.nodes);
+    let untainted = pools.untainted();
+    // The webhook sees a pod as the apiserver decoded it; berth mutate as written.
+    let raw: Vec<Value> = world.pods.iter().map(|c| c.pod.clone()).collect();
+    let served = oracle.evaluate(&raw, &pools.nodes);
+    let mut admissions = Vec::new();
+    for (case, answer) in world.pods.iter().zip(&served) {
+        let name = format!(
+            "{} in {}",
+            case.pod["metadata"]["name"], case.pod["metadata"]["namespace"]
+        );
+        admissions.push(admit(
+            format!("{name}, as written"),
+            case.pod.clone(),
+            case.daemonset,
+            world,
+            &pools,
+            &set,
+            &index,
+        ));
+        if let Some(stored) = &answer.stored {
+            admissions.push(admit(
+                format!("{name}, as served"),
+                stored.clone(),
+                case.daemonset,
+                world,
+                &pools,
+                &set,
+                &index,
+            ));
+        }
+    }
+    let mut tainted_batch = Vec::new();
+    let mut untainted_batch = Vec::new();
+    for a in &admissions {
+        tainted_batch.push(a.form.clone());
+        tainted_batch.push(a.mutated.clone().unwrap_or_else(|| a.form.clone()));
+        tainted_batch.push(a.expected.tolerating.clone());
+        untainted_batch.push(scoring_pod(&a.expected.preferred));
+        untainted_batch.push(
+            a.expected
+                .required
+                .clone()
+                .unwrap_or_else(|| scoring_pod(&[])),
+        );
+    }
+    let mut tainted = oracle.evaluate(&tainted_batch, &pools.nodes).into_iter();
+    let mut plain = oracle.evaluate(&untainted_batch, &untainted).into_iter();
+    for a in &admissions {
+        let original = tainted.next().unwrap();
+        let mutated = tainted.next().unwrap();
+        let tolerating = tainted.next().unwrap();
+        let scoring = plain.next().unwrap();
+        let required = plain.next().unwrap();
+        let judged = Judged {
+            original,
+            mutated: a.mutated.as_ref().map(|_| mutated),
+            tolerating,
+            required: a.expected.required.as_ref().map(|_| required),
+            scoring,
+        };
+        check(a, &judged, world, &pools, &set, &index, tally);
+    }
+}
+
+fn finish(tally: &Tally, title: &str) {
+    println!("{}", tally.report(title));
+    assert_eq!(
+        tally.violations(),
+        0,
+        "{} violations (seed {}); the first:\n{}",
+        tally.violations(),
+        env_number("SEMANTICS_SEED", 23),
+        tally.examples.join("\n\n")
+    );
+}
+
+#[test]
+fn kubernetes_own_node_affinity_table_agrees_with_berths_reading() {
+    let mut oracle = Oracle::start();
+    let seeds = oracle.seeds();
+    assert!(
+        seeds.len() >= 20,
+        "Kubernetes' table has its cases: {}",
+        seeds.len()
+    );
+    let mut tally = Tally::default();
+    for seed in &seeds {
+        let mut pod = seed.pod.clone();
+        pod["metadata"] = json!({"name": "seed", "namespace": "default"});
+        pod["spec"]["containers"] = json!([{"name": "c", "image": "nginx"}]);
+        let node: Node = serde_json::from_value(seed.node.clone()).expect("a Node");
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let view = PodView::read(&pod).expect("berth reads the table's pods");
+        let fits = node_fits(&Placement::of(&view), &name, &NodeInfo::from_node(&node)).is_ok();
+        tally.check(
+            "berth matches as Kubernetes' own table says",
+            fits == seed.want,
+            || format!("{}: berth {fits}, the table {}", seed.name, seed.want),
+        );
+    }
+    finish(&tally, &format!("Kubernetes' table: {} cases", seeds.len()));
+}
+
+/// Worlds built around each case of Kubernetes' own table, the first cases of the
+/// differential test: the table's pod in each namespace, its node beside nodes of
+/// a dedicated Required pool and a pool by nodeSelector.
+fn seeded_worlds(oracle: &mut Oracle) -> Vec<World> {
+    let mut worlds = Vec::new();
+    for seed in oracle.seeds() {
+        let mut node = seed.node.clone();
+        if node["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty()
+        {
+            node["metadata"]["name"] = json!("seed");
+        }
+        node["spec"] = json!({"taints": []});
+        let nodes = vec![
+            node,
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"zone": "a", "foo": "bar"}}, "spec": {"taints": []}}),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2", "labels": {"zone": "b"}}, "spec": {"taints": [{"key": "dedicated", "value": "team", "effect": "NoSchedule"}]}}),
+        ];
+        let policies = vec![
+            json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+                "metadata": {"name": "cdn", "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"pool": {"nodeNames": ["n1"]}}}),
+            json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+                "metadata": {"name": "edge", "creationTimestamp": "2026-01-02T00:00:00Z"},
+                "spec": {"pool": {"nodeSelector": {"matchLabels": {"zone": "b"}}, "placement": "Preferred"},
+                    "nodeAffinity": {"preferred": [{"weight": 50, "preference": {"key": "foo", "operator": "Exists", "values": []}}]}}}),
+        ];
+        let namespaces: Vec<Value> = differential::world::NAMESPACES
+            .iter()
+            .zip([Some("cdn, edge"), Some("cdn"), None])
+            .map(|(name, opt)| {
+                let annotations = opt
+                    .map(|o| json!({"berth.io/policies": o}))
+                    .unwrap_or(json!({}));
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name,
+                    "labels": {"kubernetes.io/metadata.name": name}, "annotations": annotations}})
+            })
+            .collect();
+        let pods = differential::world::NAMESPACES
+            .iter()
+            .enumerate()
+            .map(|(i, ns)| {
+                let mut pod = seed.pod.clone();
+                pod["metadata"] = json!({"name": format!("seed-{i}"), "namespace": ns});
+                pod["spec"]["containers"] = json!([{"name": "c", "image": "nginx"}]);
+                differential::world::PodCase {
+                    pod,
+                    daemonset: false,
+                }
+            })
+            .collect();
+        worlds.push(World {
+            nodes,
+            policies,
+            namespaces,
+            pods,
+        });
+    }
+    worlds
+}
+
+#[test]
+fn berth_places_pods_where_kubernetes_code_says_the_contract_allows() {
+    let mut oracle = Oracle::start();
+    let mut tally = Tally::default();
+    let seeded = seeded_worlds(&mut oracle);
+    let seeded_count = seeded.len();
+    for world in &seeded {
+        judge_world(&mut oracle, world, &mut tally);
+    }
+    let count = env_number("SEMANTICS_WORLDS", 150);
+    let mut pods = 0;
+    for (_, world) in worlds(count) {
+        pods += world.pods.len();
+        judge_world(&mut oracle, &world, &mut tally);
+    }
+    let cases = tally
+        .checked
+        .get("never wider than the original but for entitled pools")
+        .copied()
+        .unwrap_or(0);
+    finish(
+        &tally,
+        &format!(
+            "placements: {seeded_count} worlds from Kubernetes' table, then {count} generated worlds of {pods} pods; \
+             {cases} admissions (each pod as written and as the apiserver serves it)"
+        ),
+    );
+}
+
+#[test]
+fn the_admission_policies_agree_with_berths_entitlement_rule() {
+    let mut oracle = Oracle::start();
+    let manifests = cel::manifests(BERTH_SERVICE_ACCOUNT);
+    let policy: Value = manifests
+        .split("---\n")
+        .map(|d| serde_yaml_ng::from_str::<Value>(d).expect("YAML"))
+        .find(|d| {
+            d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == "berth-pools"
+        })
+        .expect("berth-pools");
+    // Updates that add one toleration each: a wildcard, berth's key by Exists, by a
+    // comparison, and by a pool's name.
+    let added = [
+        json!({"operator": "Exists"}),
+        json!({"key": POOL_TAINT, "operator": "Exists"}),
+        json!({"key": POOL_TAINT, "operator": "Gt", "value": "100"}),
+        json!({"key": POOL_TAINT, "operator": "Lt", "value": "1000"}),
+        json!({"key": POOL_TAINT, "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}),
+    ];
+    let mut tally = Tally::default();
+    let mut nanos = 0i64;
+    let count = env_number("SEMANTICS_WORLDS", 150) / 2;
+    for (_, world) in worlds(count) {
+        let pools = Pools::of(&world);
+        let set = compile(&world);
+        let index = node_index(&pools.nodes);
+        let raw: Vec<Value> = world.pods.iter().map(|c| c.pod.clone()).collect();
+        let judged = oracle.evaluate(&raw, &pools.nodes);
+        // (pod, old pod, daemonset, what the Rust rule says, what is checked)
+        let mut cases: Vec<(Value, Option<Value>, bool, Option<&'static str>)> = Vec::new();
+        for (case, answer) in world.pods.iter().zip(&judged) {
+            // The apiserver validates a pod before admission policies see it.
+            if !answer.valid {
+                continue;
+            }
+            let served = answer.stored.clone().expect("a valid pod is stored");
+            cases.push((served.clone(), None, case.daemonset, None));
+            let a = admit(
+                String::new(),
+                served,
+                case.daemonset,
+                &world,
+                &pools,
+                &set,
+                &index,
+            );
+            if let Some(mutated) = a.mutated {
+                let stored = oracle.evaluate(&[mutated], &pools.nodes).remove(0);
+                if let (true, Some(stored)) = (stored.valid, stored.stored) {
+                    cases.push((stored.clone(), None, case.daemonset, Some("berth's output")));
+                    for toleration in &added {
+                        let mut new = stored.clone();
+                        match new["spec"]["tolerations"].as_array_mut() {
+                            Some(list) => list.push(toleration.clone()),
+                            None => new["spec"]["tolerations"] = json!([toleration]),
+                        }
+                        cases.push((new, Some(stored.clone()), case.daemonset, None));
+                    }
+                }
+            }
+        }
+        for compiled in set.iter() {
+            let pool = pool_nodes(compiled, &set, Some(&index));
+            let mut params = world
+                .policies
+                .iter()
+                .find(|p| p["metadata"]["name"] == compiled.name.as_str())
+                .unwrap()
+                .clone();
+            params["status"] = json!({"nodeNames": pool});
+            let requests: Vec<Value> = cases
+                .iter()
+                .map(|(pod, old, daemonset, _)| {
+                    let username = if *daemonset { DAEMONSET_CONTROLLER } else { "tenant" };
+                    let mut request = json!({"operation": if old.is_some() { "UPDATE" } else { "CREATE" },
+                        "resource": "pods", "object": pod, "namespace": namespace_of(&world, pod),
+                        "params": params, "username": username, "groups": ["system:authenticated"]});
+                    if let Some(old) = old {
+                        request["oldObject"] = old.clone();
+                    }
+                    request
+                })
+                .collect();
+            let answers = oracle.admission_policy(&policy, &requests);
+            for ((pod, old, daemonset, what), answer) in cases.iter().zip(answers) {
+                nanos += answer.nanos;
+                tally.check(
+                    "the admission policy evaluates without error",
+                    answer.error.is_none(),
+                    || format!("{:?} on {pod}", answer.error),
+                );
+                let namespace = namespace_info(namespace_of(&world, pod));
+                let config = NamespaceConfig::parse(&namespace.annotations).ok();
+                let daemonset_pod = PodView::read(pod)
+                    .unwrap()
+                    .is_daemonset_pod(requester(*daemonset));
+                let standing = Standing {
+                    entitled: opts_in(compiled, &namespace, config.as_ref())
+                        || (daemonset_pod && compiled.takes_daemonsets_from(&namespace.labels)),
+                    pool_nodes: &pool,
+                };
+                let breaches =
+                    |pod: &Value| pool_breaches(&PodView::read(pod).unwrap(), compiled, standing);
+                let refused = match old {
+                    None => !breaches(pod).is_empty(),
+                    // An update is refused only for what it adds, and never for a
+                    // node name, which an update cannot set.
+                    Some(old) => {
+                        let before = breaches(old);
+                        breaches(pod).into_iter().any(|b| {
+                            !before.contains(&b)
+                                && b != berth::placement::entitlement::Breach::NodeName
+                        })
+                    }
+                };
+                let property = match (what, old) {
+                    (Some(_), _) => "with berth up, the policy admits what berth admitted",
+                    (None, None) => {
+                        "at CREATE, the policy refuses exactly the Rust rule's breaches"
+                    }
+                    (None, Some(_)) => "at UPDATE, the policy refuses exactly what the update adds",
+                };
+                let holds = if what.is_some() {
+                    !answer.denied
+                } else {
+                    answer.denied == refused
+                };
+                tally.check(property, holds, || {
+                    format!(
+                        "policy {}: CEL denied {} ({:?}), Rust rule {refused}; pod {pod}; old {old:?}; params {params}",
+                        compiled.name, answer.denied, answer.messages
+                    )
+                });
+            }
+        }
+    }
+    finish(
+        &tally,
+        &format!(
+            "admission policy berth-pools: {count} worlds, {:.1} ms of CEL in all",
+            nanos as f64 / 1e6
+        ),
+    );
+}
