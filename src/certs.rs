@@ -112,6 +112,28 @@ pub fn issue(
     })
 }
 
+/// A client certificate for the apiserver to present to berth's webhook
+/// (`berth serve --client-ca ca.crt`), signed by the CA of `issued`: its PEM and
+/// its key's.
+pub fn issue_apiserver_client(issued: &Issued, days: i64) -> Result<(String, String), CertsError> {
+    let ca_key = KeyPair::from_pem(&issued.ca_key_pem)?;
+    let issuer = Issuer::from_ca_cert_pem(&issued.ca_pem, &ca_key)?;
+    let mut params = CertificateParams::new(Vec::new())?;
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, APISERVER_CLIENT_NAME);
+    params.distinguished_name = name;
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.not_before = an_hour_ago();
+    params.not_after = time_in_days(days);
+    let key = KeyPair::generate()?;
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// The common name of the apiserver's client certificate.
+const APISERVER_CLIENT_NAME: &str = "kube-apiserver-berth-client";
+
 fn write(path: PathBuf, contents: &str, private: bool) -> Result<(), CertsError> {
     let io = |source| CertsError::Io {
         path: path.clone(),
@@ -127,8 +149,10 @@ fn write(path: PathBuf, contents: &str, private: bool) -> Result<(), CertsError>
     std::fs::rename(&tmp, &path).map_err(io)
 }
 
-/// `berth certs`: writes `ca.crt`, `ca.key`, `tls.crt`, `tls.key` and `caBundle`
-/// (the base64 CA for webhook configurations) into `out`, reusing a CA found there.
+/// `berth certs`: writes `ca.crt`, `ca.key`, `tls.crt`, `tls.key`, `caBundle`
+/// (the base64 CA for webhook configurations) and `apiserver-client.crt` and
+/// `.key` (for the apiserver to present, where berth runs with `--client-ca`) into
+/// `out`, reusing a CA found there.
 pub fn write_certs(
     service: &str,
     namespace: &str,
@@ -150,6 +174,9 @@ pub fn write_certs(
     write(out.join("tls.crt"), &issued.cert_pem, false)?;
     let bundle = base64::engine::general_purpose::STANDARD.encode(&issued.ca_pem);
     write(out.join("caBundle"), &bundle, false)?;
+    let (client_cert, client_key) = issue_apiserver_client(&issued, days)?;
+    write(out.join("apiserver-client.key"), &client_key, true)?;
+    write(out.join("apiserver-client.crt"), &client_cert, false)?;
     Ok(issued)
 }
 

@@ -35,13 +35,11 @@ pub const AVOID_GATE: &str = "berth.io/avoid";
 pub const GANG_GATE: &str = "berth.io/gang";
 /// Scheduling gate on ranked pods, removed once every lower rank is Ready.
 pub const RANK_GATE: &str = "berth.io/rank";
-/// Prefix of the PriorityClasses berth keeps for queue order: `berth-queue-<value>`.
+/// Prefix of the PriorityClasses berth keeps for queue order:
+/// `berth-queue-<policy>-<value>`.
 pub const QUEUE_CLASS_PREFIX: &str = "berth-queue-";
 /// The gates of groups (SPEC "Groups"), which hold a pod before the avoid gate.
 pub const GROUP_GATES: [&str; 2] = [GANG_GATE, RANK_GATE];
-/// The most `berth-queue-` PriorityClasses the webhook makes: their values come
-/// from labels tenants write, and each class is cluster-wide.
-pub const MAX_QUEUE_CLASSES: usize = 1000;
 /// The metadata of an object berth creates (a queue PriorityClass, a PodGroup):
 /// its name and berth's managed-by label, which the controller's sweep lists by.
 pub fn owned_metadata(name: &str) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
@@ -72,6 +70,11 @@ pub const DAEMONSET_CONTROLLER_USERS: [&str; 2] = [
 /// berth's own identity as `manifests/` installs it: the ServiceAccount
 /// `berth-system/berth`.
 pub const BERTH_SERVICE_ACCOUNT: &str = "system:serviceaccount:berth-system:berth";
+/// The label the apiserver puts on every namespace, holding its name.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+/// Namespaces whose DaemonSets a pool takes when it names none
+/// (`daemonSetNamespaces` absent): the system's node agents (kube-proxy, the CNI).
+pub const SYSTEM_DAEMONSET_NAMESPACES: [&str; 1] = ["kube-system"];
 /// Namespaces the shipped admission configurations never look at.
 pub const EXEMPT_NAMESPACES: [&str; 3] = ["kube-system", "kube-node-lease", "berth-system"];
 /// Field manager for every write berth makes.
@@ -112,9 +115,20 @@ pub fn is_berth_gate(name: &str) -> bool {
     name.starts_with(GATE_PREFIX)
 }
 
-/// The PriorityClass of queue value `value`.
-pub fn queue_class(value: i32) -> String {
-    format!("{QUEUE_CLASS_PREFIX}{value}")
+/// The PriorityClass of `policy`'s queue value `value`. One set per policy, so
+/// that an admission policy can keep each set to the namespaces that opt into its
+/// policy.
+pub fn queue_class(policy: &str, value: i32) -> String {
+    format!("{QUEUE_CLASS_PREFIX}{policy}-{value}")
+}
+
+/// The policy and queue value a `berth-queue-<policy>-<value>` name stands for.
+/// Only the canonical spelling of the value (`7`, never `07` or `+7`) is berth's.
+pub fn queue_class_parts(name: &str) -> Option<(&str, i32)> {
+    let (policy, value) = name.strip_prefix(QUEUE_CLASS_PREFIX)?.rsplit_once('-')?;
+    let parsed = value.parse::<i32>().ok()?;
+    (parsed.to_string() == value && parsed >= 0 && is_valid_policy_name(policy))
+        .then_some((policy, parsed))
 }
 
 /// Whether `key` is a Kubernetes label key: an optional DNS subdomain prefix and

@@ -16,7 +16,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, NodeSelectorTerm, Pod, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::Resource;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
@@ -187,6 +187,76 @@ pub struct PodObject {
     pub status: PodStatus,
 }
 
+/// The most JSON one of a pod's placement fields (its node selector, affinity or
+/// tolerations) may take for the controller to keep it. Tenants write pods: read
+/// into values, 1.3 MB of them would cost 30 times that in every replica's cache.
+/// Kept typed and compact within this bound; beyond it the pod is known to be too
+/// large to read ([`Bounded::TooLarge`]) and is never released from berth's gates.
+pub const PLACEMENT_FIELD_BYTES: usize = 64 * 1024;
+
+/// A pod field the controller keeps only within [`PLACEMENT_FIELD_BYTES`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum Bounded<T> {
+    #[default]
+    Absent,
+    Kept(T),
+    /// Over the bound, or of a shape berth cannot read.
+    TooLarge,
+}
+
+impl<T> Bounded<T> {
+    /// The value, or `Some(None)` when absent; `None` when it is too large.
+    pub fn read(&self) -> Option<Option<&T>> {
+        match self {
+            Bounded::Absent => Some(None),
+            Bounded::Kept(value) => Some(Some(value)),
+            Bounded::TooLarge => None,
+        }
+    }
+}
+
+/// Reads a field into `T` only when its JSON is within [`PLACEMENT_FIELD_BYTES`];
+/// the raw text is held only while this runs.
+fn bounded<'de, D, T>(deserializer: D) -> Result<Bounded<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    let raw = Option::<Box<serde_json::value::RawValue>>::deserialize(deserializer)?;
+    Ok(match raw {
+        None => Bounded::Absent,
+        Some(raw) if raw.get() == "null" => Bounded::Absent,
+        Some(raw) if raw.get().len() > PLACEMENT_FIELD_BYTES => Bounded::TooLarge,
+        Some(raw) => serde_json::from_str(raw.get()).map_or(Bounded::TooLarge, Bounded::Kept),
+    })
+}
+
+/// Whether a list that may be absent or `null` has an item, read without keeping it.
+fn non_empty<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    let list = Option::<Vec<IgnoredAny>>::deserialize(deserializer)?;
+    Ok(list.is_some_and(|l| !l.is_empty()))
+}
+
+/// Whether a pod's volumes include one bound to a zone or node (a claim, or an
+/// ephemeral one), read without keeping them.
+fn claims_volume<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Volume {
+        #[serde(default)]
+        persistent_volume_claim: Option<IgnoredAny>,
+        #[serde(default)]
+        ephemeral: Option<IgnoredAny>,
+    }
+    let volumes = Option::<Vec<Volume>>::deserialize(deserializer)?.unwrap_or_default();
+    Ok(volumes
+        .iter()
+        .any(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some()))
+}
+
+/// What the controller keeps of a pod's spec: where it is bound, what holds it,
+/// and for a pod being placed, what decides where it may go, all read compactly:
+/// no raw JSON of what a tenant writes is kept.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodSpec {
@@ -194,46 +264,138 @@ pub struct PodSpec {
     pub node_name: Option<String>,
     #[serde(default, deserialize_with = "nullable")]
     pub scheduling_gates: Vec<Gate>,
-    /// `spec.affinity`, raw: a held pod's required terms are narrowed on release.
-    #[serde(default)]
-    pub affinity: Option<Value>,
-    /// The rest of what a gang's fit check needs of a held pod, raw.
-    #[serde(default)]
-    pub node_selector: Option<Value>,
-    #[serde(default)]
-    pub tolerations: Option<Value>,
+    #[serde(default, deserialize_with = "bounded")]
+    pub node_selector: Bounded<BTreeMap<String, String>>,
+    /// Its node affinity (the required terms) and whether it has inter-pod terms.
+    #[serde(default, deserialize_with = "bounded")]
+    pub affinity: Bounded<AffinityView>,
+    #[serde(default, deserialize_with = "bounded")]
+    pub tolerations: Bounded<Vec<Toleration>>,
     #[serde(default, deserialize_with = "nullable")]
     pub containers: Vec<Container>,
     #[serde(default, deserialize_with = "nullable")]
     pub init_containers: Vec<Container>,
     #[serde(default)]
     pub priority_class_name: Option<String>,
-    #[serde(default)]
-    pub scheduling_group: Option<Value>,
-    /// What decides where a pod may go beyond what berth's fit check reads, raw:
-    /// a held pod with any of it is not handed a set of nodes.
-    #[serde(default)]
-    pub topology_spread_constraints: Option<Value>,
-    #[serde(default)]
-    pub volumes: Option<Value>,
+    #[serde(default, deserialize_with = "nullable")]
+    pub scheduling_group: SchedulingGroup,
+    /// Whether it has topology spread constraints.
+    #[serde(
+        default,
+        rename = "topologySpreadConstraints",
+        deserialize_with = "non_empty"
+    )]
+    pub topology_spread: bool,
+    /// Whether a volume binds it to a zone or node.
+    #[serde(default, rename = "volumes", deserialize_with = "claims_volume")]
+    pub bound_volumes: bool,
 }
 
-/// A container, as far as its image (which policies apply), resource requests
-/// and (raw) ports.
+/// A pod's affinity, as far as the controller reads it.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AffinityView {
+    #[serde(default, deserialize_with = "nullable")]
+    pub node_affinity: NodeAffinityView,
+    #[serde(default, deserialize_with = "nullable")]
+    pub pod_affinity: InterPodView,
+    #[serde(default, deserialize_with = "nullable")]
+    pub pod_anti_affinity: InterPodView,
+}
+
+impl AffinityView {
+    /// The required node-affinity terms: `None` without a requirement, `Some` of no
+    /// terms matching no node.
+    pub fn required_terms(&self) -> Option<&[NodeSelectorTerm]> {
+        self.node_affinity
+            .required
+            .as_ref()
+            .map(|r| r.node_selector_terms.as_slice())
+    }
+
+    /// Whether it has required inter-pod (anti-)affinity terms.
+    pub fn inter_pod_required(&self) -> bool {
+        self.pod_affinity.required || self.pod_anti_affinity.required
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct NodeAffinityView {
+    #[serde(default, rename = "requiredDuringSchedulingIgnoredDuringExecution")]
+    pub required: Option<NodeSelectorView>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSelectorView {
+    #[serde(default, deserialize_with = "nullable")]
+    pub node_selector_terms: Vec<NodeSelectorTerm>,
+}
+
+/// Whether a pod has inter-pod terms of each kind, read without keeping them.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct InterPodView {
+    #[serde(
+        default,
+        rename = "requiredDuringSchedulingIgnoredDuringExecution",
+        deserialize_with = "non_empty"
+    )]
+    pub required: bool,
+    #[serde(
+        default,
+        rename = "preferredDuringSchedulingIgnoredDuringExecution",
+        deserialize_with = "non_empty"
+    )]
+    pub preferred: bool,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SchedulingGroup {
+    #[serde(default)]
+    pub pod_group_name: Option<String>,
+}
+
+/// A container, as far as its image (which policies apply), what it requests and
+/// whether it takes a host port.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Container {
     #[serde(default)]
     pub image: Option<String>,
     #[serde(default, deserialize_with = "nullable")]
     pub resources: ContainerResources,
-    #[serde(default)]
-    pub ports: Option<Value>,
+    #[serde(default, rename = "ports", deserialize_with = "takes_host_port")]
+    pub host_port: bool,
+}
+
+/// Whether a container's ports include a host port, read without keeping them.
+fn takes_host_port<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Port {
+        #[serde(default)]
+        host_port: Option<IgnoredAny>,
+    }
+    let ports = Option::<Vec<Port>>::deserialize(deserializer)?.unwrap_or_default();
+    Ok(ports.iter().any(|p| p.host_port.is_some()))
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct ContainerResources {
-    #[serde(default, deserialize_with = "nullable")]
-    pub requests: BTreeMap<String, Value>,
+    /// Each request read as a number; one berth cannot read counts as nothing.
+    #[serde(default, deserialize_with = "quantities")]
+    pub requests: BTreeMap<String, f64>,
+}
+
+/// Resource quantities, read as numbers.
+fn quantities<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<String, f64>, D::Error> {
+    let raw = Option::<BTreeMap<String, Value>>::deserialize(deserializer)?.unwrap_or_default();
+    Ok(raw
+        .into_iter()
+        .map(|(k, v)| (k, crate::quantity::from_json(&v).unwrap_or_default()))
+        .collect())
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -310,15 +472,13 @@ impl PodObject {
         let mut total: BTreeMap<String, f64> = BTreeMap::new();
         for container in &self.spec.containers {
             for (key, value) in &container.resources.requests {
-                *total.entry(key.clone()).or_default() +=
-                    crate::quantity::from_json(value).unwrap_or_default();
+                *total.entry(key.clone()).or_default() += value;
             }
         }
         for container in &self.spec.init_containers {
             for (key, value) in &container.resources.requests {
-                let value = crate::quantity::from_json(value).unwrap_or_default();
                 let slot = total.entry(key.clone()).or_default();
-                *slot = slot.max(value);
+                *slot = slot.max(*value);
             }
         }
         total
@@ -334,27 +494,33 @@ impl PodObject {
 
     /// The Kubernetes PodGroup the pod belongs to (`spec.schedulingGroup`).
     pub fn pod_group_name(&self) -> Option<&str> {
-        self.spec
-            .scheduling_group
-            .as_ref()?
-            .get("podGroupName")?
-            .as_str()
+        self.spec.scheduling_group.pod_group_name.as_deref()
     }
 
-    /// The pod as placement reads it, from what the controller keeps of a held
-    /// pod: labels, node selector, affinity, tolerations.
-    pub fn placement_view(&self) -> Option<crate::placement::pod::PodView> {
+    /// Where the pod may go as placement's fit check reads it: its node name, node
+    /// selector, required node affinity and tolerations; `None` when one of them is
+    /// too large to read.
+    pub fn placement(&self) -> Option<crate::placement::feasibility::Placement> {
         let spec = &self.spec;
-        let raw = serde_json::json!({
-            "kind": "Pod",
-            "metadata": {"labels": self.metadata.labels},
-            "spec": {
-                "nodeSelector": spec.node_selector,
-                "affinity": spec.affinity,
-                "tolerations": spec.tolerations,
-            }
-        });
-        crate::placement::pod::PodView::read(&raw).ok()
+        Some(crate::placement::feasibility::Placement {
+            node_name: spec.node_name.clone(),
+            node_selector: spec.node_selector.read()?.cloned().unwrap_or_default(),
+            required: spec
+                .affinity
+                .read()?
+                .and_then(AffinityView::required_terms)
+                .map(<[_]>::to_vec),
+            tolerations: spec.tolerations.read()?.cloned().unwrap_or_default(),
+        })
+    }
+
+    /// The images of its containers, init containers first.
+    pub fn images(&self) -> impl Iterator<Item = &str> {
+        let spec = &self.spec;
+        spec.init_containers
+            .iter()
+            .chain(&spec.containers)
+            .filter_map(|c| c.image.as_deref())
     }
 
     /// The index of the scheduling gate `name`, if the pod is held by it.
@@ -808,6 +974,56 @@ mod tests {
             daemonset.as_json(),
             serde_json::json!({"spec": {"template": {"spec": {"tolerations": [{"operator": "Exists"}]}}}})
         );
+    }
+
+    /// Bytes this thread holds now, from jemalloc's own counters.
+    fn held() -> u64 {
+        let allocated = tikv_jemalloc_ctl::thread::allocatedp::read().unwrap().get();
+        let freed = tikv_jemalloc_ctl::thread::deallocatedp::read()
+            .unwrap()
+            .get();
+        allocated - freed
+    }
+
+    #[test]
+    fn a_held_pod_is_kept_compact_and_a_huge_one_costs_nothing_more() {
+        let pod = |tolerations: usize| {
+            let list: Vec<String> = (0..tolerations)
+                .map(|i| format!(r#"{{"key":"k{i}","operator":"Exists","effect":"NoSchedule"}}"#))
+                .collect();
+            format!(
+                r#"{{"metadata":{{"name":"p","namespace":"t","uid":"u"}},
+                "spec":{{"schedulingGates":[{{"name":"berth.io/avoid"}}],"tolerations":[{}],
+                "containers":[{{"name":"c","image":"nginx","env":[{{"name":"A","value":"{}"}}]}}]}}}}"#,
+                list.join(","),
+                "x".repeat(100_000)
+            )
+        };
+        // Within the bound: kept typed, a few times its bytes.
+        let small = pod(100);
+        let before = held();
+        let object: PodObject = serde_json::from_str(&small).unwrap();
+        let kept = held() - before;
+        assert!(matches!(object.spec.tolerations, Bounded::Kept(ref t) if t.len() == 100));
+        assert!(
+            kept < 64 * 1024,
+            "kept {kept} bytes for a pod of {}",
+            small.len()
+        );
+        drop(object);
+        // 1.3 MB of tolerations: known to be too large, and nothing of it is kept.
+        let huge = pod(25_000);
+        assert!(huge.len() > 1_300_000);
+        let before = held();
+        let object: PodObject = serde_json::from_str(&huge).unwrap();
+        let kept = held() - before;
+        assert_eq!(object.spec.tolerations, Bounded::TooLarge);
+        assert!(
+            kept < 16 * 1024,
+            "kept {kept} bytes for a pod of {}",
+            huge.len()
+        );
+        assert!(object.placement().is_none(), "never released on a guess");
     }
 
     #[test]

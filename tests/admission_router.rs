@@ -60,6 +60,7 @@ fn state(view: impl ClusterView + 'static, tls_ready: bool) -> Arc<AppState> {
         tls_ready: AtomicBool::new(tls_ready),
         limits: BodyLimits::new(MAX_BODY, 1 << 20, std::time::Duration::from_secs(5)),
         berth_user: BERTH.into(),
+        require_client_cert: false,
     })
 }
 
@@ -539,19 +540,24 @@ async fn a_daemonset_that_tolerates_everything_is_kept_off_pools_that_do_not_tak
     );
 }
 
-/// A view whose `default` namespace opts into a queue policy for every pod, with
-/// `classes` queue PriorityClasses already made.
-fn queue_view(classes: usize) -> FixedView {
-    let (policies, errors) = PolicySet::compile(&[policy("queue", json!({"queue": {}}))]);
+/// A view with a queue policy `queue` (maxPriority 10) and another, `other`,
+/// that `default` opts into only when `opted`; the classes that exist are those
+/// the controller makes for `queue`.
+fn queue_view(opted: &str) -> FixedView {
+    let (policies, errors) = PolicySet::compile(&[
+        policy("queue", json!({"queue": {}})),
+        policy(
+            "other",
+            json!({"queue": {}, "podSelector": {"matchLabels": {"never": "x"}}}),
+        ),
+    ]);
     assert!(errors.is_empty());
     let mut default = NamespaceInfo::new("default");
     default
         .annotations
-        .insert("berth.io/policies".into(), "queue".into());
+        .insert("berth.io/policies".into(), opted.into());
     let groups = berth::admission::state::GroupState {
-        queue_classes: (0..classes)
-            .map(|v| format!("berth-queue-{}", v + 10_000))
-            .collect(),
+        queue_classes: (0..=32).map(|v| format!("berth-queue-queue-{v}")).collect(),
         ..Default::default()
     };
     FixedView {
@@ -563,36 +569,65 @@ fn queue_view(classes: usize) -> FixedView {
 }
 
 #[tokio::test]
-async fn queue_classes_are_made_on_first_use_up_to_a_cap_that_tenants_cannot_pass() {
+async fn queue_classes_are_the_controllers_and_a_review_makes_berth_write_nothing() {
     let mut request = fixture("pod-create.json");
     request["request"]["object"]["metadata"]["labels"]["groupPriority"] = json!("3");
-    let warnings = |response: &Value| response["warnings"].to_string();
-    // Below the cap the webhook tries to make berth-queue-9 (this view has no
-    // cluster to make it in, and says so; the pod is admitted unqueued).
-    let (_, body) = post(state(queue_view(3), true), "/mutate", request.to_string()).await;
-    let response = serde_json::from_slice::<Value>(&body).unwrap()["response"].clone();
+    let answer = |view: FixedView, request: Value| async move {
+        let (_, body) = post(state(view, true), "/mutate", request.to_string()).await;
+        serde_json::from_slice::<Value>(&body).unwrap()["response"].clone()
+    };
+    // The class the controller made for the policy: 3 x 3 + BestEffort.
+    let response = answer(queue_view("queue"), request.clone()).await;
+    let patch = decoded_patch(&response).to_string();
+    assert!(patch.contains("berth-queue-queue-9"), "{patch}");
+    // A label above the policy's ceiling counts as the ceiling, with a warning:
+    // no class above 3 x 10 + 2 exists or is named.
+    request["request"]["object"]["metadata"]["labels"]["groupPriority"] = json!("1000000");
+    let response = answer(queue_view("queue"), request.clone()).await;
+    assert!(
+        decoded_patch(&response)
+            .to_string()
+            .contains("berth-queue-queue-30")
+    );
+    assert!(
+        response["warnings"]
+            .to_string()
+            .contains("counts as its maxPriority 10")
+    );
+    // A class the controller has not made (here: none for `other`) is not made on
+    // behalf of a review: the view has no way to write, and the webhook asks none.
+    let response = answer(queue_view("other"), request.clone()).await;
     assert_eq!(response["allowed"], true);
     assert!(
-        warnings(&response).contains("no cluster to create PriorityClass berth-queue-9"),
+        response.get("patch").is_none()
+            || !decoded_patch(&response).to_string().contains("priority")
+    );
+}
+
+#[tokio::test]
+async fn a_pod_may_not_name_the_queue_class_of_a_policy_its_namespace_does_not_opt_into() {
+    let mut request = fixture("pod-create.json");
+    request["request"]["object"]["spec"]["priorityClassName"] = json!("berth-queue-queue-30");
+    let (_, body) = post(state(queue_view(""), true), "/mutate", request.to_string()).await;
+    let response = serde_json::from_slice::<Value>(&body).unwrap()["response"].clone();
+    assert_eq!(response["allowed"], false);
+    assert!(
+        response["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("orders policy queue's queue, which namespace default does not opt into"),
         "{response}"
     );
-    // At the cap it makes none: the pod is admitted unqueued, and told why.
+    // Opted in, the pod's labels decide its class (here it has none: it keeps
+    // the one it names).
     let (_, body) = post(
-        state(queue_view(1000), true),
+        state(queue_view("queue"), true),
         "/mutate",
         request.to_string(),
     )
     .await;
     let response = serde_json::from_slice::<Value>(&body).unwrap()["response"].clone();
     assert_eq!(response["allowed"], true);
-    let said = warnings(&response);
-    assert!(
-        said.contains("berth keeps at most 1000 queue PriorityClasses and all are in use"),
-        "{said}"
-    );
-    assert!(!said.contains("no cluster to create"), "{said}");
-    let patch = decoded_patch(&response).to_string();
-    assert!(!patch.contains("priorityClassName"), "{patch}");
 }
 
 /// The nodes, policy and namespaces of tests/data/semantics, as the webhook's

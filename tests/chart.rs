@@ -524,6 +524,34 @@ fn image_resources_and_metrics_values_reach_the_pods_and_the_service() {
 }
 
 #[test]
+fn the_network_policy_and_the_client_ca_lock_the_webhooks_door() {
+    let objects = chart(
+        "berth-system",
+        &[
+            "networkPolicy.podCIDRs={10.1.0.0/16,10.2.0.0/16}",
+            "clientCA=-----BEGIN CERTIFICATE-----",
+        ],
+    );
+    let policy = object(&objects, "NetworkPolicy berth-system/berth");
+    assert_eq!(
+        policy["spec"]["ingress"][0]["from"][0]["ipBlock"]["except"],
+        json!(["10.1.0.0/16", "10.2.0.0/16"])
+    );
+    let deployment = object(&objects, "Deployment berth-system/berth");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert!(
+        container["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "BERTH_CLIENT_CA", "value": "/client-ca/ca.crt"}))
+    );
+    let ca = object(&objects, "ConfigMap berth-system/berth-client-ca");
+    assert_eq!(ca["data"]["ca.crt"], "-----BEGIN CERTIFICATE-----");
+    let open = chart("berth-system", &["networkPolicy.enabled=false"]);
+    assert!(!open.contains_key("NetworkPolicy berth-system/berth"));
+}
+
+#[test]
 fn values_the_chart_cannot_honour_fail_the_render() {
     for (value, message) in [
         (

@@ -415,7 +415,7 @@ fn example_training_policy_holds_a_gang_and_queues_it() {
         p["spec"]["schedulingGates"],
         json!([{"name": "berth.io/gang"}])
     );
-    assert_eq!(p["spec"]["priorityClassName"], "berth-queue-21");
+    assert_eq!(p["spec"]["priorityClassName"], "berth-queue-training-21");
     assert_eq!(p["spec"]["priority"], 21);
     assert_eq!(p["spec"]["preemptionPolicy"], "Never");
 }
@@ -429,7 +429,7 @@ fn explain_says_which_gate_holds_a_group_pod_and_until_when() {
             "policies/training-gang.yaml",
             vec![
                 "+ is held by the scheduling gate berth.io/gang until 4 members of gang resnet exist",
-                "+ is queued with PriorityClass berth-queue-21 (priority 21, preemptionPolicy Never)",
+                "+ is queued with PriorityClass berth-queue-training-21 (priority 21, preemptionPolicy Never)",
             ],
         ),
         (

@@ -446,17 +446,35 @@ async fn a_tenant_can_neither_release_its_gang_nor_claim_a_higher_queue_place() 
     );
 
     // Naming berth's class of a higher value buys nothing: berth sets the class of
-    // the pod's own label (groupPriority 0, Burstable: 3 x 0 + 1).
+    // the pod's own label (groupPriority 0, Burstable: 3 x 0 + 1), once the
+    // controller has made the policy's classes.
+    support::wait_admitted(
+        &client,
+        &ns,
+        &queued("probe", "0"),
+        "the controller made the queue's classes",
+        |p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.priority_class_name.as_deref())
+                == Some("berth-queue-gang-tenant-1")
+        },
+        WAIT,
+    )
+    .await;
     let mut forged = queued("c", "0");
     let spec = forged.spec.as_mut().unwrap();
-    spec.priority_class_name = Some("berth-queue-4".into());
+    spec.priority_class_name = Some("berth-queue-gang-tenant-4".into());
     spec.priority = Some(4);
     let created = as_tenant
         .create(&Default::default(), &forged)
         .await
         .expect("admitted");
     let spec = created.spec.unwrap();
-    assert_eq!(spec.priority_class_name.as_deref(), Some("berth-queue-1"));
+    assert_eq!(
+        spec.priority_class_name.as_deref(),
+        Some("berth-queue-gang-tenant-1")
+    );
     assert_eq!(spec.priority, Some(1));
 
     // The third member completes the gang: berth releases all three.

@@ -36,16 +36,33 @@ struct Served {
 impl Served {
     /// Serves `app`; the client offers `alpn` (none: HTTP/1.1).
     async fn start(name: &str, app: Router, alpn: &[&[u8]]) -> Served {
+        Served::start_with(name, app, alpn, None, None).await
+    }
+
+    /// Serves `app`, asking clients for a certificate of `client_ca` when given;
+    /// the client presents `client` (certificate and key, PEM) when given.
+    async fn start_with(
+        name: &str,
+        app: Router,
+        alpn: &[&[u8]],
+        client_ca: Option<&str>,
+        client: Option<(&str, &str)>,
+    ) -> Served {
         let dir = std::env::temp_dir().join(format!("berth-{name}-{}", std::process::id()));
         let issued = berth::certs::write_certs("berth", "berth-system", &dir, 1).unwrap();
         let cert =
             Arc::new(ReloadingCert::load(&dir.join("tls.crt"), &dir.join("tls.key")).unwrap());
+        let client_ca_path = client_ca.map(|pem| {
+            let path = dir.join("client-ca.crt");
+            std::fs::write(&path, pem).unwrap();
+            path
+        });
         let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(serve_tls(
             listener,
-            cert.server_config().unwrap(),
+            cert.server_config(client_ca_path.as_deref()).unwrap(),
             app,
             shutdown.clone(),
             Duration::from_secs(5),
@@ -54,9 +71,16 @@ impl Served {
         roots
             .add(CertificateDer::from_pem_slice(issued.ca_pem.as_bytes()).unwrap())
             .unwrap();
-        let mut config = rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+        let mut config = match client {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => builder
+                .with_client_auth_cert(
+                    vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
+                    rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+                )
+                .unwrap(),
+        };
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Served {
             addr,
@@ -69,13 +93,29 @@ impl Served {
 
     /// A new TLS connection to the server.
     async fn connect(&self) -> TlsStream<TcpStream> {
+        self.try_connect().await.unwrap()
+    }
+
+    /// A new TLS connection to the server, or why the handshake failed.
+    async fn try_connect(&self) -> std::io::Result<TlsStream<TcpStream>> {
         let tcp = TcpStream::connect(self.addr).await.unwrap();
         // As Go's net package does for every connection the apiserver makes.
         tcp.set_nodelay(true).unwrap();
         self.connector
             .connect(ServerName::try_from("berth.berth-system.svc").unwrap(), tcp)
             .await
-            .unwrap()
+    }
+
+    /// The status and body of `GET`/`POST path` on a new connection, HTTP/1.1.
+    async fn ask(&self, method: &str, path: &str) -> std::io::Result<String> {
+        let mut tls = self.try_connect().await?;
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nhost: berth\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+        );
+        tls.write_all(request.as_bytes()).await?;
+        let mut response = String::new();
+        tls.read_to_string(&mut response).await.ok();
+        Ok(response)
     }
 }
 
@@ -202,4 +242,82 @@ async fn a_large_body_waiting_unread_does_not_stall_small_requests_on_the_connec
     drop((sender, small_sender));
     served.shutdown.cancel();
     (&mut served.server).await.unwrap();
+}
+
+/// berth's own router behind the real server, with `--client-ca`.
+fn berth_app(require_client_cert: bool) -> Router {
+    use berth::admission::body::BodyLimits;
+    use berth::admission::handlers::{AppState, router};
+    use berth::admission::state::FixedView;
+    let state = Arc::new(AppState {
+        view: Arc::new(FixedView::default()),
+        metrics: Arc::default(),
+        tls_ready: true.into(),
+        limits: BodyLimits::new(1 << 20, 8 << 20, Duration::from_secs(5)),
+        berth_user: "system:serviceaccount:berth-system:berth".into(),
+        require_client_cert,
+    });
+    router(state, 8)
+}
+
+/// A CA, and a client certificate (clientAuth) it signs: PEMs of the CA, the
+/// certificate and its key.
+fn client_pki(name: &str) -> (String, String, String) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+    let issuer = Issuer::from_ca_cert_pem(&ca_pem, &ca_key).unwrap();
+    let mut params = CertificateParams::new(vec![name.to_string()]).unwrap();
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    (ca_pem, cert.pem(), key.serialize_pem())
+}
+
+/// With `--client-ca`, only a client with a certificate of that CA (the
+/// apiserver) has its reviews read; anyone else, a tenant's pod included, gets a
+/// 403 on the admission paths, and the probes still answer.
+#[tokio::test]
+async fn with_a_client_ca_only_its_clients_send_reviews() {
+    let (ca, cert, key) = client_pki("kube-apiserver");
+    let tenant = Served::start_with("no-client-cert", berth_app(true), &[], Some(&ca), None).await;
+    let refused = tenant.ask("POST", "/mutate").await.unwrap();
+    assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
+    assert!(refused.contains("client CA"), "{refused}");
+    let probe = tenant.ask("GET", "/healthz").await.unwrap();
+    assert!(probe.starts_with("HTTP/1.1 200"), "{probe}");
+
+    let apiserver = Served::start_with(
+        "client-cert",
+        berth_app(true),
+        &[],
+        Some(&ca),
+        Some((&cert, &key)),
+    )
+    .await;
+    let read = apiserver.ask("POST", "/mutate").await.unwrap();
+    assert!(
+        read.starts_with("HTTP/1.1 400"),
+        "the body is read (and is no review): {read}"
+    );
+
+    // A certificate of another CA fails the handshake itself.
+    let (_, other_cert, other_key) = client_pki("impostor");
+    let impostor = Served::start_with(
+        "other-client-cert",
+        berth_app(true),
+        &[],
+        Some(&ca),
+        Some((&other_cert, &other_key)),
+    )
+    .await;
+    let handshake = impostor.ask("POST", "/mutate").await;
+    assert!(
+        handshake.is_err() || handshake.as_ref().unwrap().is_empty(),
+        "{handshake:?}"
+    );
 }

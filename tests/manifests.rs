@@ -80,8 +80,8 @@ fn the_shipped_mutating_webhook_never_blocks_the_cluster() {
         .unwrap();
     let hook = &mutating["webhooks"][0];
     assert_eq!(hook["failurePolicy"], "Ignore");
-    // It may make a queue PriorityClass, never on a dry run.
-    assert_eq!(hook["sideEffects"], "NoneOnDryRun");
+    // It writes nothing on behalf of a review.
+    assert_eq!(hook["sideEffects"], "None");
     assert_eq!(hook["timeoutSeconds"], 3);
     assert_eq!(hook["reinvocationPolicy"], "IfNeeded");
     assert_eq!(hook["admissionReviewVersions"], serde_json::json!(["v1"]));
@@ -97,11 +97,10 @@ fn the_shipped_mutating_webhook_never_blocks_the_cluster() {
         excluded["values"],
         serde_json::json!(["kube-system", "kube-node-lease", "berth-system"])
     );
-    assert!(
-        hook["matchConditions"][0]["expression"]
-            .as_str()
-            .unwrap()
-            .contains("system:nodes")
+    assert_eq!(
+        hook["matchConditions"][0]["expression"],
+        berth::admission::cel::NOT_FROM_NODES,
+        "nodes are told by identity, as the admission policies tell them"
     );
 }
 

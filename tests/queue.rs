@@ -1,6 +1,7 @@
 #![cfg(feature = "e2e")]
 //! Queue order (seed 003's QueueSort) on the real control plane: pods of a `queue`
-//! policy get a `berth-queue-<value>` PriorityClass, so the unmodified
+//! policy get a `berth-queue-<policy>-<value>` PriorityClass (made by berth's
+//! controller), so the unmodified
 //! kube-scheduler takes them by `groupPriority`, then QoS class, and none ever
 //! preempts another.
 //!
@@ -101,8 +102,26 @@ async fn the_scheduler_takes_queued_pods_in_berths_order_and_never_preempts() {
         "spec": {"podSelector": {"matchLabels": {"app": "queue"}}, "queue": {}}});
     cluster.apply(&policy.to_string());
     let probe = json!({"app": "queue", "groupPriority": "1"});
-    let ns = opted_in(&client, "queue", "queue", probe, WAIT).await;
+    let ns = opted_in(&client, "queue", "queue", probe.clone(), WAIT).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    // The controller makes the policy's classes; a pod admitted before the
+    // apiserver knows them is left unqueued.
+    let probe = support::test_pod("probe", probe, json!({}));
+    support::wait_admitted(
+        &client,
+        &ns,
+        &probe,
+        "the controller made the queue's classes",
+        |p| {
+            let class = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.priority_class_name.as_deref());
+            class.is_some_and(|c| c.starts_with("berth-queue-queue-"))
+        },
+        WAIT,
+    )
+    .await;
 
     // Created while nothing schedules, in an order unlike the queue's.
     let queue = [
@@ -126,7 +145,7 @@ async fn the_scheduler_takes_queued_pods_in_berths_order_and_never_preempts() {
         let spec = created.spec.expect("spec");
         assert_eq!(
             spec.priority_class_name.as_deref(),
-            Some(format!("berth-queue-{value}").as_str()),
+            Some(format!("berth-queue-queue-{value}").as_str()),
             "{name}"
         );
         assert_eq!(spec.priority, Some(value), "{name}");

@@ -744,7 +744,11 @@ fn the_admission_policies_agree_with_berths_entitlement_rule() {
                     .is_daemonset_pod(requester(*daemonset));
                 let standing = Standing {
                     entitled: opts_in(compiled, &namespace, config.as_ref())
-                        || (daemonset_pod && compiled.takes_daemonsets_from(&namespace.labels)),
+                        || (daemonset_pod
+                            && compiled.takes_daemonsets_from(
+                                &namespace.labels,
+                                opts_in(compiled, &namespace, config.as_ref()),
+                            )),
                     pool_nodes: &pool,
                 };
                 let breaches =
@@ -789,4 +793,188 @@ fn the_admission_policies_agree_with_berths_entitlement_rule() {
             nanos as f64 / 1e6
         ),
     );
+}
+
+/// The admission policy named `name`, as `berth admission-policy` prints it.
+fn admission_policy(name: &str) -> Value {
+    cel::manifests(BERTH_SERVICE_ACCOUNT)
+        .split("---\n")
+        .map(|d| serde_yaml_ng::from_str::<Value>(d).expect("YAML"))
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy" && d["metadata"]["name"] == name)
+        .expect("the policy")
+}
+
+#[test]
+fn the_bounds_policy_refuses_exactly_the_pods_berth_will_not_read() {
+    use berth::placement::bounds::*;
+    let mut oracle = Oracle::start();
+    let policy = admission_policy("berth-limits");
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "tenant", "labels": {"kubernetes.io/metadata.name": "tenant"}}});
+    let base = || {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "tenant"},
+        "spec": {"containers": [{"name": "c", "image": "nginx"}]}})
+    };
+    let term = |n: usize| json!({"matchExpressions": (0..n).map(|i| json!({"key": format!("k{i}"), "operator": "Exists"})).collect::<Vec<_>>()});
+    // Each bound, at it and one past it.
+    let mut pods = Vec::new();
+    for n in [0usize, 1] {
+        let mut p = base();
+        p["metadata"]["labels"] = (0..LABELS.most + n)
+            .map(|i| (format!("l{i}"), json!("v")))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
+        pods.push(p);
+        let mut p = base();
+        p["metadata"]["ownerReferences"] = json!((0..OWNER_REFERENCES.most + n)
+            .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap", "name": format!("o{i}"), "uid": format!("u{i}")}))
+            .collect::<Vec<_>>());
+        pods.push(p);
+        let mut p = base();
+        p["spec"]["tolerations"] = json!(
+            (0..TOLERATIONS.most + n)
+                .map(|i| json!({"key": format!("t{i}"), "operator": "Exists"}))
+                .collect::<Vec<_>>()
+        );
+        pods.push(p);
+        let mut p = base();
+        p["spec"]["schedulingGates"] = json!(
+            (0..SCHEDULING_GATES.most + n)
+                .map(|i| json!({"name": format!("g/{i}")}))
+                .collect::<Vec<_>>()
+        );
+        pods.push(p);
+        let mut p = base();
+        p["spec"]["containers"] = json!(
+            (0..CONTAINERS.most + n)
+                .map(|i| json!({"name": format!("c{i}"), "image": "nginx"}))
+                .collect::<Vec<_>>()
+        );
+        pods.push(p);
+        let mut p = base();
+        p["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": (0..REQUIRED_TERMS.most + n).map(|_| term(1)).collect::<Vec<_>>()}}});
+        pods.push(p);
+        let mut p = base();
+        p["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [term(TERM_REQUIREMENTS.most + n)]}}});
+        pods.push(p);
+        let mut p = base();
+        p["spec"]["affinity"] = json!({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution":
+            (0..PREFERRED_TERMS.most + n).map(|_| json!({"weight": 1, "preference": term(1)})).collect::<Vec<_>>()}});
+        pods.push(p);
+    }
+    let cases: Vec<Value> = pods
+        .iter()
+        .map(|pod| {
+            json!({"operation": "CREATE", "resource": "pods", "object": pod,
+            "namespace": namespace, "username": "tenant", "groups": ["system:authenticated"]})
+        })
+        .collect();
+    let answers = oracle.admission_policy(&policy, &cases);
+    let mut tally = Tally::default();
+    for (pod, answer) in pods.iter().zip(answers) {
+        tally.check(
+            "the bounds policy evaluates without error",
+            answer.error.is_none(),
+            || format!("{:?}", answer.error),
+        );
+        let refused = PodView::read(pod).is_err();
+        tally.check(
+            "berth-limits refuses exactly what berth will not read",
+            answer.denied == refused,
+            || {
+                format!(
+                    "CEL {} ({:?}), berth {refused}",
+                    answer.denied, answer.messages
+                )
+            },
+        );
+    }
+    finish(
+        &tally,
+        &format!("berth-limits: {} pods at and past each bound", pods.len()),
+    );
+}
+
+#[test]
+fn the_queue_policy_refuses_exactly_what_the_webhook_refuses() {
+    let mut oracle = Oracle::start();
+    let policy = admission_policy("berth-queues");
+    let policies = [
+        json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy", "metadata": {"name": "jobs"},
+            "spec": {"queue": {}}}),
+        json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy", "metadata": {"name": "jobs-b.c"},
+            "spec": {"queue": {}, "namespaceSelector": {"matchLabels": {"team": "b"}}}}),
+    ];
+    let typed: Vec<PlacementPolicy> = policies
+        .iter()
+        .map(|p| serde_json::from_value(p.clone()).unwrap())
+        .collect();
+    let (set, _) = PolicySet::compile(&typed);
+    let namespaces = [
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a",
+            "labels": {"kubernetes.io/metadata.name": "a"}, "annotations": {"berth.io/policies": "jobs"}}}),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "b",
+            "labels": {"kubernetes.io/metadata.name": "b", "team": "b"}}}),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "none",
+            "labels": {"kubernetes.io/metadata.name": "none"}}}),
+    ];
+    let classes = [
+        "berth-queue-jobs-3",
+        "berth-queue-jobs-b.c-30",
+        "berth-queue-jobs-b.c-07",
+        "berth-queue-other-3",
+        "berth-queue-jobs",
+        "high-priority",
+    ];
+    let mut tally = Tally::default();
+    for namespace in &namespaces {
+        let info = namespace_info(namespace);
+        let config = NamespaceConfig::parse(&info.annotations).ok();
+        let pods: Vec<Value> = classes
+            .iter()
+            .map(|class| json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "p", "namespace": namespace["metadata"]["name"]},
+                "spec": {"containers": [{"name": "c", "image": "nginx"}], "priorityClassName": class}}))
+            .collect();
+        let mut denied = vec![false; pods.len()];
+        for params in &policies {
+            let cases: Vec<Value> = pods
+                .iter()
+                .map(|pod| {
+                    json!({"operation": "CREATE", "resource": "pods", "object": pod,
+                    "namespace": namespace, "params": params, "username": "tenant"})
+                })
+                .collect();
+            for (i, answer) in oracle
+                .admission_policy(&policy, &cases)
+                .into_iter()
+                .enumerate()
+            {
+                tally.check(
+                    "the queue policy evaluates without error",
+                    answer.error.is_none(),
+                    || format!("{:?}", answer.error),
+                );
+                denied[i] |= answer.denied;
+            }
+        }
+        for (pod, denied) in pods.iter().zip(denied) {
+            let view = PodView::read(pod).unwrap();
+            let rust =
+                berth::placement::groups::foreign_queue_class(&view, &info, config.as_ref(), &set);
+            tally.check(
+                "berth-queues refuses exactly the webhook's refusals",
+                denied == rust.is_some(),
+                || {
+                    format!(
+                        "{} in {}: CEL {denied}, webhook {rust:?}",
+                        pod["spec"]["priorityClassName"], info.name
+                    )
+                },
+            );
+        }
+    }
+    finish(&tally, "berth-queues: each class in each namespace");
 }

@@ -15,13 +15,16 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// How much of an unread body is kept to find the uid in.
 const PREFIX: usize = 64 * 1024;
-/// Bodies up to this size (most pods: a few kB) take nothing from the budget, so a
-/// flood of large ones never makes an ordinary pod wait for room.
-const SMALL: usize = 64 * 1024;
+/// A request whose body and JSON together cost up to this much (most pods: a few
+/// kB of body, some tens of kB read) takes nothing from the budget, so a flood of
+/// large ones never makes an ordinary pod wait for room. At most `--max-in-flight`
+/// of them are decided at once.
+const FREE: usize = 256 * 1024;
 /// The budget is counted in KiB.
 const UNIT: usize = 1024;
-/// A body held in memory costs about this many times its size while it is
-/// decided: the bytes, and the JSON read from them.
+/// While a body arrives, it holds this many times its size: the bytes, and a first
+/// share of the JSON read from them. Once it is whole, it holds what reading it
+/// costs ([`BodyLimits::charge`]).
 const COST: usize = 2;
 
 /// The bounds every request body is read within.
@@ -34,6 +37,8 @@ pub struct BodyLimits {
     /// How long a request waits for room in the budget.
     pub budget_wait: Duration,
     budget: Arc<Semaphore>,
+    /// The whole budget, in units.
+    total_units: usize,
 }
 
 impl BodyLimits {
@@ -46,8 +51,20 @@ impl BodyLimits {
             read_timeout,
             budget_wait: Duration::from_secs(1),
             budget: Arc::new(Semaphore::new(budget_units)),
+            total_units: budget_units,
         }
     }
+}
+
+/// Whether a request holds the budget it needs.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Charge {
+    /// It does.
+    Held,
+    /// Other requests hold the budget, and did for the whole wait.
+    Busy,
+    /// It needs more than the whole budget, which is this many bytes.
+    Never(usize),
 }
 
 /// A body as read.
@@ -130,12 +147,32 @@ impl BodyLimits {
         }
     }
 
-    /// Budget units for `bytes` of body: none for a small body.
+    /// Budget units for `bytes` of body as it arrives.
     fn units(bytes: usize) -> u32 {
-        if bytes <= SMALL {
+        Self::units_of_cost(bytes.saturating_mul(COST))
+    }
+
+    /// Budget units for a cost of `bytes`: none for a small one.
+    fn units_of_cost(bytes: usize) -> u32 {
+        if bytes <= FREE {
             return 0;
         }
-        u32::try_from(bytes * COST / UNIT + 1).unwrap_or(u32::MAX)
+        u32::try_from(bytes / UNIT + 1).unwrap_or(u32::MAX)
+    }
+
+    /// Holds at least `cost` bytes of the budget for a body read whole (its bytes and
+    /// what reading it costs, [`super::cost::parse_cost`]), waiting at most
+    /// `budget_wait` for room.
+    pub async fn charge(&self, held: &mut Option<OwnedSemaphorePermit>, cost: usize) -> Charge {
+        let units = Self::units_of_cost(cost);
+        if units as usize > self.total_units {
+            return Charge::Never(self.total_units * UNIT);
+        }
+        if self.reserve(held, units).await {
+            Charge::Held
+        } else {
+            Charge::Busy
+        }
     }
 
     /// Holds at least `units` of the budget, waiting at most `budget_wait` for more.
@@ -192,23 +229,36 @@ mod tests {
 
     #[tokio::test]
     async fn a_spent_budget_refuses_large_bodies_but_never_small_ones() {
-        let mut limits = BodyLimits::new(200_000, 0, Duration::from_secs(5));
+        let mut limits = BodyLimits::new(400_000, 0, Duration::from_secs(5));
         limits.budget_wait = Duration::from_millis(50);
-        let ReadBody::Whole(_, held) = limits.read(Body::from(vec![b'x'; 200_000])).await else {
+        let budget = 800_000usize.div_ceil(UNIT) * UNIT;
+        let ReadBody::Whole(_, held) = limits.read(Body::from(vec![b'x'; 400_000])).await else {
             panic!("read");
         };
         // The first body holds the whole budget: the second cannot be read now, but
         // its first bytes are, to answer by its uid.
-        let second = limits.read(Body::from(vec![b'y'; 100_000])).await;
+        let second = limits.read(Body::from(vec![b'y'; 200_000])).await;
         let ReadBody::Busy(prefix) = second else {
-            panic!("{second:?}");
+            panic!("the second body is read while the budget is spent");
         };
         assert_eq!(prefix.len(), PREFIX);
-        // An ordinary pod is never kept waiting by the large ones.
+        // An ordinary pod, and what reading it costs, never wait for the large ones.
         let small = limits.read(Body::from(vec![b'z'; 6_000])).await;
-        assert!(matches!(small, ReadBody::Whole(..)), "{small:?}");
+        let ReadBody::Whole(_, mut free) = small else {
+            panic!("an ordinary pod waits");
+        };
+        assert_eq!(limits.charge(&mut free, 40_000).await, Charge::Held);
+        // What reading a body costs is charged once it is whole: more than is left
+        // waits and is refused as busy, more than there is at all is refused.
+        assert_eq!(limits.charge(&mut free, 300_000).await, Charge::Busy);
+        assert_eq!(
+            limits.charge(&mut free, 10 << 20).await,
+            Charge::Never(budget)
+        );
         drop(held);
-        let third = limits.read(Body::from(vec![b'y'; 100_000])).await;
+        assert_eq!(limits.charge(&mut free, 300_000).await, Charge::Held);
+        drop(free);
+        let third = limits.read(Body::from(vec![b'y'; 200_000])).await;
         assert!(matches!(third, ReadBody::Whole(..)));
     }
 }

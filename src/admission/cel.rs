@@ -2,10 +2,15 @@
 //! apiserver runs in-process with `failurePolicy: Fail`, so they hold with berth
 //! down (SPEC "Enforcement that holds while berth is down").
 //!
-//! Three policies, generated here so their names and identities come from the same
-//! constants the webhook and controller use (`berth admission-policy` prints them;
-//! `manifests/admission-policy.yaml` is that output):
+//! Four policies, generated here so their names, identities and bounds come from
+//! the same constants the webhook and controller use (`berth admission-policy`
+//! prints them; `manifests/admission-policy.yaml` is that output):
 //!
+//! - `berth-limits`, with no params: a pod's lists stay within
+//!   [`crate::placement::bounds`]. The other policies walk those lists, the pool
+//!   policy once per PlacementPolicy, so each first checks the bounds in the same
+//!   expression that would walk them (CEL's `&&` stops at the first false) and
+//!   leaves a pod over them to this one.
 //! - `berth-pools`, one evaluation per PlacementPolicy (its `paramKind`): a pod in a
 //!   namespace that does not opt into a dedicated pool gets no toleration of it, no
 //!   `spec.nodeName` on its nodes, and no wildcard toleration unless every required
@@ -27,7 +32,11 @@ use serde_json::{Value, json};
 
 use crate::names::{
     APPLIED_ANNOTATION, DAEMONSET_CONTROLLER_USERS, EXEMPT_NAMESPACES, GATE_PREFIX, GROUP,
-    POLICIES_ANNOTATION, POOL_LABEL, POOL_TAINT,
+    POLICIES_ANNOTATION, POOL_LABEL, POOL_TAINT, QUEUE_CLASS_PREFIX, SYSTEM_DAEMONSET_NAMESPACES,
+};
+use crate::placement::bounds::{
+    Bound, CONTAINERS, LABELS, OWNER_REFERENCES, PREFERRED_TERMS, REQUIRED_TERMS, SCHEDULING_GATES,
+    TERM_REQUIREMENTS, TOLERATIONS,
 };
 
 /// A CEL list of string literals.
@@ -86,6 +95,123 @@ fn pool_variables() -> Vec<Value> {
     ]
 }
 
+/// `parent.field`, a list that may be absent, has at most `bound.most` items.
+fn at_most(parent: &str, field: &str, bound: Bound) -> String {
+    format!(
+        "(!has({parent}.{field}) || size({parent}.{field}) <= {})",
+        bound.most
+    )
+}
+
+/// Each item `t` of `list` has at most [`TERM_REQUIREMENTS`] expressions and fields
+/// in its selector (`t` itself, or `t{of}`).
+fn each_term_within(list: &str, of: &str) -> String {
+    let term = format!("t{of}");
+    format!(
+        "{list}.all(t, {} && {})",
+        at_most(&term, "matchExpressions", TERM_REQUIREMENTS),
+        at_most(&term, "matchFields", TERM_REQUIREMENTS)
+    )
+}
+
+/// The paths of a pod's node affinity: (`nodeAffinity`, its required selector,
+/// its preferred terms).
+fn node_affinity_paths(o: &str) -> (String, String, String) {
+    let node_affinity = format!("{o}.spec.affinity.nodeAffinity");
+    let required = format!("{node_affinity}.requiredDuringSchedulingIgnoredDuringExecution");
+    let preferred = format!("{node_affinity}.preferredDuringSchedulingIgnoredDuringExecution");
+    (node_affinity, required, preferred)
+}
+
+/// Whether the pod `o` is within [`crate::placement::bounds`]: every list the
+/// policies walk, checked before they walk it (CEL's `&&` stops at the first
+/// false, so a pod over a bound costs a few size checks).
+fn within_bounds(o: &str) -> String {
+    let (node_affinity, required, preferred) = node_affinity_paths(o);
+    let terms = format!("{required}.nodeSelectorTerms");
+    let spec = format!("{o}.spec");
+    format!(
+        "({} && {} && {} && {} && {} && (!has({spec}.affinity) || !has({node_affinity}) || \
+         ((!has({required}) || ({} && {})) && ({} && (!has({preferred}) || {})))))",
+        at_most(
+            &format!("{o}.metadata"),
+            "ownerReferences",
+            OWNER_REFERENCES
+        ),
+        at_most(&spec, "tolerations", TOLERATIONS),
+        at_most(&spec, "schedulingGates", SCHEDULING_GATES),
+        at_most(&spec, "containers", CONTAINERS),
+        at_most(&spec, "initContainers", CONTAINERS),
+        at_most(&required, "nodeSelectorTerms", REQUIRED_TERMS),
+        each_term_within(&terms, ""),
+        at_most(
+            &node_affinity,
+            "preferredDuringSchedulingIgnoredDuringExecution",
+            PREFERRED_TERMS
+        ),
+        each_term_within(&preferred, ".preference"),
+    )
+}
+
+/// `berth-limits`: a pod's lists within [`crate::placement::bounds`], with no
+/// params, so that its cost never grows with the number of policies.
+fn limits(berth_user: &str) -> Value {
+    let (node_affinity, required, preferred) = node_affinity_paths("object");
+    let terms = format!("{required}.nodeSelectorTerms");
+    let affinity = format!("has(object.spec.affinity) && has({node_affinity})");
+    let rule = |expression: String, bound: Bound| {
+        let message = format!(
+            "{} may have at most {} items: berth bounds what one pod may make berth and \
+             the apiserver do",
+            bound.field, bound.most
+        );
+        json!({"expression": expression, "message": message, "reason": "Forbidden"})
+    };
+    // Lists over their own bound are refused by their own rule and not walked here.
+    let requirements = format!(
+        "!({affinity}) || ((!has({required}) || !has({terms}) || size({terms}) > {} || {}) && \
+         (!has({preferred}) || size({preferred}) > {} || {}))",
+        REQUIRED_TERMS.most,
+        each_term_within(&terms, ""),
+        PREFERRED_TERMS.most,
+        each_term_within(&preferred, ".preference"),
+    );
+    policy(
+        "berth-limits",
+        json!({
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}],
+                "namespaceSelector": namespace_selector(berth_user),
+            },
+            "matchConditions": [not_from_nodes()],
+            "validations": [
+                rule(at_most("object.metadata", "labels", LABELS), LABELS),
+                rule(at_most("object.metadata", "ownerReferences", OWNER_REFERENCES), OWNER_REFERENCES),
+                rule(at_most("object.spec", "tolerations", TOLERATIONS), TOLERATIONS),
+                rule(at_most("object.spec", "schedulingGates", SCHEDULING_GATES), SCHEDULING_GATES),
+                rule(
+                    format!("{} && {}", at_most("object.spec", "containers", CONTAINERS),
+                        at_most("object.spec", "initContainers", CONTAINERS)),
+                    CONTAINERS,
+                ),
+                rule(
+                    format!("!({affinity}) || !has({required}) || {}",
+                        at_most(&required, "nodeSelectorTerms", REQUIRED_TERMS)),
+                    REQUIRED_TERMS,
+                ),
+                rule(
+                    format!("!({affinity}) || {}",
+                        at_most(&node_affinity, "preferredDuringSchedulingIgnoredDuringExecution", PREFERRED_TERMS)),
+                    PREFERRED_TERMS,
+                ),
+                rule(requirements, TERM_REQUIREMENTS),
+            ],
+        }),
+    )
+}
+
 /// `object` (or `oldObject`) has a toleration of berth's pool key that could
 /// tolerate the param pool's taint: `Exists`, the pool's name, or a comparison
 /// (`Gt`, `Lt`), which berth never grants and which a numeric pool name would
@@ -142,8 +268,14 @@ fn namespace_selector(berth_user: &str) -> Value {
         "values": exempt}]})
 }
 
+/// Skips requests from nodes (the kubelets' mirror pods), told by identity: the
+/// username `system:node:<name>` in the group `system:nodes`, as the Node
+/// authorizer knows them, not by the group alone. `manifests/webhooks.yaml` uses
+/// the same expression (a test keeps them equal).
+pub const NOT_FROM_NODES: &str = "!(request.userInfo.username.startsWith('system:node:') && 'system:nodes' in request.userInfo.groups)";
+
 fn not_from_nodes() -> Value {
-    json!({"name": "not-from-nodes", "expression": "!('system:nodes' in request.userInfo.groups)"})
+    json!({"name": "not-from-nodes", "expression": NOT_FROM_NODES})
 }
 
 fn policy(name: &str, spec: Value) -> Value {
@@ -179,11 +311,15 @@ fn pools(berth_user: &str) -> Value {
         ),
         variable(
             "takesDaemonSet",
+            // Without daemonSetNamespaces: the system's DaemonSets and those of the
+            // namespaces that opt in (CompiledPolicy::takes_daemonsets_from).
             format!(
                 "has(params.spec.pool) && (!has(params.spec.pool.daemonSets) || params.spec.pool.daemonSets == 'Tolerate') && \
-                 (!has(params.spec.pool.daemonSetNamespaces) || (namespaceObject != null && \
-                  has(namespaceObject.metadata.labels) && {}))",
-                selector_matches("params.spec.pool.daemonSetNamespaces", "namespaceObject.metadata.labels")
+                 (has(params.spec.pool.daemonSetNamespaces) ? (namespaceObject != null && \
+                  has(namespaceObject.metadata.labels) && {}) : \
+                  (variables.optedIn || request.namespace in {}))",
+                selector_matches("params.spec.pool.daemonSetNamespaces", "namespaceObject.metadata.labels"),
+                list(&SYSTEM_DAEMONSET_NAMESPACES)
             ),
         ),
         variable(
@@ -206,9 +342,13 @@ fn pools(berth_user: &str) -> Value {
             },
             // Most pods carry neither a pool or wildcard toleration nor a node name:
             // they skip the rules at the cost of one short expression.
+            // A pod over berth's bounds is berth-limits' to refuse: this policy, run
+            // once per PlacementPolicy, never walks its lists.
             "matchConditions": [not_from_nodes(), {"name": "could-reach-a-pool", "expression": format!(
-                "has(object.spec.nodeName) || (has(object.spec.tolerations) && object.spec.tolerations.exists(t, \
-                 !has(t.key) || t.key == '' || t.key == '{POOL_TAINT}'))")}],
+                "{} && (request.operation != 'UPDATE' || {}) && (has(object.spec.nodeName) || \
+                 (has(object.spec.tolerations) && object.spec.tolerations.exists(t, \
+                 !has(t.key) || t.key == '' || t.key == '{POOL_TAINT}')))",
+                within_bounds("object"), within_bounds("oldObject"))}],
             "variables": variables,
             "validations": [
                 {
@@ -244,6 +384,40 @@ fn pools(berth_user: &str) -> Value {
                     "reason": "Forbidden",
                 },
             ],
+        }),
+    )
+}
+
+/// `berth-queues`: a pod may name a queue class of a policy only from a namespace
+/// that opts into that policy (checked once per PlacementPolicy, its `paramKind`):
+/// the classes order queues above other pods, and are the policies' to hand out.
+fn queues(berth_user: &str) -> Value {
+    let class = "object.spec.priorityClassName";
+    let own = format!("'{QUEUE_CLASS_PREFIX}' + params.metadata.name + '-'");
+    policy(
+        "berth-queues",
+        json!({
+            "failurePolicy": "Fail",
+            "paramKind": params(),
+            "matchConstraints": {
+                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                    "operations": ["CREATE"], "resources": ["pods"]}],
+                "namespaceSelector": namespace_selector(berth_user),
+            },
+            "matchConditions": [not_from_nodes(), {"name": "names-a-queue-class", "expression": format!(
+                "has({class}) && {class}.startsWith('{QUEUE_CLASS_PREFIX}')")}],
+            "variables": pool_variables(),
+            "validations": [{
+                "expression": format!(
+                    "!{class}.startsWith({own}) || !{class}.substring(size({own})).matches('^(0|[1-9][0-9]*)$') || \
+                     variables.optedIn"
+                ),
+                "messageExpression": format!(
+                    "'PriorityClass ' + {class} + ' orders policy ' + params.metadata.name + \
+                     '\\'s queue, which namespace ' + request.namespace + ' does not opt into'"
+                ),
+                "reason": "Forbidden",
+            }],
         }),
     )
 }
@@ -301,6 +475,10 @@ fn records(berth_user: &str) -> Value {
             "matchConditions": [
                 not_from_nodes(),
                 {"name": "not-berth", "expression": format!("request.userInfo.username != '{berth_user}'")},
+                // A pod over berth's bounds is berth-limits' to refuse; its gates are
+                // then not compared pair by pair.
+                {"name": "within-bounds", "expression": format!("{} && {}",
+                    within_bounds("object"), within_bounds("oldObject"))},
             ],
             "validations": [
                 {
@@ -338,10 +516,14 @@ pub fn manifests(berth_user: &str) -> String {
                   # berth's structural rules as ValidatingAdmissionPolicies: CEL run in the\n\
                   # apiserver with failurePolicy Fail, so they hold while berth is down.\n";
     let documents = [
+        limits(berth_user),
+        binding("berth-limits", None),
         pools(berth_user),
         binding("berth-pools", Some(every_policy())),
         bindings(berth_user),
         binding("berth-bindings", Some(every_policy())),
+        queues(berth_user),
+        binding("berth-queues", Some(every_policy())),
         records(berth_user),
         binding("berth-records", None),
     ];
@@ -369,7 +551,7 @@ mod tests {
         assert_eq!(
             yaml.matches("kind: ValidatingAdmissionPolicyBinding")
                 .count(),
-            3
+            5
         );
         let elsewhere = manifests("system:serviceaccount:platform:placer");
         assert!(elsewhere.contains("- platform") && !elsewhere.contains("- berth-system"));

@@ -15,6 +15,8 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use super::tls::PeerCertificate;
+
 /// How long a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an HTTP/1 client may take to send a request's headers; the body has a
@@ -65,7 +67,7 @@ pub async fn serve_tls(
             tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
         }
         let acceptor = acceptor.clone();
-        let service = TowerToHyperService::new(app.clone());
+        let app = app.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -79,6 +81,16 @@ pub async fn serve_tls(
                     return;
                 }
             };
+            // Whether the peer proved itself with a client certificate (the verifier
+            // refuses one the client CA did not sign), for the handlers to check.
+            let verified = PeerCertificate(stream.get_ref().1.peer_certificates().is_some());
+            let service = TowerToHyperService::new(tower::ServiceExt::map_request(
+                app,
+                move |mut request: axum::http::Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(verified);
+                    request
+                },
+            ));
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()

@@ -9,9 +9,8 @@ use serde_json::Value;
 
 use super::review::{AdmissionRequest, AdmissionResponse};
 use super::state::GroupState;
-use crate::names::{MAX_QUEUE_CLASSES, is_owned_node_key};
+use crate::names::is_owned_node_key;
 use crate::placement::entitlement::breaches_in_words;
-use crate::placement::grants::QueuePriority;
 use crate::placement::groups::GroupContext;
 use crate::placement::pod::PodView;
 use crate::placement::records::forbidden_changes;
@@ -40,9 +39,6 @@ pub struct Verdict {
     pub applied: Vec<String>,
     /// Whether the namespace's berth annotations could not be read.
     pub broken_annotation: bool,
-    /// A queue PriorityClass the pod should get that does not exist yet: the
-    /// handler creates it and decides again.
-    pub missing_class: Option<QueuePriority>,
 }
 
 impl Verdict {
@@ -51,7 +47,6 @@ impl Verdict {
             outcome,
             applied: Vec::new(),
             broken_annotation: false,
-            missing_class: None,
         }
     }
 }
@@ -124,35 +119,24 @@ pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResp
         return (AdmissionResponse::allow(request), Verdict::new("unchanged"));
     };
     let mut decision = run(object, request, snapshot);
-    // The apiserver refuses a pod naming a PriorityClass that does not exist.
-    let missing_class = decision
+    // The apiserver refuses a pod naming a PriorityClass that does not exist. The
+    // controller makes the classes the policies allow; the webhook writes nothing
+    // on behalf of a review (anyone who reaches its port could send one).
+    if let Some(missing) = decision
         .grants
         .priority
-        .take_if(|p| !snapshot.groups.queue_classes.contains(&p.class));
-    // Tenants choose the queue labels: the classes berth makes are capped, and
-    // unused ones are swept by the controller.
-    let full = snapshot.groups.queue_classes.len() >= MAX_QUEUE_CLASSES;
-    if let Some(missing) = &missing_class {
-        let why = if full {
-            format!(
-                "berth keeps at most {MAX_QUEUE_CLASSES} queue PriorityClasses and all are in \
-                 use, so it makes no {}; the pod is not queued",
-                missing.class
-            )
-        } else {
-            format!(
-                "PriorityClass {} does not exist yet; the pod is not queued",
-                missing.class
-            )
-        };
-        decision.warnings.push(bounded(why));
+        .take_if(|p| !snapshot.groups.queue_classes.contains(&p.class))
+    {
+        decision.warnings.push(bounded(format!(
+            "PriorityClass {} does not exist yet (berth's controller makes it); the pod is not \
+             queued",
+            missing.class
+        )));
     }
-    let missing_class = missing_class.filter(|_| !full);
     let verdict = |outcome| Verdict {
         outcome,
         applied: decision.grants.applied.clone(),
         broken_annotation: decision.namespace_error.is_some(),
-        missing_class: missing_class.clone(),
     };
     if let Some(reason) = &decision.denial {
         let verdict = verdict(if decision.unreadable.is_some() {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -18,9 +18,8 @@ use kube::runtime::watcher::{Event, watcher};
 use kube::{Client, ResourceExt};
 
 use k8s_openapi::api::scheduling::v1::PriorityClass;
-use kube::api::PostParams;
 
-use crate::names::{FIELD_MANAGER, QUEUE_CLASS_PREFIX, owned_metadata};
+use crate::names::QUEUE_CLASS_PREFIX;
 use crate::objects::{NamespaceMeta, NodeMeta, PolicyObject};
 use crate::placement::groups::GangMode;
 use crate::placement::{NamespaceInfo, NodeIndex, NodeInfo};
@@ -44,14 +43,6 @@ pub trait ClusterView: Send + Sync {
     fn synced(&self) -> bool;
     /// What group decisions need: the gang mode and the PriorityClasses.
     fn groups(&self) -> Arc<GroupState>;
-    /// Creates the PriorityClass `class` of queue value `value` for a pod in
-    /// `namespace` (it exists already: fine).
-    fn create_queue_class<'a>(
-        &'a self,
-        namespace: &'a str,
-        class: &'a str,
-        value: i32,
-    ) -> BoxFuture<'a, Result<(), String>>;
 }
 
 /// What the webhook knows for group decisions.
@@ -62,59 +53,6 @@ pub struct GroupState {
     pub default_class: Option<String>,
     /// The `berth-queue-` PriorityClasses that exist.
     pub queue_classes: BTreeSet<String>,
-}
-
-/// How long after a new queue PriorityClass reaches berth's watch the apiserver's
-/// own informer is given to see it too.
-const CLASS_SETTLE: Duration = Duration::from_millis(100);
-/// The longest a request waits for a new queue class, all of it included.
-const CLASS_DEADLINE: Duration = Duration::from_millis(1500);
-/// How many new queue classes one namespace may have made per [`CLASS_WINDOW`]:
-/// its tenants write the labels, and the classes are cluster-wide and capped.
-const CLASSES_PER_NAMESPACE: usize = 20;
-const CLASS_WINDOW: Duration = Duration::from_secs(600);
-
-/// The new queue classes made for each namespace in the last [`CLASS_WINDOW`].
-#[derive(Debug, Default)]
-struct QueueClassBudget {
-    made: std::collections::HashMap<String, std::collections::VecDeque<std::time::Instant>>,
-}
-
-impl QueueClassBudget {
-    /// Takes one from `namespace`'s budget at `now`; false when it has none left.
-    fn take(&mut self, namespace: &str, now: std::time::Instant) -> bool {
-        // Forget what has left the window, everywhere, so the map stays small.
-        self.made.retain(|_, times| {
-            while times
-                .front()
-                .is_some_and(|t| now.duration_since(*t) >= CLASS_WINDOW)
-            {
-                times.pop_front();
-            }
-            !times.is_empty()
-        });
-        let times = self.made.entry(namespace.to_owned()).or_default();
-        if times.len() >= CLASSES_PER_NAMESPACE {
-            return false;
-        }
-        times.push_back(now);
-        true
-    }
-}
-
-/// The PriorityClass berth keeps for queue value `value`: it orders the queue and
-/// never preempts.
-pub fn queue_class_object(class: &str, value: i32) -> PriorityClass {
-    PriorityClass {
-        metadata: owned_metadata(class),
-        value: Some(value),
-        preemption_policy: Some("Never".into()),
-        global_default: Some(false),
-        description: Some(
-            "berth queue order: 3 x the pod's queue priority label + its QoS rank; never preempts"
-                .into(),
-        ),
-    }
 }
 
 /// A view that never changes, for tests and offline use.
@@ -142,14 +80,6 @@ impl ClusterView for FixedView {
     fn groups(&self) -> Arc<GroupState> {
         self.groups.clone()
     }
-    fn create_queue_class<'a>(
-        &'a self,
-        _namespace: &'a str,
-        class: &'a str,
-        _value: i32,
-    ) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move { Err(format!("no cluster to create PriorityClass {class} in")) })
-    }
 }
 
 /// The cluster as three watch caches, each read leniently (see [`crate::objects`]):
@@ -160,8 +90,6 @@ pub struct WatchedCluster {
     policies: RwLock<Arc<PolicySet>>,
     nodes: RwLock<Arc<NodeIndex>>,
     groups: RwLock<Arc<GroupState>>,
-    /// When each namespace last had queue classes made for it.
-    classes_made: Mutex<QueueClassBudget>,
     gang_mode_known: AtomicBool,
     namespaces_synced: AtomicBool,
     policies_synced: AtomicBool,
@@ -192,7 +120,6 @@ impl WatchedCluster {
             policies: RwLock::new(Arc::new(PolicySet::default())),
             nodes: RwLock::new(Arc::new(NodeIndex::new())),
             groups: RwLock::new(Arc::new(GroupState::default())),
-            classes_made: Mutex::new(QueueClassBudget::default()),
             gang_mode_known: AtomicBool::new(false),
             namespaces_synced: AtomicBool::new(false),
             policies_synced: AtomicBool::new(false),
@@ -413,84 +340,5 @@ impl ClusterView for WatchedCluster {
 
     fn groups(&self) -> Arc<GroupState> {
         read(&self.groups)
-    }
-
-    fn create_queue_class<'a>(
-        &'a self,
-        namespace: &'a str,
-        class: &'a str,
-        value: i32,
-    ) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            // One deadline for all of it, well inside the webhook's 3 s timeout:
-            // past that the apiserver would admit the pod with no patch at all.
-            let deadline = tokio::time::Instant::now() + CLASS_DEADLINE;
-            let allowed = match self.classes_made.lock() {
-                Ok(mut budget) => budget.take(namespace, std::time::Instant::now()),
-                Err(poisoned) => poisoned
-                    .into_inner()
-                    .take(namespace, std::time::Instant::now()),
-            };
-            if !allowed {
-                return Err(format!(
-                    "namespace {namespace} had {CLASSES_PER_NAMESPACE} new queue PriorityClasses \
-                     made in the last {} minutes; no {class} now",
-                    CLASS_WINDOW.as_secs() / 60
-                ));
-            }
-            let api = Api::<PriorityClass>::all(self.client.clone());
-            let params = PostParams {
-                field_manager: Some(FIELD_MANAGER.into()),
-                ..PostParams::default()
-            };
-            let object = queue_class_object(class, value);
-            let create = api.create(&params, &object);
-            match tokio::time::timeout_at(deadline, create).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(kube::Error::Api(status))) if status.code == 409 => {}
-                Ok(Err(e)) => return Err(format!("cannot create PriorityClass {class}: {e}")),
-                Err(_) => return Err(format!("creating PriorityClass {class} timed out")),
-            }
-            // The apiserver's Priority plugin looks the class up in its own
-            // informer, not in etcd: a pod naming a class it has not seen yet is
-            // refused. Wait until the class reaches our watch, fed like that
-            // informer from the apiserver's watch cache, and a moment more.
-            let seen = async {
-                while !read(&self.groups).queue_classes.contains(class) {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            };
-            if tokio::time::timeout_at(deadline - CLASS_SETTLE, seen)
-                .await
-                .is_err()
-            {
-                tracing::warn!(%class, "the new PriorityClass has not reached berth's watch; going on");
-            }
-            tokio::time::sleep(CLASS_SETTLE).await;
-            self.update_groups(|groups| {
-                groups.queue_classes.insert(class.to_owned());
-            });
-            Ok(())
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_namespace_has_a_budget_of_new_queue_classes_per_window() {
-        let mut budget = QueueClassBudget::default();
-        let start = std::time::Instant::now();
-        for _ in 0..CLASSES_PER_NAMESPACE {
-            assert!(budget.take("tenant", start));
-        }
-        assert!(!budget.take("tenant", start), "spent");
-        assert!(budget.take("other", start), "another namespace has its own");
-        assert!(
-            budget.take("tenant", start + CLASS_WINDOW),
-            "the window has passed"
-        );
     }
 }

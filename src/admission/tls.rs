@@ -32,6 +32,8 @@ pub enum TlsError {
     },
     #[error("the key does not fit the certificate: {0}")]
     Mismatch(rustls::Error),
+    #[error("{path} is no usable client CA: {reason}")]
+    ClientCa { path: PathBuf, reason: String },
 }
 
 /// A loaded pair, with the bytes it came from, to notice changes.
@@ -173,15 +175,53 @@ impl ReloadingCert {
     }
 
     /// A rustls server config that serves whatever pair is current: TLS 1.2 and
-    /// 1.3, ALPN h2 and http/1.1.
-    pub fn server_config(self: Arc<Self>) -> Result<ServerConfig, rustls::Error> {
-        let mut config = ServerConfig::builder_with_provider(provider())
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-            .with_no_client_auth()
-            .with_cert_resolver(self);
+    /// 1.3, ALPN h2 and http/1.1. With `client_ca`, a client certificate is asked
+    /// for, and one that CA did not sign fails the handshake; a client may still
+    /// come without one (the kubelet's probes of `/healthz` do), and the handlers
+    /// then refuse it the admission paths ([`PeerCertificate`]).
+    pub fn server_config(
+        self: Arc<Self>,
+        client_ca: Option<&Path>,
+    ) -> Result<ServerConfig, TlsError> {
+        let builder = ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(TlsError::Mismatch)?;
+        let builder = match client_ca {
+            None => builder.with_no_client_auth(),
+            Some(path) => builder.with_client_cert_verifier(client_verifier(path)?),
+        };
+        let mut config = builder.with_cert_resolver(self);
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(config)
     }
+}
+
+/// Whether the client of a connection presented a certificate the client CA
+/// signed (set on every request it sends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCertificate(pub bool);
+
+/// A verifier that accepts only client certificates signed by the CA in `path`.
+fn client_verifier(
+    path: &Path,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    let problem = |reason: String| TlsError::ClientCa {
+        path: path.to_owned(),
+        reason,
+    };
+    let pem = read(path)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| problem(e.to_string()))?;
+        roots.add(cert).map_err(|e| problem(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(problem("it holds no certificate".into()));
+    }
+    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| problem(e.to_string()))
 }
 
 impl ResolvesServerCert for ReloadingCert {

@@ -447,6 +447,10 @@ fn held(
             "held by the scheduling gate {AVOID_GATE}: {}",
             exclusion::no_node_free(policy)
         ),
+        Some(Hold::Unreadable) => format!(
+            "held by the scheduling gate {AVOID_GATE}: {}",
+            exclusion::unreadable()
+        ),
         // Not possible with no unseen policies, but said plainly if it were.
         Some(Hold::PolicyNotSeen(policy)) => {
             format!("held by the scheduling gate {AVOID_GATE} until policy {policy} is known")

@@ -64,8 +64,10 @@ enum Command {
     },
     /// Make a CA and a serving certificate for the webhook, and the caBundle.
     ///
-    /// Writes ca.crt, ca.key, tls.crt, tls.key and caBundle into --out. A CA already
-    /// there is reused, so running it again renews only the serving certificate.
+    /// Writes ca.crt, ca.key, tls.crt, tls.key and caBundle into --out, and
+    /// apiserver-client.crt and .key: a client certificate for the apiserver to
+    /// present where berth runs with --client-ca ca.crt. A CA already there is
+    /// reused, so running it again renews only the certificates it signs.
     Certs {
         /// The webhook's Service name.
         #[arg(long, default_value = "berth")]
@@ -228,7 +230,8 @@ fn run_certs(service: &str, namespace: &str, out: &std::path::Path, days: i64) -
                 "made a new CA"
             };
             println!(
-                "wrote {}: {ca}, a serving certificate for {service}.{namespace}.svc and 127.0.0.1, and caBundle",
+                "wrote {}: {ca}, a serving certificate for {service}.{namespace}.svc and 127.0.0.1, \
+                 caBundle, and the apiserver's client certificate",
                 out.display()
             );
             ExitCode::SUCCESS

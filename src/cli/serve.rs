@@ -26,6 +26,11 @@ pub struct ServeArgs {
     /// PEM private key of the serving certificate; re-read when it changes.
     #[arg(long, env = "BERTH_TLS_KEY", default_value = "/certs/tls.key")]
     pub tls_key: PathBuf,
+    /// PEM CA whose client certificates alone may call the webhook: configure the
+    /// apiserver to present one (its admission configuration's kubeConfigFile), and
+    /// no one else, a tenant's pod included, gets past the TLS handshake.
+    #[arg(long, env = "BERTH_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
     /// Address of the HTTPS webhook (/mutate, /validate, /healthz, /readyz).
     #[arg(long, env = "BERTH_ADDR", default_value = "0.0.0.0:8443")]
     pub addr: SocketAddr,
@@ -117,6 +122,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let ServeArgs {
         tls_cert,
         tls_key,
+        client_ca,
         addr,
         metrics_addr,
         max_body_bytes,
@@ -176,7 +182,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         shutdown.cancelled().await;
     } else {
         let cert = Arc::new(ReloadingCert::load(&tls_cert, &tls_key)?);
-        let tls = cert.clone().server_config()?;
+        let tls = cert.clone().server_config(client_ca.as_deref())?;
         let berth_user = whoami(&client).await;
         let view = WatchedCluster::start(client, state_metrics.clone());
         let state = Arc::new(AppState {
@@ -189,6 +195,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
                 Duration::from_secs(read_timeout_seconds.max(1)),
             ),
             berth_user,
+            require_client_cert: client_ca.is_some(),
         });
         state.tls_ready.store(true, Ordering::Release);
         tokio::spawn(cert.clone().watch(

@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 
 use crate::names::APPLIED_ANNOTATION;
 use crate::objects::{
-    DaemonSetObject, DeploymentObject, NamespaceMeta, NodeObject, PodObject, PolicyObject,
+    Bounded, DaemonSetObject, DeploymentObject, NamespaceMeta, NodeObject, PodObject, PolicyObject,
     StatefulSetObject, WorkloadObject,
 };
 use crate::policy::NamespaceOptIn;
@@ -404,15 +404,10 @@ fn strip_pod(pod: &mut PodObject) {
     let spec = &mut pod.spec;
     if spec.scheduling_gates.is_empty() {
         if spec.node_name.is_some() {
-            spec.affinity = None;
+            spec.affinity = Bounded::Absent;
         }
-        spec.node_selector = None;
-        spec.tolerations = None;
-        spec.topology_spread_constraints = None;
-        spec.volumes = None;
-        for container in spec.containers.iter_mut().chain(&mut spec.init_containers) {
-            container.ports = None;
-        }
+        spec.node_selector = Bounded::Absent;
+        spec.tolerations = Bounded::Absent;
     }
     // Ordered start waits for lower ranks to be Ready.
     pod.status.conditions.retain(|c| c.type_ == "Ready");

@@ -11,6 +11,7 @@ pub mod limit;
 pub mod missed;
 pub mod nodes;
 pub mod podgroups;
+pub mod queues;
 pub mod release;
 pub mod releaser;
 pub mod run;

@@ -23,12 +23,14 @@ use super::events::Reported;
 use super::limit::RateLimit;
 use super::missed::Missed;
 use super::podgroups::discover_gang_mode;
+use super::queues::{self, QueueClasses};
 use super::run::{Context, DEBOUNCE, Pass, leadership_changed, until};
 use super::status::Findings;
 use super::sweep::Sweeper;
 use super::writer::{Written, in_sync, write_node};
 use crate::objects::NodeObject;
 use crate::placement::groups::GangMode;
+use crate::policy::OptIn;
 use crate::policy::compile::PolicyCompiler;
 use crate::telemetry::KindLabels;
 
@@ -64,6 +66,7 @@ pub async fn run(
     let mut compiler = PolicyCompiler::default();
     let mut sweeper = Sweeper::default();
     let mut sweep = false;
+    let mut queue_classes = QueueClasses::default();
     let mut pause = DEBOUNCE;
     let mut desired = DesiredNodes::new();
     let mut retry: Option<tokio::time::Instant> = None;
@@ -85,6 +88,7 @@ pub async fn run(
                 // What a sweep found unused before a gap in leadership is stale,
                 // and so is what this replica last knew of each node.
                 sweeper = Sweeper::default();
+                queue_classes = QueueClasses::default();
                 missed = Missed::default();
                 wakes.everything();
                 tracing::info!(leading, identity = %options.identity, "controller leadership changed");
@@ -99,6 +103,7 @@ pub async fn run(
                 let mode = discover_gang_mode(client, shared.gang_mode()).await;
                 shared.set_gang_mode(mode);
                 sweep = true;
+                queue_classes.forget();
                 wakes.everything();
             }
         }
@@ -110,6 +115,10 @@ pub async fn run(
         let changed = wakes.take();
         let pass = context.pass();
         let snapshot = Snapshot::take(stores, &mut compiler);
+        let wanted_classes = queues::wanted(&snapshot.compiled.set);
+        if matches!(changed, Changed::Everything) {
+            queue_classes.keep(client, &wanted_classes, &limit).await;
+        }
         if std::mem::take(&mut scan) || matches!(changed, Changed::Everything) {
             let again = missed.scan(&pass, stores, &snapshot.compiled.set).await;
             rescan = again.map(|after| tokio::time::Instant::now() + after);
@@ -139,8 +148,18 @@ pub async fn run(
         }
         if std::mem::take(&mut sweep) {
             let pod_groups = groups.gang_mode == GangMode::PodGroup;
+            let opt_in = (
+                &snapshot.compiled.set,
+                &snapshot.namespaces as &(dyn OptIn + Sync),
+            );
             sweeper
-                .sweep(client, &stores.pods.state(), pod_groups)
+                .sweep(
+                    client,
+                    &stores.pods.state(),
+                    pod_groups,
+                    &wanted_classes,
+                    opt_in,
+                )
                 .await;
         }
         // Every cause of an Event was looked at in this pass, whatever failed.

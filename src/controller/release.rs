@@ -269,6 +269,11 @@ pub async fn release_held_pods(
                 "HoldUntilNodeFree",
                 format!("held by {AVOID_GATE}: {}", exclusion::no_node_free(policy)),
             ),
+            Hold::Unreadable => (
+                &String::new(),
+                "HoldUnreadable",
+                format!("held by {AVOID_GATE}: {}", exclusion::unreadable()),
+            ),
             // A policy not seen yet is a moment's lag, not worth an Event.
             Hold::PolicyNotSeen(_) => continue,
         };

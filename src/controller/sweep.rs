@@ -1,13 +1,16 @@
 //! Cleaning up the objects berth creates for groups once nothing uses them: the
-//! queue PriorityClasses `berth-queue-<value>` (the webhook makes one per queue
-//! value it meets) and, in PodGroup mode, the gangs' PodGroups. Without this both
-//! would only grow; with it, the webhook's cap on queue classes frees up again.
+//! queue PriorityClasses `berth-queue-<policy>-<value>` no policy allows any more
+//! ([`super::queues`] keeps the ones policies allow) and, in PodGroup mode, the
+//! gangs' PodGroups. A class counts as used only by pods of namespaces that opt
+//! into its policy: a namespace that names a class of a policy it does not opt into
+//! (refused at admission by `berth-queues`, but possible before it) keeps nothing
+//! alive.
 //!
 //! An object goes only when it is older than [`GRACE`] and no live pod used it at
 //! this sweep or the one before: a class the webhook just made, or a group whose
 //! pods are being replaced, survives.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,8 +20,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, Resource, ResourceExt};
 
-use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL, QUEUE_CLASS_PREFIX};
+use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL, QUEUE_CLASS_PREFIX, queue_class_parts};
 use crate::objects::PodObject;
+use crate::policy::{OptIn, PolicySet};
 
 /// How old an unused object must be before it is deleted.
 pub const GRACE: Duration = Duration::from_secs(600);
@@ -32,18 +36,34 @@ pub struct Sweeper {
 }
 
 impl Sweeper {
-    /// Deletes the queue PriorityClasses no live pod names, and with
+    /// Deletes the queue PriorityClasses no policy allows (not in `wanted`) that
+    /// no live pod of a namespace opting into their policy names, and with
     /// `pod_groups`, the PodGroups no live pod joins.
-    pub async fn sweep(&mut self, client: &Client, pods: &[Arc<PodObject>], pod_groups: bool) {
+    pub async fn sweep(
+        &mut self,
+        client: &Client,
+        pods: &[Arc<PodObject>],
+        pod_groups: bool,
+        wanted: &BTreeMap<String, i32>,
+        (policies, opt_in): (&PolicySet, &(dyn OptIn + Sync)),
+    ) {
         let live = || pods.iter().filter(|p| !p.is_terminated());
         let classes: BTreeSet<String> = live()
-            .filter_map(|p| p.spec.priority_class_name.clone())
+            .filter_map(|p| {
+                let class = p.spec.priority_class_name.as_deref()?;
+                let (policy, _) = queue_class_parts(class)?;
+                let namespace = p.metadata.namespace.as_deref()?;
+                opt_in
+                    .opts_in(policies.get(policy)?, namespace)
+                    .then(|| class.to_owned())
+            })
             .collect();
         let api: Api<PriorityClass> = Api::all(client.clone());
         let found = list_ours(&api).await;
-        let found = found
-            .into_iter()
-            .filter(|c| c.name_any().starts_with(QUEUE_CLASS_PREFIX));
+        let found = found.into_iter().filter(|c| {
+            let name = c.name_any();
+            name.starts_with(QUEUE_CLASS_PREFIX) && !wanted.contains_key(&name)
+        });
         let api_for = |_: &PriorityClass| api.clone();
         let name = |c: &PriorityClass| c.name_any();
         self.unused_classes =

@@ -22,8 +22,8 @@ use super::pod::{PodView, is_wildcard_for};
 use super::selection::{is_empty_term, tolerates};
 use super::{NamespaceInfo, NodeIndex};
 use crate::names::POOL_LABEL;
-use crate::policy::PolicySet;
 use crate::policy::crd::DaemonSets;
+use crate::policy::{CompiledPolicy, NamespaceConfig, PolicySet};
 
 /// What a DaemonSet pod gets, or why it is refused.
 #[derive(Debug, Default)]
@@ -32,10 +32,33 @@ pub struct DaemonSetDecision {
     pub denial: Option<String>,
 }
 
+/// Whether the pool of `policy` takes DaemonSets of `namespace` (whose berth
+/// annotations read as `config`).
+fn takes(
+    policy: &CompiledPolicy,
+    namespace: &NamespaceInfo,
+    config: Option<&NamespaceConfig>,
+) -> bool {
+    let opted_in = super::matching::opts_in(policy, namespace, config);
+    policy.takes_daemonsets_from(&namespace.labels, opted_in)
+}
+
 /// Why the pool of `policy` does not take DaemonSets of `namespace`.
-fn refusal(policy: &crate::policy::CompiledPolicy, namespace: &NamespaceInfo) -> String {
+fn refusal(policy: &CompiledPolicy, namespace: &NamespaceInfo) -> String {
     match policy.dedicated_pool().map(|p| p.daemon_sets) {
         Some(DaemonSets::Exclude) => "daemonSets: Exclude".into(),
+        _ if policy
+            .spec
+            .pool
+            .as_ref()
+            .is_some_and(|p| p.daemon_set_namespaces.is_none()) =>
+        {
+            format!(
+                "it names no daemonSetNamespaces, so it takes kube-system's and those of the \
+             namespaces that opt in, not {}'s",
+                namespace.name
+            )
+        }
         _ => format!("daemonSetNamespaces does not select {}", namespace.name),
     }
 }
@@ -47,6 +70,7 @@ pub fn daemonset_grants(
     pod: &PodView,
     policies: &PolicySet,
     namespace: &NamespaceInfo,
+    config: Option<&NamespaceConfig>,
     nodes: Option<&NodeIndex>,
 ) -> DaemonSetDecision {
     let mut decision = DaemonSetDecision::default();
@@ -55,7 +79,7 @@ pub fn daemonset_grants(
         let Some(pool) = policy.dedicated_pool() else {
             continue;
         };
-        if policy.takes_daemonsets_from(&namespace.labels) {
+        if takes(policy, namespace, config) {
             if let Some(toleration) = pool_toleration(policy) {
                 decision.grants.tolerate(toleration);
                 decision.grants.applied.push(policy.name.clone());
@@ -105,8 +129,9 @@ fn template_grants(
 ) -> (Grants, BTreeSet<String>, BTreeSet<String>) {
     let mut grants = Grants::default();
     let mut allowed = BTreeSet::new();
+    let config = NamespaceConfig::parse(&namespace.annotations).ok();
     for policy in policies.iter() {
-        if policy.takes_daemonsets_from(&namespace.labels)
+        if takes(policy, namespace, config.as_ref())
             && let Some(toleration) = pool_toleration(policy)
         {
             grants.tolerate(toleration);
@@ -226,7 +251,7 @@ mod tests {
                 json!({"pool": {"nodeNames": ["node3"], "daemonSets": "Exclude"}}),
             ),
         ]);
-        let ns = NamespaceInfo::new("logging");
+        let ns = NamespaceInfo::new("kube-system");
         let drift = |spec: Value| template_drift(&daemonset(spec), &set, &ns).is_some();
         assert!(drift(json!({})), "cdn's toleration is missing");
         assert!(!drift(json!({"tolerations": [toleration("cdn")]})));

@@ -28,15 +28,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use serde_json::Value;
 
 use super::opt_in::{anchors, applied_policies, entitled_policies};
 use super::rooms::{Fit, Rooms};
 use crate::names::{AVOID_GATE, anchor_label, placed_label};
 use crate::objects::PodObject;
-use crate::placement::pod::is_empty_term;
+use crate::placement::selection::is_empty_term;
 use crate::policy::compile::Labels;
 use crate::policy::{CompiledPolicy, OptIn, PolicySet};
+use k8s_openapi::api::core::v1::NodeSelectorTerm;
 
 /// The node label a set of nodes is written with: it holds the node's name on
 /// almost every node, and a node without it is never part of a set.
@@ -67,12 +67,11 @@ pub struct Term {
 }
 
 impl Term {
-    fn of(term: &Value) -> Term {
-        let list = |key: &str| term.get(key).is_some_and(Value::is_array);
+    fn of(term: &NodeSelectorTerm) -> Term {
         Term {
             matches_nothing: is_empty_term(term),
-            expressions: list("matchExpressions"),
-            fields: list("matchFields"),
+            expressions: term.match_expressions.is_some(),
+            fields: term.match_fields.is_some(),
         }
     }
 }
@@ -97,6 +96,10 @@ pub struct ExclusionPod {
     pub terminating: bool,
     /// The required nodeSelectorTerms, by shape.
     pub terms: Vec<Term>,
+    /// Whether its node affinity could be read (within the controller's bound on a
+    /// pod's fields): one that cannot is never released, since its narrowing could
+    /// not be written.
+    pub readable: bool,
     /// Released and not bound: the hostnames its required node affinity confines it
     /// to, `None` when it may take any node.
     pub hosts: Option<BTreeSet<String>>,
@@ -113,15 +116,9 @@ impl ExclusionPod {
             return None;
         }
         let meta = &pod.metadata;
-        let required = pod.spec.affinity.as_ref().and_then(|a| {
-            a.pointer(
-                "/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms",
-            )
-        });
-        let terms: Vec<Term> = required
-            .and_then(Value::as_array)
-            .map(|terms| terms.iter().map(Term::of).collect())
-            .unwrap_or_default();
+        let affinity = pod.spec.affinity.read();
+        let required = affinity.flatten().and_then(|a| a.required_terms());
+        let terms: Vec<Term> = required.into_iter().flatten().map(Term::of).collect();
         let gate = pod.gate(AVOID_GATE);
         let unbound = pod.spec.node_name.is_none();
         Some(ExclusionPod {
@@ -140,6 +137,7 @@ impl ExclusionPod {
             node: pod.spec.node_name.clone(),
             terminating: pod.is_terminating(),
             terms,
+            readable: affinity.is_some(),
             hosts: (gate.is_none() && unbound)
                 .then(|| required.and_then(confined_hosts))
                 .flatten(),
@@ -164,27 +162,17 @@ impl ExclusionPod {
 /// The hostnames required nodeSelectorTerms confine a pod to: the union over its
 /// terms (they are ORed) of each term's `kubernetes.io/hostname In` values
 /// (intersected, they are ANDed). `None` when some term does not confine it.
-fn confined_hosts(terms: &Value) -> Option<BTreeSet<String>> {
+fn confined_hosts(terms: &[NodeSelectorTerm]) -> Option<BTreeSet<String>> {
     let mut hosts = BTreeSet::new();
-    for term in terms.as_array()? {
-        if is_empty_term(term) {
-            continue;
-        }
+    for term in terms.iter().filter(|t| !is_empty_term(t)) {
         let mut confined: Option<BTreeSet<String>> = None;
-        let expressions = term.get("matchExpressions").and_then(Value::as_array);
-        for expression in expressions.into_iter().flatten() {
-            let key = expression.get("key").and_then(Value::as_str);
-            let op = expression.get("operator").and_then(Value::as_str);
-            if key != Some(HOSTNAME_LABEL) || op != Some("In") {
-                continue;
-            }
-            let values: BTreeSet<String> = expression
-                .get("values")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect();
+        let hostname_in = term
+            .match_expressions
+            .iter()
+            .flatten()
+            .filter(|e| e.key == HOSTNAME_LABEL && e.operator == "In");
+        for expression in hostname_in {
+            let values: BTreeSet<String> = expression.values.iter().flatten().cloned().collect();
             confined = Some(match confined {
                 Some(before) => before.intersection(&values).cloned().collect(),
                 None => values,
@@ -226,6 +214,9 @@ pub enum Hold<'a> {
     /// Every node where it fits runs a pod it must avoid (through `policy`), as
     /// when a rolling update adds a pod before it removes one.
     NoNodeFree { policy: String },
+    /// Its node affinity is too large for the controller to read, so its narrowing
+    /// could not be written: it is never released.
+    Unreadable,
 }
 
 /// Why a pod held as [`Hold::NoNodeFree`] waits, and what releases it.
@@ -233,6 +224,15 @@ pub fn no_node_free(policy: &str) -> String {
     format!(
         "every node where it fits runs a pod it must avoid (policy {policy}); it is released \
          once one of them leaves its node or a node where it fits joins"
+    )
+}
+
+/// Why a pod held as [`Hold::Unreadable`] stays held.
+pub fn unreadable() -> String {
+    format!(
+        "its node affinity, node selector or tolerations take over {} KiB, more than berth \
+         reads of a pod, so the narrowing that keeps it apart cannot be written; it stays held",
+        crate::objects::PLACEMENT_FIELD_BYTES / 1024
     )
 }
 
@@ -621,6 +621,13 @@ pub fn plan<'a>(
             });
             continue;
         }
+        if !pod.readable {
+            plan.waiting.push(Waiting {
+                pod,
+                reason: Hold::Unreadable,
+            });
+            continue;
+        }
         let behind = |i: usize, policy: &CompiledPolicy, sets: &Sets<'_, '_, 'a, '_>| Waiting {
             pod,
             reason: Hold::Behind {
@@ -713,6 +720,7 @@ mod tests {
                 expressions: true,
                 fields: false,
             }],
+            readable: true,
             other_gates: false,
             hosts: None,
             fit: None,
@@ -1214,7 +1222,9 @@ mod tests {
 
     #[test]
     fn a_set_is_read_back_as_the_union_of_terms_each_confined() {
-        let read = |terms: serde_json::Value| confined_hosts(&terms);
+        let read = |terms: serde_json::Value| {
+            confined_hosts(&serde_json::from_value::<Vec<NodeSelectorTerm>>(terms).unwrap())
+        };
         let host_in =
             |values: &[&str]| json!({"key": HOSTNAME_LABEL, "operator": "In", "values": values});
         assert_eq!(
@@ -1232,7 +1242,6 @@ mod tests {
             None,
             "the second term lets it go anywhere in zone z"
         );
-        assert_eq!(read(json!("not a list")), None);
     }
 
     #[test]

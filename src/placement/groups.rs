@@ -17,9 +17,9 @@
 use super::grants::{Grants, QueuePriority};
 use super::pod::PodView;
 use super::warning::bounded;
-use crate::names::{AVOID_GATE, GANG_GATE, RANK_GATE, queue_class};
+use crate::names::{AVOID_GATE, GANG_GATE, RANK_GATE, queue_class, queue_class_parts};
 use crate::policy::CompiledPolicy;
-use crate::policy::groups::{QosClass, queue_class_value};
+use crate::policy::groups::QosClass;
 
 /// How the cluster enforces gangs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -112,13 +112,19 @@ pub fn group_grants(
     if let Some((policy, queue)) = queues.next() {
         let own_class = pod
             .priority_class_name()
-            .filter(|c| Some(*c) != context.default_class && queue_class_value(c).is_none());
+            .filter(|c| Some(*c) != context.default_class && queue_class_parts(c).is_none());
         match (queue.priority(labels), own_class) {
             (Ok(Some(_)), Some(class)) => warnings.push(bounded(format!(
                 "policy {}: the pod names PriorityClass {class}, which it keeps; not queued",
                 policy.name
             ))),
             (Ok(Some(priority)), None) => {
+                if priority > queue.max_priority {
+                    warnings.push(bounded(format!(
+                        "policy {}: {}={priority} counts as its maxPriority {}",
+                        policy.name, queue.priority_label, queue.max_priority
+                    )));
+                }
                 // Members of a native gang must share one priority with their
                 // PodGroup, so QoS cannot break ties among them (also for a pod
                 // already in a group: berth's patch applied again changes nothing).
@@ -129,7 +135,7 @@ pub fn group_grants(
                 };
                 let value = queue.class_value(priority, qos);
                 grants.priority = Some(QueuePriority {
-                    class: queue_class(value),
+                    class: queue_class(&policy.name, value),
                     value,
                 });
             }
@@ -153,5 +159,26 @@ fn ignored<'p>(
             "policy {}: {field} ignored, another applied policy sets it",
             p.name
         ))
+    })
+}
+
+/// The refusal for a pod that names a queue class of a policy its namespace does
+/// not opt into (and that no queue policy of its own replaces): the classes order
+/// a policy's queue above other pods, and are its to hand out. The admission
+/// policy `berth-queues` refuses the same with berth down.
+pub fn foreign_queue_class(
+    pod: &PodView,
+    namespace: &super::NamespaceInfo,
+    config: Option<&crate::policy::NamespaceConfig>,
+    policies: &crate::policy::PolicySet,
+) -> Option<String> {
+    let class = pod.priority_class_name()?;
+    let (name, _) = queue_class_parts(class)?;
+    let policy = policies.get(name)?;
+    (!super::matching::opts_in(policy, namespace, config)).then(|| {
+        format!(
+            "PriorityClass {class} orders policy {name}'s queue, which namespace {} does not opt into",
+            namespace.name
+        )
     })
 }

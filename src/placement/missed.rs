@@ -54,19 +54,14 @@ pub fn recreating_owner(pod: &PodObject) -> Option<&str> {
 
 /// What matching reads of a pod: its labels and images.
 fn matching_view(pod: &PodObject) -> Option<PodView> {
-    let images = |containers: &[crate::objects::Container]| -> Vec<Value> {
-        containers
-            .iter()
-            .map(|c| json!({"name": "c", "image": c.image}))
-            .collect()
-    };
+    let images: Vec<Value> = pod
+        .images()
+        .map(|image| json!({"name": "c", "image": image}))
+        .collect();
     PodView::read(&json!({
         "kind": "Pod",
         "metadata": {"labels": pod.metadata.labels},
-        "spec": {
-            "containers": images(&pod.spec.containers),
-            "initContainers": images(&pod.spec.init_containers),
-        }
+        "spec": {"containers": images}
     }))
     .ok()
 }

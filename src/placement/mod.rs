@@ -4,6 +4,7 @@
 //! onto [`decide`] and [`build_patch`].
 
 pub mod avoid;
+pub mod bounds;
 pub mod canonical;
 pub mod daemonset;
 pub mod entitlement;
@@ -45,8 +46,7 @@ pub struct NamespaceInfo {
     pub annotations: Labels,
 }
 
-/// The label the apiserver puts on every namespace, holding its name.
-const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+use crate::names::NAMESPACE_NAME_LABEL;
 
 impl NamespaceInfo {
     /// A namespace with no annotations and only the name label the apiserver
@@ -184,7 +184,13 @@ pub fn decide(input: &Input) -> Decision {
 
     let daemonset = pod.is_daemonset_pod(input.requester);
     let mut grants = if daemonset {
-        let ds = daemonset::daemonset_grants(&pod, input.policies, input.namespace, input.nodes);
+        let ds = daemonset::daemonset_grants(
+            &pod,
+            input.policies,
+            input.namespace,
+            config.as_ref(),
+            input.nodes,
+        );
         decision.denial = ds.denial;
         decision.applied = ds
             .grants
@@ -240,6 +246,11 @@ pub fn decide(input: &Input) -> Decision {
         input.groups,
         &mut grants,
     ));
+    if grants.priority.is_none() && !daemonset {
+        let foreign =
+            groups::foreign_queue_class(&pod, input.namespace, config.as_ref(), input.policies);
+        decision.denial = decision.denial.or(foreign);
+    }
 
     // Entitled pools: every policy that applied (DaemonSet pods: the pools that
     // take their DaemonSet).

@@ -74,7 +74,7 @@ pub(crate) mod tests {
             true
         }
         fn takes_daemonsets(&self, policy: &CompiledPolicy, _: &str) -> bool {
-            policy.takes_daemonsets_from(&Labels::new())
+            policy.takes_daemonsets_from(&Labels::new(), true)
         }
         fn named(&self, _: &str) -> &[String] {
             &[]
@@ -87,7 +87,7 @@ pub(crate) mod tests {
             namespace == self.0
         }
         fn takes_daemonsets(&self, policy: &CompiledPolicy, namespace: &str) -> bool {
-            namespace == self.0 && policy.takes_daemonsets_from(&Labels::new())
+            namespace == self.0 && policy.takes_daemonsets_from(&Labels::new(), true)
         }
         fn named(&self, _: &str) -> &[String] {
             &[]

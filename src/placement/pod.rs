@@ -191,12 +191,46 @@ pub struct ContainerImage {
 impl PodView {
     /// Reads the fields berth needs from `raw`; the error says which field has the
     /// wrong shape.
+    /// A pod over one of the [`super::bounds`] is refused with the bound it breaks.
     pub fn read(raw: &serde_json::Value) -> Result<PodView, String> {
         let fields = Fields::deserialize(raw).map_err(|e| format!("not a readable Pod: {e}"))?;
         if let Some(kind) = fields.kind.as_deref().filter(|k| *k != "Pod") {
             return Err(format!("expected a Pod, got kind {kind}"));
         }
-        Ok(PodView { fields })
+        let view = PodView { fields };
+        match super::bounds::over(&view.counts()) {
+            Some(reason) => Err(reason),
+            None => Ok(view),
+        }
+    }
+
+    /// The length of each list [`super::bounds`] bounds.
+    fn counts(&self) -> Vec<(super::bounds::Bound, usize)> {
+        use super::bounds::*;
+        let spec = &self.fields.spec;
+        let terms = self.required_affinity().unwrap_or_default();
+        let preferred = self.preferred_terms();
+        let longest_term = terms
+            .iter()
+            .chain(preferred.iter().map(|p| &p.preference))
+            .flat_map(|t| [t.match_expressions.as_ref(), t.match_fields.as_ref()])
+            .map(|list| list.map_or(0, Vec::len))
+            .max()
+            .unwrap_or(0);
+        let meta = &self.fields.metadata;
+        vec![
+            (LABELS, meta.labels.len()),
+            (OWNER_REFERENCES, meta.owner_references.len()),
+            (TOLERATIONS, spec.tolerations.len()),
+            (SCHEDULING_GATES, spec.scheduling_gates.len()),
+            (REQUIRED_TERMS, terms.len()),
+            (PREFERRED_TERMS, preferred.len()),
+            (TERM_REQUIREMENTS, longest_term),
+            (
+                CONTAINERS,
+                spec.containers.len().max(spec.init_containers.len()),
+            ),
+        ]
     }
 
     pub fn labels(&self) -> &Labels {

@@ -7,7 +7,6 @@
 //! [`Fit::predictable`] says when that matters.
 
 use kube::ResourceExt;
-use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -170,7 +169,7 @@ impl Fit {
     /// The fit check's view of a held pod; `None` when it cannot be read.
     pub fn of(pod: &PodObject) -> Option<Fit> {
         Some(Fit {
-            placement: Placement::of(&pod.placement_view()?),
+            placement: pod.placement()?,
             requests: pod.requests(),
             predictable: predictable(pod),
         })
@@ -188,36 +187,19 @@ impl Fit {
 /// a zone or node (a claim, or an ephemeral one).
 fn predictable(pod: &PodObject) -> bool {
     let spec = &pod.spec;
-    let inter_pod = spec.affinity.as_ref().is_some_and(|a| {
-        ["podAffinity", "podAntiAffinity"]
-            .iter()
-            .any(|k| a.get(k).is_some_and(|v| !v.is_null()))
-    });
-    let spread = spec
-        .topology_spread_constraints
-        .as_ref()
-        .and_then(Value::as_array)
-        .is_some_and(|c| !c.is_empty());
+    let inter_pod = match spec.affinity.read() {
+        Some(Some(a)) => {
+            a.inter_pod_required() || a.pod_affinity.preferred || a.pod_anti_affinity.preferred
+        }
+        Some(None) => false,
+        None => true,
+    };
     let host_port = spec
         .containers
         .iter()
         .chain(&spec.init_containers)
-        .flat_map(|c| {
-            c.ports
-                .as_ref()
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-        })
-        .any(|p| p.get("hostPort").is_some_and(|h| !h.is_null()));
-    let bound_volume = spec
-        .volumes
-        .as_ref()
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .any(|v| v.get("persistentVolumeClaim").is_some() || v.get("ephemeral").is_some());
-    !(inter_pod || spread || host_port || bound_volume)
+        .any(|c| c.host_port);
+    !(inter_pod || spec.topology_spread || host_port || spec.bound_volumes)
 }
 
 #[cfg(test)]
@@ -225,7 +207,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn pod(spec: Value) -> PodObject {
+    fn pod(spec: serde_json::Value) -> PodObject {
         serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec})).unwrap()
     }
 
@@ -233,11 +215,14 @@ mod tests {
     fn what_the_check_cannot_see_makes_a_pod_unpredictable() {
         let plain = json!({"containers": [{"name": "c", "ports": [{"containerPort": 80}]}],
             "volumes": [{"name": "cfg", "configMap": {"name": "x"}}],
-            "affinity": {"nodeAffinity": {}}});
-        assert!(predictable(&pod(plain)));
+            "affinity": {"nodeAffinity": {}, "podAntiAffinity": {}}});
+        assert!(predictable(&pod(plain)), "no inter-pod term, no constraint");
+        let term = json!([{"topologyKey": "kubernetes.io/hostname", "labelSelector": {}}]);
+        let weighted = json!([{"weight": 1, "podAffinityTerm": term[0]}]);
         for spec in [
-            json!({"affinity": {"podAntiAffinity": {}}}),
-            json!({"affinity": {"podAffinity": {}}}),
+            json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": term}}}),
+            json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": term}}}),
+            json!({"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": weighted}}}),
             json!({"topologySpreadConstraints": [{"maxSkew": 1}]}),
             json!({"containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 80}]}]}),
             json!({"initContainers": [{"name": "c", "ports": [{"hostPort": 9}]}]}),
@@ -246,6 +231,10 @@ mod tests {
         ] {
             assert!(!predictable(&pod(spec.clone())), "{spec}");
         }
+        // A field too large to read is not predicted either.
+        let huge = json!({"affinity": {"nodeAffinity": {"x": "y".repeat(crate::objects::PLACEMENT_FIELD_BYTES)}}});
+        assert!(!predictable(&pod(huge.clone())));
+        assert!(pod(huge).placement().is_none());
     }
 
     fn node(name: &str, version: &str, zone: &str) -> Arc<NodeObject> {

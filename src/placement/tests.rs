@@ -396,6 +396,25 @@ fn from_daemonset_controller(pod: &Value, ns: &NamespaceInfo, set: &PolicySet) -
 }
 
 #[test]
+fn a_pool_that_names_no_daemonset_namespaces_takes_the_systems_and_its_own() {
+    let set = mk_set(&[cdn()]);
+    let pod = daemonset_pod();
+    let tolerated = |ns: &NamespaceInfo| {
+        let out = from_daemonset_controller(&pod, ns, &set);
+        out.pod["spec"]["tolerations"]
+            .as_array()
+            .unwrap()
+            .contains(&pool_toleration("cdn"))
+    };
+    assert!(tolerated(&NamespaceInfo::new("kube-system")));
+    assert!(tolerated(&opted_in("cdn")), "a namespace that opts in");
+    assert!(
+        !tolerated(&NamespaceInfo::new("tenant")),
+        "any other namespace's DaemonSet stays off: the short form keeps the pool closed"
+    );
+}
+
+#[test]
 fn daemonset_pods_get_tolerate_pool_tolerations_and_no_node_affinity() {
     let set = mk_set(&[
         cdn(),
@@ -405,7 +424,7 @@ fn daemonset_pods_get_tolerate_pool_tolerations_and_no_node_affinity() {
         ),
     ]);
     let pod = daemonset_pod();
-    let out = from_daemonset_controller(&pod, &NamespaceInfo::new("kube-logging"), &set);
+    let out = from_daemonset_controller(&pod, &NamespaceInfo::new("kube-system"), &set);
     assert_eq!(out.pod["spec"]["tolerations"][1], pool_toleration("cdn"));
     assert_eq!(
         out.pod["spec"]["tolerations"].as_array().unwrap().len(),
@@ -841,7 +860,10 @@ fn group_members_are_gated_ranked_and_queued_and_the_result_is_idempotent() {
         json!([{"name": "berth.io/gang"}, {"name": "berth.io/rank"}])
     );
     // BestEffort: 3 x 5 + 0.
-    assert_eq!(out.pod["spec"]["priorityClassName"], "berth-queue-15");
+    assert_eq!(
+        out.pod["spec"]["priorityClassName"],
+        "berth-queue-release-15"
+    );
     assert_eq!(out.pod["spec"]["priority"], 15);
     assert_eq!(out.pod["spec"]["preemptionPolicy"], "Never");
     let again = admit_groups(&out.pod, Default::default());
@@ -915,7 +937,10 @@ fn a_pod_keeps_its_own_priority_class_but_not_the_cluster_default() {
         default_class: Some("batch-low"),
     };
     let out = admit_groups(&pod, defaulted);
-    assert_eq!(out.pod["spec"]["priorityClassName"], "berth-queue-6");
+    assert_eq!(
+        out.pod["spec"]["priorityClassName"],
+        "berth-queue-release-6"
+    );
     assert_eq!(out.pod["spec"]["priority"], 6);
 }
 

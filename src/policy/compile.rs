@@ -11,8 +11,8 @@ use kube::core::{Selector, SelectorExt};
 use super::crd::{PlacementPolicy, PlacementPolicySpec, Pool};
 use super::image::ImagePatterns;
 use crate::names::{
-    MAX_POLICY_NAME, POOL_TAINT, is_dns_subdomain, is_label_key, is_label_value, is_owned_node_key,
-    is_valid_policy_name,
+    MAX_POLICY_NAME, NAMESPACE_NAME_LABEL, POOL_TAINT, SYSTEM_DAEMONSET_NAMESPACES,
+    is_dns_subdomain, is_label_key, is_label_value, is_owned_node_key, is_valid_policy_name,
 };
 
 /// Labels of a Kubernetes object.
@@ -138,15 +138,24 @@ impl CompiledPolicy {
     }
 
     /// Whether DaemonSets of a namespace with these labels may run on this policy's
-    /// dedicated pool: `daemonSets: Tolerate`, and `daemonSetNamespaces` (absent:
-    /// every namespace) matches.
-    pub fn takes_daemonsets_from(&self, namespace_labels: &Labels) -> bool {
-        self.dedicated_pool()
-            .is_some_and(|pool| pool.daemon_sets == super::crd::DaemonSets::Tolerate)
-            && self
-                .daemonset_namespaces
-                .as_ref()
-                .is_none_or(|s| s.matches(namespace_labels))
+    /// dedicated pool: `daemonSets: Tolerate`, and `daemonSetNamespaces` matches.
+    /// Absent, it takes the system's DaemonSets ([`SYSTEM_DAEMONSET_NAMESPACES`]) and
+    /// those of the namespaces that opt into the policy (`opted_in`), never any
+    /// other namespace's: leaving the field out keeps the pool closed to a tenant.
+    pub fn takes_daemonsets_from(&self, namespace_labels: &Labels, opted_in: bool) -> bool {
+        let tolerate = self
+            .dedicated_pool()
+            .is_some_and(|pool| pool.daemon_sets == super::crd::DaemonSets::Tolerate);
+        tolerate
+            && match &self.daemonset_namespaces {
+                Some(selector) => selector.matches(namespace_labels),
+                None => {
+                    opted_in
+                        || namespace_labels
+                            .get(NAMESPACE_NAME_LABEL)
+                            .is_some_and(|n| SYSTEM_DAEMONSET_NAMESPACES.contains(&n.as_str()))
+                }
+            }
     }
 
     /// Whether a namespace's labels match `namespaceSelector` (absent: no).

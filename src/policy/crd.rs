@@ -140,7 +140,7 @@ impl Default for StartOrder {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Queue {
-    /// An integer label, 0 to 1000000: higher is scheduled first.
+    /// An integer label, 0 or more: higher is scheduled first.
     #[serde(default = "default_priority_label")]
     #[schemars(default = "default_priority_label")]
     pub priority_label: String,
@@ -148,6 +148,12 @@ pub struct Queue {
     #[serde(default = "default_true")]
     #[schemars(default = "default_true")]
     pub qos_tie_break: bool,
+    /// The highest priority label value that counts; a higher one counts as this.
+    /// The controller keeps a PriorityClass for every value up to it, so it also
+    /// bounds how far above other pods this policy's pods can be queued.
+    #[serde(default = "default_max_priority")]
+    #[schemars(default = "default_max_priority", range(min = 0, max = 100))]
+    pub max_priority: i32,
 }
 
 impl Default for Queue {
@@ -155,8 +161,13 @@ impl Default for Queue {
         Queue {
             priority_label: default_priority_label(),
             qos_tie_break: true,
+            max_priority: default_max_priority(),
         }
     }
+}
+
+fn default_max_priority() -> i32 {
+    10
 }
 
 /// A set of nodes a policy owns.

@@ -5,12 +5,12 @@
 
 use super::compile::Labels;
 use super::crd::{Gang, Queue, StartOrder};
-use crate::names::{QUEUE_CLASS_PREFIX, is_dns_subdomain};
+use crate::names::is_dns_subdomain;
 
 /// The largest `minAvailable` berth accepts: a bound on what one group may hold.
 pub const MAX_GANG_SIZE: u32 = 10_000;
-/// The highest queue priority label; the PriorityClass values stay far below the
-/// 1,000,000,000 Kubernetes allows user classes.
+/// The highest queue priority label berth reads as a number; a policy's
+/// `maxPriority` then caps what counts.
 pub const MAX_QUEUE_PRIORITY: i32 = 1_000_000;
 /// Pod labels that name the revision of the pod's template: a rollout of a
 /// Deployment, StatefulSet or Job makes new pods that must not join the old group.
@@ -147,27 +147,37 @@ impl Queue {
             .transpose()
     }
 
-    /// The PriorityClass value of a pod with `priority` and `qos`: three values per
-    /// priority, so that with `qosTieBreak` a better QoS class is scheduled first
-    /// among equals and never ahead of a higher priority.
+    /// The PriorityClass value of a pod with `priority` (at most `maxPriority`
+    /// counts) and `qos`: three values per priority, so that with `qosTieBreak` a
+    /// better QoS class is scheduled first among equals and never ahead of a higher
+    /// priority.
     pub fn class_value(&self, priority: i32, qos: QosClass) -> i32 {
         let tie = if self.qos_tie_break { qos as i32 } else { 0 };
-        priority * 3 + tie
+        priority.min(self.max_priority) * 3 + tie
     }
-}
 
-/// The queue value a `berth-queue-<value>` PriorityClass name stands for.
-pub fn queue_class_value(name: &str) -> Option<i32> {
-    let value = name.strip_prefix(QUEUE_CLASS_PREFIX)?;
-    // `007` and `+7` would name the same value as `7`: only the canonical form.
-    let parsed = value.parse::<i32>().ok()?;
-    (parsed.to_string() == value && parsed >= 0).then_some(parsed)
+    /// Every class value a pod of this policy may get: the classes the controller
+    /// keeps for it.
+    pub fn class_values(&self) -> impl Iterator<Item = i32> + '_ {
+        const QOS: [QosClass; 3] = [
+            QosClass::BestEffort,
+            QosClass::Burstable,
+            QosClass::Guaranteed,
+        ];
+        let ties = if self.qos_tie_break {
+            &QOS[..]
+        } else {
+            &QOS[..1]
+        };
+        (0..=self.max_priority.max(0))
+            .flat_map(move |p| ties.iter().map(move |q| self.class_value(p, *q)))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::names::queue_class;
+    use crate::names::{queue_class, queue_class_parts};
 
     fn labels(pairs: &[(&str, &str)]) -> Labels {
         pairs
@@ -266,14 +276,42 @@ mod tests {
             flat.class_value(1, QosClass::Guaranteed),
             flat.class_value(1, QosClass::BestEffort)
         );
-        assert_eq!(queue_class_value(&queue_class(31)), Some(31));
+        assert_eq!(
+            queue_class_parts(&queue_class("a-b.c", 31)),
+            Some(("a-b.c", 31))
+        );
         for bad in [
-            "berth-queue-07",
-            "berth-queue-+7",
-            "berth-queue--1",
-            "other-7",
+            "berth-queue-q-07",
+            "berth-queue-q-+7",
+            "berth-queue-q--1",
+            "berth-queue-7",
+            "berth-queue-Q-7",
+            "other-q-7",
         ] {
-            assert_eq!(queue_class_value(bad), None, "{bad}");
+            assert_eq!(queue_class_parts(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_priority_above_the_policys_ceiling_counts_as_the_ceiling() {
+        let queue = Queue {
+            max_priority: 4,
+            ..Queue::default()
+        };
+        assert_eq!(
+            queue.class_value(1_000_000, QosClass::Guaranteed),
+            queue.class_value(4, QosClass::Guaranteed)
+        );
+        let values: Vec<i32> = queue.class_values().collect();
+        assert_eq!(values.len(), 15, "three QoS ranks for each of 0..=4");
+        assert_eq!(values.iter().max(), Some(&14));
+        let flat = Queue {
+            qos_tie_break: false,
+            ..queue
+        };
+        assert_eq!(
+            flat.class_values().collect::<Vec<_>>(),
+            vec![0, 3, 6, 9, 12]
+        );
     }
 }

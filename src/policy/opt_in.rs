@@ -58,9 +58,9 @@ impl OptIn for NamespaceOptIn {
     }
 
     fn takes_daemonsets(&self, policy: &CompiledPolicy, namespace: &str) -> bool {
-        self.0
-            .get(namespace)
-            .is_some_and(|(_, labels)| policy.takes_daemonsets_from(labels))
+        self.0.get(namespace).is_some_and(|(config, labels)| {
+            policy.takes_daemonsets_from(labels, policy.namespace_opts_in(config, labels))
+        })
     }
 
     fn named(&self, namespace: &str) -> &[String] {

@@ -54,18 +54,22 @@ impl Policy {
             .is_some_and(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)));
         named || selected
     }
-    /// Whether this pool takes DaemonSets of a namespace with `labels`.
-    fn takes_daemonsets(&self, labels: &Value) -> bool {
+    /// Whether this pool takes DaemonSets of `namespace`: those `daemonSetNamespaces`
+    /// selects, or without it kube-system's and those of namespaces that opt in.
+    fn takes_daemonsets(&self, namespace: &Value) -> bool {
         let pool = self.pool();
+        let labels = &namespace["metadata"]["labels"];
         let tolerate = pool
             .and_then(|p| p.get("daemonSets"))
             .and_then(Value::as_str)
             .unwrap_or("Tolerate")
             == "Tolerate";
-        let selected = pool
-            .and_then(|p| p.pointer("/daemonSetNamespaces/matchLabels"))
-            .and_then(Value::as_object)
-            .is_none_or(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)));
+        let selected = match pool.and_then(|p| p.pointer("/daemonSetNamespaces/matchLabels")) {
+            Some(m) => m
+                .as_object()
+                .is_some_and(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v))),
+            None => self.opted_in(namespace) || namespace["metadata"]["name"] == "kube-system",
+        };
         self.dedicated() && tolerate && selected
     }
     /// Whether a namespace opts in: its annotation names the policy, or its labels
@@ -262,7 +266,7 @@ pub fn expect(pods: &Pools, namespace: &Value, pod: &Value, daemonset: bool) -> 
         .iter()
         .filter(|p| {
             if daemonset {
-                p.takes_daemonsets(&namespace["metadata"]["labels"])
+                p.takes_daemonsets(namespace)
             } else {
                 p.opted_in(namespace) && p.selects_pod(pod)
             }

@@ -388,7 +388,8 @@ impl Berth {
     }
 
     /// [`Berth::shared`] beside a cluster started with extra `up` arguments, and
-    /// with extra `berth serve` arguments (such as `--no-controller`).
+    /// with extra `berth serve` arguments (such as `--no-controller`); `{cluster}`
+    /// in them stands for the cluster's folder.
     pub fn shared_with(nodes: Nodes, up_args: &[&str], serve_args: &[&str]) -> &'static Berth {
         let berth = BERTH.get_or_init(|| {
             let cluster = TestCluster::shared_with(nodes, up_args);
@@ -397,7 +398,7 @@ impl Berth {
             let bin = env!("CARGO_BIN_EXE_berth");
             let output = Command::new(repo_root().join("tests/cluster/berth-up"))
                 .arg(&dir)
-                .args(serve_args)
+                .args(serve_args.iter().map(|a| a.replace("{cluster}", &dir)))
                 .env("BERTH_BIN", bin)
                 .output()
                 .expect("run berth-up");

@@ -1,0 +1,347 @@
+//! What reading a review into JSON values costs in memory, found before reading it.
+//!
+//! A body is cheap to hold, but the values read from it are not: a JSON object with
+//! one member becomes a B-tree node of about 700 bytes, so a list of `{"a":1}` costs
+//! about 90 times its size, and 16 to 30 times is common. The memory budget is
+//! charged by this estimate, an upper bound of what [`super::review::parse`]
+//! allocates, so that the bodies being decided at once stay within it however many
+//! workers read them. A byte walk finds it, without allocating, and, as the reader
+//! does, leaves out what the reader skips unparsed: `status`, `managedFields` and,
+//! in a Pod, its containers' details.
+
+/// What each JSON token costs once read, at most (jemalloc size classes included):
+/// an object (a B-tree node once it has a member), an array (its first allocation
+/// of four slots), and each member or element (a value slot, doubled by growth,
+/// and its share of further nodes). Strings, keys and numbers cost twice their
+/// bytes at most.
+const OBJECT: usize = 768;
+const ARRAY: usize = 192;
+const ITEM: usize = 128;
+
+/// What a value is, as far as the reader's skipping goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The review itself.
+    Review,
+    /// `request`.
+    Request,
+    /// `request.kind`.
+    Kind,
+    /// `request.kind.kind`, which says whether the object is a Pod.
+    KindName,
+    /// `request.object` or `request.oldObject`.
+    Object,
+    /// The object's `metadata`.
+    Metadata,
+    /// The object's `spec`.
+    Spec,
+    /// A Pod's list of containers (or init or ephemeral containers).
+    Containers,
+    /// One of those containers.
+    Container,
+    /// Anything else that is read.
+    Other,
+    /// Skipped unparsed.
+    Skipped,
+}
+
+/// The role of the member `key` of an object with role `parent`.
+fn member_role(parent: Role, key: &[u8], pod: bool) -> Role {
+    match (parent, key) {
+        (Role::Skipped, _) => Role::Skipped,
+        (Role::Review, b"request") => Role::Request,
+        (Role::Request, b"kind") => Role::Kind,
+        (Role::Kind, b"kind") => Role::KindName,
+        (Role::Request, b"object" | b"oldObject") => Role::Object,
+        (Role::Object, b"status") => Role::Skipped,
+        (Role::Object, b"metadata") => Role::Metadata,
+        (Role::Object, b"spec") => Role::Spec,
+        (Role::Metadata, b"managedFields") => Role::Skipped,
+        (Role::Spec, b"containers" | b"initContainers" | b"ephemeralContainers") if pod => {
+            Role::Containers
+        }
+        (Role::Container, b"name" | b"image" | b"resources") => Role::Other,
+        (Role::Container, _) => Role::Skipped,
+        _ => Role::Other,
+    }
+}
+
+/// The role of an element of an array with role `array`.
+fn element_role(array: Role) -> Role {
+    match array {
+        Role::Skipped => Role::Skipped,
+        Role::Containers => Role::Container,
+        _ => Role::Other,
+    }
+}
+
+/// An object or array being walked.
+struct Open {
+    role: Role,
+    object: bool,
+    /// Whether it has a member or element yet: an empty one allocates nothing.
+    filled: bool,
+    /// In an object: a key comes next.
+    expect_key: bool,
+    /// In an object: the role of the member whose key was read last.
+    member: Role,
+}
+
+/// The walk: the containers open, the cost so far, and whether the object under
+/// review is a Pod (`request.kind.kind`, which the apiserver writes before the
+/// object; until it is seen, containers count whole).
+struct Walk {
+    open: Vec<Open>,
+    cost: usize,
+    pod: bool,
+}
+
+impl Walk {
+    /// A value starts: its role, with its slot in its container charged.
+    fn value(&mut self) -> Role {
+        let Some(parent) = self.open.last_mut() else {
+            return Role::Review;
+        };
+        let role = if parent.object {
+            parent.member
+        } else {
+            element_role(parent.role)
+        };
+        if role != Role::Skipped {
+            self.cost += ITEM;
+        }
+        if !parent.filled && parent.role != Role::Skipped {
+            self.cost += if parent.object { OBJECT } else { ARRAY };
+        }
+        parent.filled = true;
+        role
+    }
+}
+
+/// The memory reading `body` into JSON values takes, at most (see the module
+/// comment). Malformed JSON is costed as far as it goes: the reader refuses it.
+pub fn parse_cost(body: &[u8]) -> usize {
+    let mut walk = Walk {
+        open: Vec::new(),
+        cost: 0,
+        pod: false,
+    };
+    let mut i = 0;
+    while i < body.len() {
+        match body[i] {
+            b'"' => {
+                let start = i + 1;
+                let mut escaped = false;
+                i += 1;
+                while i < body.len() && body[i] != b'"' {
+                    if body[i] == b'\\' {
+                        escaped = true;
+                        i += 1;
+                    }
+                    i += 1;
+                }
+                let text = &body[start..i.min(body.len())];
+                match walk.open.last_mut() {
+                    Some(open) if open.object && open.expect_key => {
+                        // A key with escapes matches no name, so what follows is
+                        // counted: the estimate stays a bound.
+                        let key: &[u8] = if escaped { b"" } else { text };
+                        open.member = member_role(open.role, key, walk.pod);
+                        if open.member != Role::Skipped {
+                            walk.cost += 2 * text.len();
+                        }
+                    }
+                    _ => {
+                        let role = walk.value();
+                        if role != Role::Skipped {
+                            walk.cost += 2 * text.len();
+                        }
+                        if role == Role::KindName {
+                            walk.pod = text == b"Pod";
+                        }
+                    }
+                }
+            }
+            byte @ (b'{' | b'[') => {
+                let role = walk.value();
+                let object = byte == b'{';
+                walk.open.push(Open {
+                    role,
+                    object,
+                    filled: false,
+                    expect_key: object,
+                    member: Role::Other,
+                });
+            }
+            b'}' | b']' => {
+                walk.open.pop();
+            }
+            b':' => {
+                if let Some(open) = walk.open.last_mut() {
+                    open.expect_key = false;
+                }
+            }
+            b',' => {
+                if let Some(open) = walk.open.last_mut() {
+                    open.expect_key = open.object;
+                }
+            }
+            b' ' | b'\t' | b'\n' | b'\r' => {}
+            _ => {
+                // A number or a literal, read whole.
+                let start = i;
+                while i + 1 < body.len() && !b",]} \t\n\r".contains(&body[i + 1]) {
+                    i += 1;
+                }
+                if walk.value() != Role::Skipped {
+                    walk.cost += 2 * (i + 1 - start);
+                }
+            }
+        }
+        i += 1;
+    }
+    walk.cost
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn review(object: &str) -> String {
+        format!(
+            r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u","kind":{{"group":"","version":"v1","kind":"Pod"}},"resource":{{"group":"","version":"v1","resource":"pods"}},"operation":"CREATE","userInfo":{{"username":"t"}},"object":{object}}}}}"#
+        )
+    }
+
+    /// Bytes this thread holds now, from jemalloc's own counters.
+    fn held() -> u64 {
+        let allocated = tikv_jemalloc_ctl::thread::allocatedp::read().unwrap().get();
+        let freed = tikv_jemalloc_ctl::thread::deallocatedp::read()
+            .unwrap()
+            .get();
+        allocated - freed
+    }
+
+    /// What reading `body` really allocates.
+    fn real_cost(body: &str) -> u64 {
+        let before = held();
+        let parsed = crate::admission::review::parse(body.as_bytes()).expect("a review");
+        let after = held();
+        drop(parsed);
+        after - before
+    }
+
+    fn many(item: &str, n: usize) -> String {
+        format!("[{}]", vec![item; n].join(","))
+    }
+
+    #[test]
+    fn the_estimate_bounds_what_reading_costs_for_every_shape() {
+        let n = 5000;
+        let keys = |value: &str| {
+            let members: Vec<String> = (0..n).map(|i| format!(r#""k{i}":{value}"#)).collect();
+            format!("{{{}}}", members.join(","))
+        };
+        let nested_arrays = format!("{}1{}", "[".repeat(60), "]".repeat(60));
+        let nested_objects = format!("{}1{}", r#"{"a":"#.repeat(60), "}".repeat(60));
+        let shapes = [
+            (
+                "empty objects",
+                format!(r#"{{"spec":{{"tolerations":{}}}}}"#, many("{}", n)),
+            ),
+            (
+                "one-member objects",
+                format!(r#"{{"spec":{{"tolerations":{}}}}}"#, many(r#"{"a":1}"#, n)),
+            ),
+            (
+                "two levels",
+                format!(
+                    r#"{{"spec":{{"tolerations":{}}}}}"#,
+                    many(r#"{"a":{"b":1}}"#, n)
+                ),
+            ),
+            (
+                "numbers",
+                format!(r#"{{"spec":{{"volumes":{}}}}}"#, many("1", n)),
+            ),
+            (
+                "empty strings",
+                format!(r#"{{"spec":{{"volumes":{}}}}}"#, many(r#""""#, n)),
+            ),
+            (
+                "empty arrays",
+                format!(r#"{{"spec":{{"volumes":{}}}}}"#, many("[]", n)),
+            ),
+            (
+                "one-element arrays",
+                format!(r#"{{"spec":{{"volumes":{}}}}}"#, many("[1]", n)),
+            ),
+            ("many keys", format!(r#"{{"spec":{{"x":{}}}}}"#, keys("1"))),
+            (
+                "many annotations",
+                format!(r#"{{"metadata":{{"annotations":{}}}}}"#, keys(r#""""#)),
+            ),
+            (
+                "a long string",
+                format!(
+                    r#"{{"metadata":{{"annotations":{{"a":"{}"}}}}}}"#,
+                    "x".repeat(100_000)
+                ),
+            ),
+            (
+                "escaped strings",
+                format!(
+                    r#"{{"metadata":{{"annotations":{{"a":"{}"}}}}}}"#,
+                    r"\u003c".repeat(10_000)
+                ),
+            ),
+            (
+                "nested arrays",
+                format!(r#"{{"spec":{{"v":{}}}}}"#, many(&nested_arrays, 200)),
+            ),
+            (
+                "nested objects",
+                format!(r#"{{"spec":{{"v":{}}}}}"#, many(&nested_objects, 200)),
+            ),
+            (
+                "container resources",
+                format!(
+                    r#"{{"spec":{{"containers":{}}}}}"#,
+                    many(
+                        r#"{"name":"c","image":"i","resources":{"requests":{"cpu":"1"}}}"#,
+                        500
+                    )
+                ),
+            ),
+        ];
+        for (what, object) in shapes {
+            let body = review(&object);
+            let (estimate, real) = (parse_cost(body.as_bytes()) as u64, real_cost(&body));
+            assert!(
+                estimate >= real,
+                "{what}: estimated {estimate}, read {real}"
+            );
+            assert!(
+                estimate <= 16 * real + 16_384,
+                "{what}: estimated {estimate}, read only {real}"
+            );
+        }
+    }
+
+    #[test]
+    fn what_the_reader_skips_costs_nothing() {
+        let env = many(r#"{"name":"a","value":"b"}"#, 20_000);
+        let pod = review(&format!(
+            r#"{{"metadata":{{"name":"p","managedFields":{env}}},"status":{{"x":{env}}},
+            "spec":{{"containers":[{{"name":"c","image":"nginx","env":{env}}}]}}}}"#
+        ));
+        assert!(
+            parse_cost(pod.as_bytes()) < 16_384,
+            "{}",
+            parse_cost(pod.as_bytes())
+        );
+        // Container details count in objects that are not Pods: they are read.
+        let daemonset = pod.replace(r#""kind":"Pod""#, r#""kind":"DaemonSet""#);
+        assert!(parse_cost(daemonset.as_bytes()) > 1 << 20);
+    }
+}
