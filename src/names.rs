@@ -38,6 +38,9 @@ pub const RANK_GATE: &str = "berth.io/rank";
 /// Prefix of the PriorityClasses berth keeps for queue order:
 /// `berth-queue-<policy>-<value>`.
 pub const QUEUE_CLASS_PREFIX: &str = "berth-queue-";
+/// Prefix of the PodGroups berth keeps for gangs: `berth-<group>-<hash>`. Only
+/// berth writes PodGroups so named (the admission policy `berth-podgroups`).
+pub const POD_GROUP_PREFIX: &str = "berth-";
 /// The gates of groups (SPEC "Groups"), which hold a pod before the avoid gate.
 pub const GROUP_GATES: [&str; 2] = [GANG_GATE, RANK_GATE];
 /// The metadata of an object berth creates (a queue PriorityClass, a PodGroup):

@@ -74,6 +74,8 @@ pub struct Metrics {
     pub unentitled_pods: PolicyGauge,
     /// Pods a policy applies to that lack its decision, by policy.
     pub missed_pods: PolicyGauge,
+    /// Pairs of pods an `avoid` policy keeps apart that share a node, by policy.
+    pub exclusion_clashes: PolicyGauge,
     /// Missed pods evicted so that their owner recreates them through the webhook.
     pub missed_evictions: Family<PolicyLabels, Counter>,
     /// 1 while this replica holds the controller Lease.
@@ -104,6 +106,7 @@ impl Default for Metrics {
         let write_conflicts = Counter::default();
         let unentitled_pods = PolicyGauge::default();
         let missed_pods = PolicyGauge::default();
+        let exclusion_clashes = PolicyGauge::default();
         let missed_evictions = Family::<PolicyLabels, Counter>::default();
         let leader = Gauge::default();
         registry.register(
@@ -126,6 +129,11 @@ impl Default for Metrics {
             "missed_pods",
             "Pods a policy applies to that lack its decision (admitted while berth was unreachable, or older than the policy), by policy",
             missed_pods.family.clone(),
+        );
+        registry.register(
+            "exclusion_clashes",
+            "Pairs of pods an avoid policy keeps apart that share a node anyway (one created while berth was down, say), by policy",
+            exclusion_clashes.family.clone(),
         );
         registry.register(
             "missed_evictions",
@@ -196,6 +204,7 @@ impl Default for Metrics {
             write_conflicts,
             unentitled_pods,
             missed_pods,
+            exclusion_clashes,
             missed_evictions,
             leader,
             gated_pods,

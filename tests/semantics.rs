@@ -978,3 +978,98 @@ fn the_queue_policy_refuses_exactly_what_the_webhook_refuses() {
     }
     finish(&tally, "berth-queues: each class in each namespace");
 }
+
+#[test]
+fn the_holds_policy_refuses_exactly_what_the_webhook_refuses() {
+    let mut oracle = Oracle::start();
+    let policy = admission_policy("berth-holds");
+    let policies = [
+        json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy", "metadata": {"name": "masters"},
+            "spec": {"avoid": {"matchLabels": {"role": "master"}}}}),
+        json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy", "metadata": {"name": "cdn"},
+            "spec": {"pool": {"nodeNames": ["node2"]}, "avoid": {"matchLabels": {"app": "cdn"}}}}),
+        json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy", "metadata": {"name": "jobs"},
+            "spec": {"queue": {}}}),
+    ];
+    let typed: Vec<PlacementPolicy> = policies
+        .iter()
+        .map(|p| serde_json::from_value(p.clone()).unwrap())
+        .collect();
+    let (set, _) = PolicySet::compile(&typed);
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a",
+        "labels": {"kubernetes.io/metadata.name": "a"}}});
+    let records = [
+        None,
+        Some(""),
+        Some("jobs"),
+        Some("masters"),
+        Some("jobs, masters"),
+        Some("cdn,jobs"),
+        Some("mastersx"),
+    ];
+    let gates: [&[&str]; 3] = [&[], &["mine"], &["mine", "berth.io/avoid"]];
+    let mut cases = Vec::new();
+    for record in records {
+        for gates in gates {
+            for daemonset in [false, true] {
+                let owners = daemonset.then(|| {
+                    json!([{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                    "name": "agent", "uid": "u1", "controller": true}])
+                });
+                let pod = json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": "p", "namespace": "a", "ownerReferences": owners,
+                        "annotations": record.map(|r| json!({"berth.io/applied": r}))},
+                    "spec": {"containers": [{"name": "c", "image": "nginx"}],
+                        "schedulingGates": gates.iter().map(|g| json!({"name": g})).collect::<Vec<_>>()}});
+                for sender in ["tenant", DAEMONSET_CONTROLLER] {
+                    cases.push((pod.clone(), sender));
+                }
+            }
+        }
+    }
+    let mut tally = Tally::default();
+    let mut denied = vec![false; cases.len()];
+    for params in &policies {
+        let requests: Vec<Value> = cases
+            .iter()
+            .map(|(pod, sender)| {
+                json!({"operation": "CREATE", "resource": "pods", "object": pod,
+                "namespace": namespace, "params": params, "username": sender})
+            })
+            .collect();
+        for (i, answer) in oracle
+            .admission_policy(&policy, &requests)
+            .into_iter()
+            .enumerate()
+        {
+            tally.check(
+                "the holds policy evaluates without error",
+                answer.error.is_none(),
+                || format!("{:?}", answer.error),
+            );
+            denied[i] |= answer.denied;
+        }
+    }
+    let refused = denied.iter().filter(|d| **d).count();
+    assert!(
+        refused > 0 && refused < cases.len(),
+        "the cases refuse some pods and admit others: {refused} of {}",
+        cases.len()
+    );
+    for ((pod, sender), denied) in cases.iter().zip(denied) {
+        let view = PodView::read(pod).unwrap();
+        let rust =
+            berth::placement::records::unheld_record(&view, Requester::from_username(sender), &set);
+        tally.check(
+            "berth-holds refuses exactly the webhook's refusals",
+            denied == rust.is_some(),
+            || {
+                format!(
+                    "{} from {sender}: CEL {denied}, webhook {rust:?}",
+                    pod["metadata"]
+                )
+            },
+        );
+    }
+    finish(&tally, &format!("berth-holds: {} pods", cases.len()));
+}

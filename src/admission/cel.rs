@@ -2,7 +2,7 @@
 //! apiserver runs in-process with `failurePolicy: Fail`, so they hold with berth
 //! down (SPEC "Enforcement that holds while berth is down").
 //!
-//! Four policies, generated here so their names, identities and bounds come from
+//! Seven policies, generated here so their names, identities and bounds come from
 //! the same constants the webhook and controller use (`berth admission-policy`
 //! prints them; `manifests/admission-policy.yaml` is that output):
 //!
@@ -19,9 +19,15 @@
 //! - `berth-bindings`: a Binding of a pod to a dedicated node is refused unless the
 //!   pod's namespace opts into the pool. kube-scheduler's own bindings are skipped by
 //!   a matchCondition, so the scheduler's hot path does not pay for this.
-//! - `berth-records`: on UPDATE, nobody but berth changes `berth.io/applied` or
-//!   removes a `berth.io/` scheduling gate, and nobody but Kubernetes' own
-//!   controllers changes a pod's controller ownerReference.
+//! - `berth-queues`, per PlacementPolicy: a pod names a policy's queue class
+//!   (`berth-queue-<policy>-<value>`) only from a namespace that opts into it.
+//! - `berth-holds`, per PlacementPolicy: at CREATE, a `berth.io/applied` that names
+//!   an `avoid` policy comes with the gate `berth.io/avoid`.
+//! - `berth-podgroups`: only berth (and Kubernetes' controllers) writes PodGroups
+//!   named `berth-*`, its gangs'.
+//! - `berth-records`: on UPDATE of a pod or its status, nobody but berth changes
+//!   `berth.io/applied` or removes a `berth.io/` scheduling gate, and nobody but
+//!   Kubernetes' own controllers changes a pod's controller ownerReference.
 //!
 //! What CEL cannot see, it does not judge: image globs (routing, not a boundary)
 //! and Node labels (pool membership comes from `spec.pool.nodeNames` and the
@@ -31,8 +37,9 @@
 use serde_json::{Value, json};
 
 use crate::names::{
-    APPLIED_ANNOTATION, DAEMONSET_CONTROLLER_USERS, EXEMPT_NAMESPACES, GATE_PREFIX, GROUP,
-    POLICIES_ANNOTATION, POOL_LABEL, POOL_TAINT, QUEUE_CLASS_PREFIX, SYSTEM_DAEMONSET_NAMESPACES,
+    APPLIED_ANNOTATION, AVOID_GATE, DAEMONSET_CONTROLLER_USERS, EXEMPT_NAMESPACES, GATE_PREFIX,
+    GROUP, POD_GROUP_PREFIX, POLICIES_ANNOTATION, POOL_LABEL, POOL_TAINT, QUEUE_CLASS_PREFIX,
+    SYSTEM_DAEMONSET_NAMESPACES,
 };
 use crate::placement::bounds::{
     Bound, CONTAINERS, LABELS, OWNER_REFERENCES, PREFERRED_TERMS, REQUIRED_TERMS, SCHEDULING_GATES,
@@ -274,6 +281,11 @@ fn namespace_selector(berth_user: &str) -> Value {
 /// the same expression (a test keeps them equal).
 pub const NOT_FROM_NODES: &str = "!(request.userInfo.username.startsWith('system:node:') && 'system:nodes' in request.userInfo.groups)";
 
+/// The request comes from one of kube-controller-manager's controllers
+/// ([`crate::placement::records::is_kube_controller`]).
+const KUBE_CONTROLLER: &str = "request.userInfo.username.startsWith('system:serviceaccount:kube-system:') || \
+                               request.userInfo.username == 'system:kube-controller-manager'";
+
 fn not_from_nodes() -> Value {
     json!({"name": "not-from-nodes", "expression": NOT_FROM_NODES})
 }
@@ -296,19 +308,26 @@ fn params() -> Value {
     json!({"apiVersion": format!("{GROUP}/v1alpha1"), "kind": "PlacementPolicy"})
 }
 
+/// The variable `daemonSetPod`: the DaemonSet controller sends the pod and its
+/// controller ownerReference is an `apps/v1` DaemonSet
+/// ([`crate::placement::pod::PodView::is_daemonset_pod`]).
+fn daemonset_pod() -> Value {
+    variable(
+        "daemonSetPod",
+        format!(
+            "request.userInfo.username in {} && has(object.metadata.ownerReferences) && \
+             object.metadata.ownerReferences.exists(o, has(o.controller) && o.controller && \
+             o.kind == 'DaemonSet' && o.apiVersion == 'apps/v1')",
+            list(&DAEMONSET_CONTROLLER_USERS)
+        ),
+    )
+}
+
 /// `berth-pools`.
 fn pools(berth_user: &str) -> Value {
     let mut variables = pool_variables();
     variables.extend([
-        variable(
-            "daemonSetPod",
-            format!(
-                "request.userInfo.username in {} && has(object.metadata.ownerReferences) && \
-                 object.metadata.ownerReferences.exists(o, has(o.controller) && o.controller && \
-                 o.kind == 'DaemonSet' && o.apiVersion == 'apps/v1')",
-                list(&DAEMONSET_CONTROLLER_USERS)
-            ),
-        ),
+        daemonset_pod(),
         variable(
             "takesDaemonSet",
             // Without daemonSetNamespaces: the system's DaemonSets and those of the
@@ -422,6 +441,77 @@ fn queues(berth_user: &str) -> Value {
     )
 }
 
+/// `berth-holds`: at CREATE, a pod whose `berth.io/applied` names an `avoid`
+/// policy (checked once per PlacementPolicy, its `paramKind`) carries the gate
+/// `berth.io/avoid`, as berth always gives it
+/// ([`crate::placement::records::unheld_record`]). DaemonSet pods are never held.
+fn holds(berth_user: &str) -> Value {
+    let annotations = "object.metadata.annotations";
+    let gates = "object.spec.schedulingGates";
+    policy(
+        "berth-holds",
+        json!({
+            "failurePolicy": "Fail",
+            "paramKind": params(),
+            "matchConstraints": {
+                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                    "operations": ["CREATE"], "resources": ["pods"]}],
+                "namespaceSelector": namespace_selector(berth_user),
+            },
+            // Only pods with a record are looked at; a pod over berth's bounds is
+            // berth-limits' to refuse, and its gates are not walked here.
+            "matchConditions": [not_from_nodes(), {"name": "has-a-record", "expression": format!(
+                "has({annotations}) && '{APPLIED_ANNOTATION}' in {annotations} && {}",
+                within_bounds("object"))}],
+            "variables": [daemonset_pod()],
+            "validations": [{
+                "expression": format!(
+                    "!has(params.spec.avoid) || variables.daemonSetPod || \
+                     !(params.metadata.name in {annotations}['{APPLIED_ANNOTATION}'].split(',').map(n, n.trim())) || \
+                     (has({gates}) && {gates}.exists(g, g.name == '{AVOID_GATE}'))"
+                ),
+                "messageExpression": format!(
+                    "'{APPLIED_ANNOTATION} names policy ' + params.metadata.name + ', which holds its pods \
+                     with the scheduling gate {AVOID_GATE}; the pod does not carry it (only berth writes the record)'"
+                ),
+                "reason": "Forbidden",
+            }],
+        }),
+    )
+}
+
+/// `berth-podgroups`: PodGroups named `berth-*` are berth's (its gangs'), written
+/// by nobody else but Kubernetes' own controllers (which add and remove their
+/// protection finalizer and delete what a namespace leaves behind). A tenant could
+/// otherwise make its gang's PodGroup first, or lower its `minCount`, and the gang
+/// would no longer be all or nothing.
+fn podgroups(berth_user: &str) -> Value {
+    let name = "(request.operation == 'CREATE' ? object : oldObject).metadata.name";
+    policy(
+        "berth-podgroups",
+        json!({
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [{"apiGroups": ["scheduling.k8s.io"], "apiVersions": ["*"],
+                    "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["podgroups"]}],
+                "namespaceSelector": namespace_selector(berth_user),
+            },
+            "matchConditions": [
+                {"name": "not-berth-or-kubernetes", "expression": format!(
+                    "request.userInfo.username != '{berth_user}' && !({KUBE_CONTROLLER})")},
+            ],
+            "validations": [{
+                "expression": format!("!{name}.startsWith('{POD_GROUP_PREFIX}')"),
+                "messageExpression": format!(
+                    "'PodGroup ' + {name} + ' is berth\\'s: names beginning {POD_GROUP_PREFIX} are its gangs\\' \
+                     PodGroups, which only berth writes'"
+                ),
+                "reason": "Forbidden",
+            }],
+        }),
+    )
+}
+
 /// `berth-bindings`.
 fn bindings(berth_user: &str) -> Value {
     policy(
@@ -468,8 +558,9 @@ fn records(berth_user: &str) -> Value {
         json!({
             "failurePolicy": "Fail",
             "matchConstraints": {
+                // The status subresource writes metadata too.
                 "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                    "operations": ["UPDATE"], "resources": ["pods"]}],
+                    "operations": ["UPDATE"], "resources": ["pods", "pods/status"]}],
                 "namespaceSelector": namespace_selector(berth_user),
             },
             "matchConditions": [
@@ -497,8 +588,7 @@ fn records(berth_user: &str) -> Value {
                 },
                 {
                     "expression": format!(
-                        "request.userInfo.username.startsWith('system:serviceaccount:kube-system:') || \
-                         request.userInfo.username == 'system:kube-controller-manager' || {} == {}",
+                        "{KUBE_CONTROLLER} || {} == {}",
                         controllers("object"), controllers("oldObject")
                     ),
                     "message": "a pod's controller ownerReference is set by its controller, not changed afterwards",
@@ -524,6 +614,10 @@ pub fn manifests(berth_user: &str) -> String {
         binding("berth-bindings", Some(every_policy())),
         queues(berth_user),
         binding("berth-queues", Some(every_policy())),
+        holds(berth_user),
+        binding("berth-holds", Some(every_policy())),
+        podgroups(berth_user),
+        binding("berth-podgroups", None),
         records(berth_user),
         binding("berth-records", None),
     ];
@@ -551,7 +645,7 @@ mod tests {
         assert_eq!(
             yaml.matches("kind: ValidatingAdmissionPolicyBinding")
                 .count(),
-            5
+            7
         );
         let elsewhere = manifests("system:serviceaccount:platform:placer");
         assert!(elsewhere.contains("- platform") && !elsewhere.contains("- berth-system"));

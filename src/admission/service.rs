@@ -13,7 +13,7 @@ use crate::names::is_owned_node_key;
 use crate::placement::entitlement::breaches_in_words;
 use crate::placement::groups::GroupContext;
 use crate::placement::pod::PodView;
-use crate::placement::records::forbidden_changes;
+use crate::placement::records::{forbidden_changes, unheld_record};
 use crate::placement::warning::bounded;
 use crate::placement::{Decision, Input, NamespaceInfo, NodeIndex, Requester, build_patch, decide};
 use crate::policy::{CompiledPolicy, NamespaceConfig, PlacementPolicy, PolicySet};
@@ -240,12 +240,19 @@ fn owned_expressions(object: &Value) -> BTreeSet<String> {
         .collect()
 }
 
-/// Pods: at CREATE, nothing may break entitlement. At UPDATE (tolerations can be
+/// Pods: at CREATE, nothing may break entitlement, and a record of an `avoid`
+/// policy comes with its gate. At UPDATE (tolerations can be
 /// added to a running pod, a gated pod's affinity can change) nothing may break it
 /// that did not already, berth's own node expressions may not be dropped, and only
 /// berth changes its record, its gates and who controls the pod.
 fn pod_problems(request: &AdmissionRequest, object: &Value, snapshot: &Snapshot) -> Problems {
     let mut violations = entitlement_violations(object, request, snapshot);
+    if request.operation == "CREATE"
+        && let Ok(pod) = PodView::read(object)
+    {
+        let requester = Requester::from_username(&request.user_info.username);
+        violations.extend(unheld_record(&pod, requester, snapshot.policies));
+    }
     if request.operation == "UPDATE"
         && let Some(old) = request.old_object.as_ref()
     {

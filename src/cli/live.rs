@@ -123,10 +123,7 @@ fn taint(raw: &Value) -> Option<Taint> {
 /// the DaemonSet controller made it.
 async fn requester(client: &Client, pod: &PodObject) -> Requester {
     let namespace = pod.namespace().unwrap_or_default();
-    let owner = pod.owner_references().iter().find(|o| {
-        o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1"
-    });
-    let Some(owner) = owner else {
+    let Some(owner) = crate::placement::daemonset::daemonset_owner(pod.owner_references()) else {
         return Requester::Other;
     };
     let api: Api<MetaOnly<DaemonSet>> = Api::namespaced(client.clone(), &namespace);

@@ -109,15 +109,9 @@ fn namespace_for(pod: &Value, loaded: &Loaded) -> NamespaceInfo {
 /// ownerReference is an `apps/v1` DaemonSet (a DaemonSet's own pods among them)
 /// is taken to come from the DaemonSet controller, as it would in a cluster.
 fn offline_requester(pod: &Value) -> Requester {
-    let owners = pod
-        .pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array);
-    let daemonset = owners.into_iter().flatten().any(|o| {
-        o.get("controller").and_then(Value::as_bool) == Some(true)
-            && o.get("kind").and_then(Value::as_str) == Some("DaemonSet")
-            && o.get("apiVersion").and_then(Value::as_str) == Some("apps/v1")
-    });
-    if daemonset {
+    let from_daemonset =
+        crate::placement::pod::PodView::read(pod).is_ok_and(|p| p.daemonset_owner().is_some());
+    if from_daemonset {
         Requester::DaemonSetController
     } else {
         Requester::Other

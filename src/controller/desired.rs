@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Taint;
 
 use crate::names::{POOL_LABEL, anchor_label, placed_label};
 use crate::objects::PodObject;
+use crate::placement::daemonset::is_daemonset_pod_of;
 use crate::placement::opt_in::{anchors, applied_policies};
 use crate::policy::compile::Labels;
 use crate::policy::{CompiledPolicy, OptIn, PolicySet};
@@ -44,12 +45,8 @@ impl BoundPod {
         }
         let meta = &pod.metadata;
         let namespace = meta.namespace.clone().unwrap_or_default();
-        let daemonset = meta.owner_references.iter().flatten().any(|o| {
-            o.controller == Some(true)
-                && o.kind == "DaemonSet"
-                && o.api_version == "apps/v1"
-                && daemonsets.contains(&(namespace.clone(), o.uid.clone()))
-        });
+        let owners = meta.owner_references.as_deref().unwrap_or_default();
+        let daemonset = is_daemonset_pod_of(owners, &namespace, daemonsets);
         Some(BoundPod {
             name: meta.name.clone().unwrap_or_default(),
             uid: meta.uid.clone().unwrap_or_default(),
@@ -73,6 +70,19 @@ pub struct DesiredNode {
     /// Pods on a dedicated pool node that are not entitled to it: (namespace,
     /// name, uid).
     pub unentitled: Vec<(String, String, String)>,
+    /// Pairs of pods on the node that an `avoid` policy keeps apart: berth's
+    /// exclusion was got around (a pod created while berth was down, say).
+    pub clashes: Vec<Clash>,
+}
+
+/// Two pods on one node that an `avoid` policy keeps apart: one of the policy's
+/// own (`subject`) and one it avoids (`target`), each as namespace/name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Clash {
+    pub policy: String,
+    pub node: String,
+    pub subject: String,
+    pub target: String,
 }
 
 /// What the node `name` should carry.
@@ -115,14 +125,31 @@ pub fn desired_node_state(
                 .labels
                 .insert(anchor_label(&policy.name), "true".into());
         }
-        let placed = policy.spec.avoid.is_some()
-            && pods.iter().any(|pod| {
-                pod.applied.contains(&policy.name) && opt_in.opts_in(policy, &pod.namespace)
-            });
-        if placed {
+        let subjects: Vec<&&BoundPod> = pods
+            .iter()
+            .filter(|pod| {
+                policy.spec.avoid.is_some()
+                    && pod.applied.contains(&policy.name)
+                    && opt_in.opts_in(policy, &pod.namespace)
+            })
+            .collect();
+        if !subjects.is_empty() {
             desired
                 .labels
                 .insert(placed_label(&policy.name), "true".into());
+        }
+        for subject in &subjects {
+            let targets = pods.iter().filter(|pod| {
+                pod.uid != subject.uid && anchors(policy, &pod.labels, &pod.namespace, opt_in)
+            });
+            for target in targets {
+                desired.clashes.push(Clash {
+                    policy: policy.name.clone(),
+                    node: name.to_owned(),
+                    subject: format!("{}/{}", subject.namespace, subject.name),
+                    target: format!("{}/{}", target.namespace, target.name),
+                });
+            }
         }
     }
     desired
@@ -329,6 +356,42 @@ pub(crate) mod tests {
         assert!(
             desired.labels.is_empty(),
             "a forged berth.io/applied counts for nothing"
+        );
+    }
+
+    #[test]
+    fn two_pods_an_avoid_policy_keeps_apart_on_one_node_are_a_clash() {
+        let policies = set(&[policy(
+            "masters",
+            OLD,
+            json!({"podSelector": {"matchLabels": {"role": "master"}},
+                "avoid": {"matchLabels": {"role": "master"}}}),
+        )]);
+        let mut one = pod("db", &[("role", "master")], &["masters"]);
+        one.name = "one".into();
+        one.uid = "u1".into();
+        let alone = desired_node_state("node2", &Labels::new(), &policies, &[&one], &Only("db"));
+        assert!(alone.clashes.is_empty(), "a pod never clashes with itself");
+        let mut two = one.clone();
+        two.name = "two".into();
+        two.uid = "u2".into();
+        let both = desired_node_state(
+            "node2",
+            &Labels::new(),
+            &policies,
+            &[&one, &two],
+            &Only("db"),
+        );
+        let pairs: Vec<(&str, &str)> = both
+            .clashes
+            .iter()
+            .map(|c| (c.subject.as_str(), c.target.as_str()))
+            .collect();
+        assert_eq!(pairs, [("db/one", "db/two"), ("db/two", "db/one")]);
+        assert!(
+            both.clashes
+                .iter()
+                .all(|c| c.policy == "masters" && c.node == "node2")
         );
     }
 

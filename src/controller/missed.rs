@@ -12,10 +12,11 @@
 //! cannot be reached) stops that owner for a while instead of evicting its pods in
 //! a loop.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::ResourceExt;
 use kube::api::{Api, EvictParams};
 use kube::runtime::events::EventType;
 
@@ -97,7 +98,17 @@ impl Missed {
             .map(|p| (p.name.clone(), Vec::new()))
             .collect();
         let mut found = Vec::new();
-        for pod in pods.iter().map(AsRef::as_ref).filter(|p| is_candidate(p)) {
+        let daemonsets: BTreeSet<(String, String)> = stores
+            .daemonsets
+            .state()
+            .iter()
+            .filter_map(|d| Some((d.namespace()?, d.uid()?)))
+            .collect();
+        for pod in pods
+            .iter()
+            .map(AsRef::as_ref)
+            .filter(|p| is_candidate(p, &daemonsets))
+        {
             let Some((namespace, config)) = pod
                 .metadata
                 .namespace

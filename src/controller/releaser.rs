@@ -121,7 +121,9 @@ pub async fn run(
             context.wakes.nodes.notify_one();
         }
         if shared.gang_mode() == GangMode::PodGroup {
-            pod_groups.keep(&pass, &pods, &snapshot).await;
+            pod_groups
+                .keep(&pass, &pods, &snapshot, &mut reported)
+                .await;
         }
         reported.end_pass();
     }

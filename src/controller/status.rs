@@ -225,6 +225,21 @@ pub async fn update_statuses(
         }
     }
     let mut unentitled_counts = BTreeMap::new();
+    let mut clash_counts = BTreeMap::new();
+    // Each pair once, whichever of the two is the policy's own.
+    let mut clashes: BTreeMap<&str, BTreeSet<(String, String, String)>> = BTreeMap::new();
+    for clash in desired.values().flat_map(|d| &d.clashes) {
+        let (a, b) = if clash.subject <= clash.target {
+            (&clash.subject, &clash.target)
+        } else {
+            (&clash.target, &clash.subject)
+        };
+        clashes.entry(clash.policy.as_str()).or_default().insert((
+            clash.node.clone(),
+            a.clone(),
+            b.clone(),
+        ));
+    }
     for policy in snapshot
         .objects
         .iter()
@@ -246,6 +261,15 @@ pub async fn update_statuses(
             .collect();
         unentitled.sort();
         unentitled_counts.insert(name.clone(), unentitled.len() as i64);
+        let apart = snapshot
+            .compiled
+            .set
+            .get(&name)
+            .is_some_and(|p| p.spec.avoid.is_some());
+        let clashing = clashes.get(name.as_str()).cloned().unwrap_or_default();
+        if apart {
+            clash_counts.insert(name.clone(), clashing.len() as i64);
+        }
 
         let current = policy
             .status
@@ -300,6 +324,29 @@ pub async fn update_statuses(
             ),
             missed_condition(groups.missed.get(&name), previous),
         ];
+        if apart {
+            let message = if clashing.is_empty() {
+                "no two pods this policy keeps apart share a node".to_string()
+            } else {
+                let pairs: Vec<String> = clashing
+                    .iter()
+                    .take(10)
+                    .map(|(node, a, b)| format!("{a} and {b} on {node}"))
+                    .collect();
+                format!(
+                    "{} pairs it keeps apart share a node: {}",
+                    clashing.len(),
+                    pairs.join("; ")
+                )
+            };
+            conditions.push(condition(
+                "ExclusionBroken",
+                !clashing.is_empty(),
+                "PodsShareANode",
+                message,
+                previous,
+            ));
+        }
         if gang {
             let late = groups
                 .timed_out
@@ -366,10 +413,22 @@ pub async fn update_statuses(
                 format!("pod {ns}/{pod} runs on pool {name} without entitlement"),
             ));
         }
+        for (node, a, b) in &clashing {
+            events.push((
+                format!("clash/{uid}/{node}/{a}/{b}"),
+                EventType::Warning,
+                "ExclusionBroken",
+                format!(
+                    "pods {a} and {b} share node {node}, which policy {name} keeps apart \
+                     (one got there past berth); move one"
+                ),
+            ));
+        }
         for (key, type_, reason, note) in events {
             let event = event(type_, reason, "Reconcile", note);
             reported.publish(pass.events, key, event, &reference);
         }
     }
     pass.metrics.unentitled_pods.set_all(&unentitled_counts);
+    pass.metrics.exclusion_clashes.set_all(&clash_counts);
 }

@@ -13,8 +13,10 @@
 //!   never stalls pods of a namespace that did not opt in; the label keeps them
 //!   apart, as far as the scheduler's node cache is current.
 //! - A pod with `spec.nodeName` bypasses the scheduler, and the apiserver refuses
-//!   a gated pod with a node name, so it is never held; naming a node where a pod
-//!   it must avoid runs (as the node's labels say) is refused instead.
+//!   a gated pod with a node name: berth turns the name into a required
+//!   `metadata.name In [node]` and holds the pod like any other, so that two pods
+//!   created together naming one node cannot both land there. Naming a node where
+//!   a pod it must avoid runs already (as the node's labels say) is refused.
 
 use std::collections::BTreeSet;
 
@@ -45,7 +47,7 @@ fn targets<'p>(
 }
 
 /// Adds what keeps `pod` apart from the pods it must avoid as a target of other
-/// avoid policies, and drops the gate for a pod with `spec.nodeName`. Returns the
+/// avoid policies, and pins a held pod that names its node to it. Returns the
 /// avoid policies the pod is a target of.
 pub fn hold(
     pod: &PodView,
@@ -62,9 +64,12 @@ pub fn hold(
         }
         targeted.insert(policy.to_owned());
     }
-    if pod.node_name().is_some() {
+    if let Some(node) = pod
+        .node_name()
+        .filter(|_| grants.scheduling_gates.iter().any(|g| g == AVOID_GATE))
+    {
         // The apiserver refuses a pod with both a node name and a gate.
-        grants.scheduling_gates.retain(|g| g != AVOID_GATE);
+        grants.pinned_to = Some(node.to_owned());
     }
     targeted
 }

@@ -14,6 +14,7 @@
 use std::collections::BTreeSet;
 
 use json_patch::Patch;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::Value;
 
 use super::entitlement::{in_pool, is_owned_toleration, wildcard_exclusion};
@@ -24,6 +25,29 @@ use super::{NamespaceInfo, NodeIndex};
 use crate::names::POOL_LABEL;
 use crate::policy::crd::DaemonSets;
 use crate::policy::{CompiledPolicy, NamespaceConfig, PolicySet};
+
+/// The DaemonSet that controls a pod, as its ownerReferences say: its `apps/v1`
+/// DaemonSet controller ownerReference. Anyone can write one, so on its own it
+/// proves nothing: the webhook also asks who sends the pod
+/// ([`PodView::is_daemonset_pod`]), the controller whether that DaemonSet exists in
+/// the pod's namespace ([`is_daemonset_pod_of`]).
+pub fn daemonset_owner(owners: &[OwnerReference]) -> Option<&OwnerReference> {
+    owners
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1")
+}
+
+/// Whether a pod in `namespace` with `owners` is a DaemonSet's, as the controller
+/// can tell: its DaemonSet owner exists in that namespace (`daemonsets` holds the
+/// namespace and uid of each DaemonSet that exists).
+pub fn is_daemonset_pod_of(
+    owners: &[OwnerReference],
+    namespace: &str,
+    daemonsets: &BTreeSet<(String, String)>,
+) -> bool {
+    daemonset_owner(owners)
+        .is_some_and(|o| daemonsets.contains(&(namespace.to_owned(), o.uid.clone())))
+}
 
 /// What a DaemonSet pod gets, or why it is refused.
 #[derive(Debug, Default)]

@@ -52,14 +52,23 @@ impl Placement {
     /// a pod without one gets one term of the grants.
     pub fn after(pod: &PodView, grants: &Grants) -> Placement {
         let wanted = &grants.required;
+        let pin: Vec<NodeSelectorRequirement> = grants
+            .pinned_to
+            .iter()
+            .map(|node| super::grants::requirement("metadata.name", "In", &[node]))
+            .collect();
         let required = match pod.required_affinity() {
-            None => (!wanted.is_empty()).then(|| {
+            None => (!wanted.is_empty() || !pin.is_empty()).then(|| {
                 vec![NodeSelectorTerm {
-                    match_expressions: Some(wanted.clone()),
-                    match_fields: None,
+                    match_expressions: (!wanted.is_empty()).then(|| wanted.clone()),
+                    match_fields: (!pin.is_empty()).then(|| pin.clone()),
                 }]
             }),
-            Some(own) => Some(own.iter().map(|term| with_required(term, wanted)).collect()),
+            Some(own) => Some(
+                own.iter()
+                    .map(|term| with_required(term, wanted, &pin))
+                    .collect(),
+            ),
         };
         let tolerations = pod
             .tolerations()
@@ -69,7 +78,10 @@ impl Placement {
             .cloned()
             .collect();
         Placement {
-            node_name: pod.node_name().map(str::to_owned),
+            node_name: pod
+                .node_name()
+                .filter(|_| grants.pinned_to.is_none())
+                .map(str::to_owned),
             node_selector: pod.node_selector().clone(),
             required,
             tolerations,
@@ -77,23 +89,30 @@ impl Placement {
     }
 }
 
-/// `term` with `wanted` ANDed in. The pod's own expressions stay, berth's own keys
-/// included: removing one would widen where the pod may land.
-fn with_required(term: &NodeSelectorTerm, wanted: &[NodeSelectorRequirement]) -> NodeSelectorTerm {
+/// `term` with `wanted` expressions and `pin` fields ANDed in. The pod's own
+/// requirements stay, berth's own keys included: removing one would widen where
+/// the pod may land.
+fn with_required(
+    term: &NodeSelectorTerm,
+    wanted: &[NodeSelectorRequirement],
+    pin: &[NodeSelectorRequirement],
+) -> NodeSelectorTerm {
     if is_empty_term(term) {
         return term.clone();
     }
-    let mut expressions: Vec<NodeSelectorRequirement> =
-        term.match_expressions.iter().flatten().cloned().collect();
-    let mut present: BTreeSet<_> = expressions.iter().map(requirement_key).collect();
-    for expression in wanted {
-        if present.insert(requirement_key(expression)) {
-            expressions.push(expression.clone());
+    let and = |own: &Option<Vec<NodeSelectorRequirement>>, more: &[NodeSelectorRequirement]| {
+        let mut all: Vec<NodeSelectorRequirement> = own.iter().flatten().cloned().collect();
+        let mut present: BTreeSet<_> = all.iter().map(requirement_key).collect();
+        for requirement in more {
+            if present.insert(requirement_key(requirement)) {
+                all.push(requirement.clone());
+            }
         }
-    }
+        (own.is_some() || !all.is_empty()).then_some(all)
+    };
     NodeSelectorTerm {
-        match_expressions: Some(expressions),
-        match_fields: term.match_fields.clone(),
+        match_expressions: and(&term.match_expressions, wanted),
+        match_fields: and(&term.match_fields, pin),
     }
 }
 

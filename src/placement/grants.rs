@@ -27,6 +27,11 @@ pub struct Grants {
     pub pod_group: Option<String>,
     /// Queue order: the pod's PriorityClass and priority.
     pub priority: Option<QueuePriority>,
+    /// The node the pod names itself (`spec.nodeName`), when berth holds it: a pod
+    /// with a node name skips the scheduler and may not carry a scheduling gate, so
+    /// the name becomes a required `metadata.name In [node]` in every term, and the
+    /// pod is held, checked and placed there like any other.
+    pub pinned_to: Option<String>,
 }
 
 /// A `berth-queue-<value>` PriorityClass and its value.

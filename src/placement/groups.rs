@@ -59,8 +59,9 @@ pub fn group_grants(
 ) -> Vec<String> {
     let mut warnings = Vec::new();
     let labels = pod.labels();
-    // The apiserver refuses a gated pod with a node name: such a pod is never held.
-    let may_hold = pod.node_name().is_none();
+    // The apiserver refuses a gated pod with a node name: such a pod is held only
+    // once berth has turned the name into a term (avoid).
+    let may_hold = pod.node_name().is_none() || grants.pinned_to.is_some();
 
     let mut gangs = applied
         .iter()

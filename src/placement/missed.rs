@@ -5,12 +5,20 @@
 //! namespace's opt-in. Failure policy cannot bring them in line; the controller
 //! reports them and, with `onMissed: Evict`, has their owners recreate them.
 
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Taint};
 use serde_json::{Value, json};
 
 use super::NamespaceInfo;
+use super::canonical::requirement_key;
+use super::daemonset::is_daemonset_pod_of;
+use super::grants::grants_for;
 use super::matching::match_policies;
 use super::opt_in::applied_policies;
 use super::pod::PodView;
+use super::selection::tolerates;
+use crate::names::POOL_LABEL;
 use crate::objects::PodObject;
 use crate::policy::{CompiledPolicy, NamespaceConfig, PolicySet};
 
@@ -22,17 +30,21 @@ const RECREATING_OWNERS: [&str; 2] = ["ReplicaSet", "StatefulSet"];
 
 /// Whether `pod` is one the webhook decides on and that still runs or waits:
 /// not finished or being deleted, not a DaemonSet's (those get tolerations only,
-/// by their sender, which the controller cannot see), not a static pod's mirror.
-pub fn is_candidate(pod: &PodObject) -> bool {
+/// by their sender, which the controller cannot see; told by the one DaemonSet
+/// test, [`is_daemonset_pod_of`], so a made-up owner hides nothing), not a static
+/// pod's mirror. `daemonsets` holds the namespace and uid of each DaemonSet.
+pub fn is_candidate(pod: &PodObject, daemonsets: &BTreeSet<(String, String)>) -> bool {
     let meta = &pod.metadata;
     let mirror = meta
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
+    let owners = meta.owner_references.as_deref().unwrap_or_default();
+    let namespace = meta.namespace.as_deref().unwrap_or_default();
     !pod.is_terminated()
         && !pod.is_terminating()
         && !mirror
-        && controller_owner(pod).is_none_or(|(kind, _)| kind != "DaemonSet")
+        && !is_daemonset_pod_of(owners, namespace, daemonsets)
 }
 
 /// The kind and uid of the pod's controller ownerReference.
@@ -66,8 +78,61 @@ fn matching_view(pod: &PodObject) -> Option<PodView> {
     .ok()
 }
 
+/// Whether `pod` carries what `policy` gives every pod it applies to for good: the
+/// toleration of its dedicated pool and each required node expression (the pool's
+/// `In`, the policy's own, co-location's and avoidance's), in every required term
+/// or as a `nodeSelector`. A record without them is not believed: the pod came
+/// past berth (while it was down) with a record written by whoever created it.
+/// Preferences are not checked: the controller does not keep them, and they bind
+/// nothing. A pod whose placement is too large to keep carries nothing.
+fn carries(pod: &PodObject, policy: &CompiledPolicy) -> bool {
+    let Some(placement) = pod.placement() else {
+        return false;
+    };
+    let grants = grants_for(&[policy]);
+    let tolerated = grants
+        .tolerations
+        .iter()
+        .filter_map(|t| {
+            Some(Taint {
+                key: t.key.clone()?,
+                value: t.value.clone(),
+                effect: t.effect.clone()?,
+                time_added: None,
+            })
+        })
+        .all(|taint| placement.tolerations.iter().any(|t| tolerates(t, &taint)));
+    let selected = |r: &NodeSelectorRequirement| match r.values.as_deref() {
+        Some([value]) if r.operator == "In" => placement.node_selector.get(&r.key) == Some(value),
+        _ => false,
+    };
+    let in_every_term = |r: &NodeSelectorRequirement| {
+        let key = requirement_key(r);
+        let pool = (r.key == POOL_LABEL && r.operator == "In").then_some(&policy.name);
+        placement.required.as_ref().is_some_and(|terms| {
+            terms.iter().all(|term| {
+                term.match_expressions.iter().flatten().any(|e| match pool {
+                    // Several required pools share one `In` expression.
+                    Some(name) => {
+                        e.key == POOL_LABEL
+                            && e.operator == "In"
+                            && e.values.iter().flatten().any(|v| v == name)
+                    }
+                    None => requirement_key(e) == key,
+                })
+            })
+        })
+    };
+    tolerated
+        && grants
+            .required
+            .iter()
+            .all(|r| selected(r) || in_every_term(r))
+}
+
 /// The policies that apply to `pod` in `namespace` (whose berth annotations read
-/// as `config`) but that its `berth.io/applied` does not name.
+/// as `config`) but whose decision it lacks: its `berth.io/applied` does not name
+/// them, or it does but the pod does not carry what they give ([`carries`]).
 pub fn missed_by<'p>(
     pod: &PodObject,
     namespace: &NamespaceInfo,
@@ -82,7 +147,7 @@ pub fn missed_by<'p>(
         .applied
         .into_iter()
         .map(|(policy, _)| policy)
-        .filter(|policy| !applied.contains(&policy.name))
+        .filter(|policy| !applied.contains(&policy.name) || !carries(pod, policy))
         .collect()
 }
 
@@ -101,15 +166,37 @@ mod tests {
     }
 
     fn pod(image: &str, applied: Option<&str>, owner: Option<&str>) -> PodObject {
+        with_spec(image, applied, owner, json!({}))
+    }
+
+    /// A pod with `spec` besides its one container.
+    fn with_spec(
+        image: &str,
+        applied: Option<&str>,
+        owner: Option<&str>,
+        spec: Value,
+    ) -> PodObject {
         let owners = owner.map(|kind| {
             json!([{"apiVersion": "apps/v1", "kind": kind, "name": "o", "uid": "u1", "controller": true}])
         });
+        let mut spec = spec;
+        spec["containers"] = json!([{"image": image}]);
         serde_json::from_value(json!({
             "metadata": {"name": "p", "namespace": "shop",
                 "annotations": applied.map(|a| json!({"berth.io/applied": a})),
                 "ownerReferences": owners},
-            "spec": {"containers": [{"image": image}]}}))
+            "spec": spec}))
         .unwrap()
+    }
+
+    /// What berth gives a pod for the cdn pool (policies(): dedicated): its
+    /// toleration, and the pool label `In [pools]` in the one required term.
+    fn routed(pools: &[&str]) -> Value {
+        json!({"tolerations": [{"key": "berth.io/pool", "operator": "Equal", "value": "cdn",
+                "effect": "NoSchedule"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": POOL_LABEL, "operator": "In", "values": pools}]}]}}}})
     }
 
     fn opted_in() -> (NamespaceInfo, NamespaceConfig) {
@@ -132,7 +219,31 @@ mod tests {
                 .collect()
         };
         assert_eq!(names(&pod("example/cdn:1", None, None)), ["cdn"]);
-        assert!(names(&pod("example/cdn:1", Some("cdn"), None)).is_empty());
+        let recorded = |spec: Value| names(&with_spec("example/cdn:1", Some("cdn"), None, spec));
+        assert!(
+            recorded(routed(&["cdn", "gpu"])).is_empty(),
+            "berth's decision, the pool shared with another"
+        );
+        let mut by_selector = routed(&[]);
+        by_selector["affinity"] = json!(null);
+        by_selector["nodeSelector"] = json!({POOL_LABEL: "cdn"});
+        assert!(
+            recorded(by_selector).is_empty(),
+            "a nodeSelector carries the pool too"
+        );
+        assert_eq!(
+            names(&pod("example/cdn:1", Some("cdn"), None)),
+            ["cdn"],
+            "a record the pod wrote itself, without the decision, is not believed"
+        );
+        assert_eq!(recorded(routed(&["gpu"])), ["cdn"], "another pool");
+        let mut untolerated = routed(&["cdn"]);
+        untolerated["tolerations"] = json!([]);
+        assert_eq!(
+            recorded(untolerated),
+            ["cdn"],
+            "without the pool's toleration"
+        );
         assert!(
             names(&pod("nginx:1", None, None)).is_empty(),
             "not its image"
@@ -161,7 +272,12 @@ mod tests {
             None,
             "a bare pod"
         );
-        assert!(!is_candidate(&pod("cdn", None, Some("DaemonSet"))));
-        assert!(is_candidate(&pod("cdn", None, Some("ReplicaSet"))));
+        let agents = BTreeSet::from([("shop".to_string(), "u1".to_string())]);
+        assert!(!is_candidate(&pod("cdn", None, Some("DaemonSet")), &agents));
+        assert!(
+            is_candidate(&pod("cdn", None, Some("DaemonSet")), &BTreeSet::new()),
+            "a DaemonSet owner that does not exist hides nothing"
+        );
+        assert!(is_candidate(&pod("cdn", None, Some("ReplicaSet")), &agents));
     }
 }

@@ -9,8 +9,16 @@ use crate::policy::{CompiledPolicy, OptIn, PolicySet};
 
 /// The policies named in a pod's `berth.io/applied`, as written.
 pub fn applied_policies(annotations: Option<&Labels>) -> Vec<String> {
-    annotations
-        .and_then(|a| a.get(APPLIED_ANNOTATION))
+    applied_names(
+        annotations
+            .and_then(|a| a.get(APPLIED_ANNOTATION))
+            .map(String::as_str),
+    )
+}
+
+/// The policy names in the value of a `berth.io/applied` annotation.
+pub fn applied_names(applied: Option<&str>) -> Vec<String> {
+    applied
         .map(|a| a.split(',').map(|p| p.trim().to_owned()).collect())
         .unwrap_or_default()
 }

@@ -59,7 +59,9 @@ pub fn build_patch(raw: &Value, grants: &Grants) -> Patch {
         created: BTreeSet::new(),
     };
     builder.tolerations(&to_values(&grants.tolerations));
-    builder.required(&to_values(&grants.required));
+    let pin = grants.pinned_to.as_deref().map(pin_field);
+    builder.pinned(grants.pinned_to.as_deref());
+    builder.required(&to_values(&grants.required), pin.as_ref());
     builder.preferred(&to_values(&grants.preferred));
     builder.scheduler(grants.scheduler_name.as_deref());
     let gates: Vec<Value> = grants
@@ -151,6 +153,11 @@ fn reconcile_list<'w, K: Ord>(
     (remove, missing)
 }
 
+/// The field requirement that pins a pod to `node`.
+pub fn pin_field(node: &str) -> Value {
+    json!({"key": "metadata.name", "operator": "In", "values": [node]})
+}
+
 fn toleration_of(item: &Value) -> Option<super::canonical::TolerationKey> {
     key_of_json::<Toleration, _>(item, toleration_key)
 }
@@ -209,16 +216,32 @@ impl Builder<'_> {
         }
     }
 
-    fn required(&mut self, wanted: &[Value]) {
+    /// A held pod that named its node loses the name ([`Grants::pinned_to`]).
+    fn pinned(&mut self, node: Option<&str>) {
+        if node.is_some() && lookup(self.raw, &["spec", "nodeName"]).is_some() {
+            self.remove(&["spec", "nodeName"]);
+        }
+    }
+
+    /// berth's required expressions (and the pin, a field requirement) ANDed into
+    /// every term that matches something.
+    fn required(&mut self, wanted: &[Value], pin: Option<&Value>) {
         let required = [&NODE_AFFINITY[..], &[REQUIRED]].concat();
         let terms_path = [&required[..], &["nodeSelectorTerms"]].concat();
         // Only a pod without required node affinity (absent or `null`) gets a term
         // of its own. A `required` object with no terms matches no node, and the
         // apiserver refuses it: berth leaves it so rather than make it match.
         if !lookup(self.raw, &required).is_some_and(Value::is_object) {
+            let mut term = serde_json::Map::new();
             if !wanted.is_empty() {
+                term.insert("matchExpressions".into(), Value::Array(wanted.to_vec()));
+            }
+            if let Some(pin) = pin {
+                term.insert("matchFields".into(), json!([pin]));
+            }
+            if !term.is_empty() {
                 self.ensure_object(&required);
-                self.add(&terms_path, json!([{ "matchExpressions": wanted }]));
+                self.add(&terms_path, json!([term]));
             }
             return;
         }
@@ -231,27 +254,40 @@ impl Builder<'_> {
                 continue;
             }
             let index = t.to_string();
-            let expressions_path =
-                [&terms_path[..], &[index.as_str()], &["matchExpressions"]].concat();
-            let current = term.get("matchExpressions").and_then(Value::as_array);
-            let mut present: BTreeSet<_> = current
-                .into_iter()
-                .flatten()
-                .filter_map(requirement_of)
-                .collect();
-            let missing: Vec<Value> = wanted
-                .iter()
-                .filter(|w| requirement_of(w).is_some_and(|k| present.insert(k)))
-                .cloned()
-                .collect();
-            if current.is_none() {
-                if !missing.is_empty() {
-                    self.add(&expressions_path, Value::Array(missing));
-                }
-            } else {
-                for item in missing {
-                    self.add(&[&expressions_path[..], &["-"]].concat(), item);
-                }
+            self.add_missing(&terms_path, &index, term, "matchExpressions", wanted);
+            let pin = pin.map(std::slice::from_ref).unwrap_or_default();
+            self.add_missing(&terms_path, &index, term, "matchFields", pin);
+        }
+    }
+
+    /// Adds to the list `key` of term `index` the `wanted` requirements it lacks.
+    fn add_missing(
+        &mut self,
+        terms: &[&str],
+        index: &str,
+        term: &Value,
+        key: &str,
+        wanted: &[Value],
+    ) {
+        let path = [terms, &[index], &[key]].concat();
+        let current = term.get(key).and_then(Value::as_array);
+        let mut present: BTreeSet<_> = current
+            .into_iter()
+            .flatten()
+            .filter_map(requirement_of)
+            .collect();
+        let missing: Vec<Value> = wanted
+            .iter()
+            .filter(|w| requirement_of(w).is_some_and(|k| present.insert(k)))
+            .cloned()
+            .collect();
+        if current.is_none() {
+            if !missing.is_empty() {
+                self.add(&path, Value::Array(missing));
+            }
+        } else {
+            for item in missing {
+                self.add(&[&path[..], &["-"]].concat(), item);
             }
         }
     }

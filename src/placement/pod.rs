@@ -67,21 +67,7 @@ struct Meta {
     owner_references: Vec<OwnerReference>,
 }
 
-/// An ownerReference, as far as berth compares them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct OwnerReference {
-    #[serde(default)]
-    pub api_version: String,
-    #[serde(default)]
-    pub kind: String,
-    #[serde(default)]
-    pub name: String,
-    #[serde(default)]
-    pub uid: String,
-    #[serde(default)]
-    pub controller: Option<bool>,
-}
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -339,18 +325,18 @@ impl PodView {
         )
     }
 
-    /// Whether the pod's controller ownerReference is an `apps/v1` DaemonSet. Any
-    /// user can write that; see [`PodView::is_daemonset_pod`].
-    fn owned_by_daemonset(&self) -> bool {
-        self.controllers()
-            .any(|o| o.kind == "DaemonSet" && o.api_version == "apps/v1")
+    /// The DaemonSet that controls the pod, as its ownerReferences say
+    /// ([`super::daemonset::daemonset_owner`]): any user can write that; see
+    /// [`PodView::is_daemonset_pod`].
+    pub fn daemonset_owner(&self) -> Option<&OwnerReference> {
+        super::daemonset::daemonset_owner(&self.fields.metadata.owner_references)
     }
 
     /// Whether this is a DaemonSet pod: the DaemonSet controller sends it and its
     /// controller ownerReference is an `apps/v1` DaemonSet. An ownerReference a user
     /// wrote proves nothing, at CREATE or at UPDATE.
     pub fn is_daemonset_pod(&self, requester: Requester) -> bool {
-        requester == Requester::DaemonSetController && self.owned_by_daemonset()
+        requester == Requester::DaemonSetController && self.daemonset_owner().is_some()
     }
 
     /// The one node a DaemonSet pod is made for: the DaemonSet controller pins each

@@ -3,14 +3,19 @@
 //! for entitlement, anchors and exclusion; its `berth.io/` scheduling gates, which
 //! hold it until the controller has narrowed where it may go; and who controls it
 //! (controller ownerReferences), which decides whether it is a DaemonSet pod.
+//! And what a record must come with at CREATE: a pod whose `berth.io/applied`
+//! names an `avoid` policy carries `berth.io/avoid`, as berth always gives it, so
+//! a record written while berth is down cannot skip the hold that keeps it apart.
 //!
 //! Kubernetes' own controllers adopt and orphan pods (a ReplicaSet adopts a
 //! matching pod, the garbage collector orphans them), so they may change controller
 //! ownerReferences too. The same rules run in the apiserver as CEL, with berth
 //! down (see [`crate::admission::cel`]).
 
-use super::pod::{OwnerReference, PodView};
-use crate::names::{APPLIED_ANNOTATION, is_berth_gate};
+use super::opt_in::applied_names;
+use super::pod::{OwnerReference, PodView, Requester};
+use crate::names::{APPLIED_ANNOTATION, AVOID_GATE, is_berth_gate};
+use crate::policy::PolicySet;
 
 /// Whether `username` is one of kube-controller-manager's controllers.
 pub fn is_kube_controller(username: &str) -> bool {
@@ -45,6 +50,22 @@ pub fn forbidden_changes(old: &PodView, new: &PodView, username: &str, berth: &s
         );
     }
     forbidden
+}
+
+/// Why a pod created by `requester` may not be: its `berth.io/applied` names an
+/// `avoid` policy but it does not carry the gate `berth.io/avoid`. DaemonSet pods
+/// are never held. The admission policy `berth-holds` runs the same rule.
+pub fn unheld_record(pod: &PodView, requester: Requester, policies: &PolicySet) -> Option<String> {
+    if pod.is_daemonset_pod(requester) || pod.scheduling_gates().any(|g| g == AVOID_GATE) {
+        return None;
+    }
+    let policy = applied_names(pod.annotation(APPLIED_ANNOTATION))
+        .into_iter()
+        .find(|name| policies.get(name).is_some_and(|p| p.spec.avoid.is_some()))?;
+    Some(format!(
+        "{APPLIED_ANNOTATION} names policy {policy}, which holds its pods with the scheduling \
+         gate {AVOID_GATE}; the pod does not carry it (only berth writes the record)"
+    ))
 }
 
 #[cfg(test)]
@@ -99,5 +120,35 @@ mod tests {
             )
             .is_empty()
         );
+    }
+
+    #[test]
+    fn a_record_of_an_avoid_policy_comes_with_its_gate() {
+        let masters: crate::policy::PlacementPolicy = serde_json::from_value(json!({
+            "apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+            "metadata": {"name": "masters"},
+            "spec": {"avoid": {"matchLabels": {"role": "master"}}}}))
+        .unwrap();
+        let cdn: crate::policy::PlacementPolicy = serde_json::from_value(json!({
+            "apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+            "metadata": {"name": "cdn"}, "spec": {"pool": {"nodeNames": ["node2"]}}}))
+        .unwrap();
+        let (set, _) = PolicySet::compile([&masters, &cdn]);
+        let tenant = Requester::from_username("tenant");
+        let forged = unheld_record(&pod("cdn, masters", &["mine"], None), tenant, &set);
+        assert!(forged.is_some_and(|m| m.contains("masters") && m.contains("berth.io/avoid")));
+        assert_eq!(
+            unheld_record(&pod("cdn,masters", &["berth.io/avoid"], None), tenant, &set),
+            None
+        );
+        assert_eq!(unheld_record(&pod("cdn", &[], None), tenant, &set), None);
+        assert_eq!(unheld_record(&pod("other", &[], None), tenant, &set), None);
+        let controller = Requester::from_username(crate::names::DAEMONSET_CONTROLLER_USERS[0]);
+        assert_eq!(
+            unheld_record(&pod("masters", &[], Some("DaemonSet")), controller, &set),
+            None,
+            "DaemonSet pods are never held"
+        );
+        assert!(unheld_record(&pod("masters", &[], Some("DaemonSet")), tenant, &set).is_some());
     }
 }

@@ -704,18 +704,36 @@ fn a_target_in_a_namespace_that_did_not_opt_in_is_kept_apart_but_never_held() {
 }
 
 #[test]
-fn a_pod_with_a_node_name_is_never_gated_and_is_refused_beside_a_pod_it_must_avoid() {
+fn a_held_pod_that_names_its_node_is_pinned_there_and_refused_beside_a_pod_it_must_avoid() {
     let set = masters_avoid_replicas();
     let mut pod = labelled("master");
     pod["spec"]["nodeName"] = json!("node4");
     let mut nodes = NodeIndex::new();
     nodes.insert("node4".into(), NodeInfo::default().into());
     let out = admit_with(&pod, &opted_in("masters"), &set, Some(&nodes));
-    assert!(
-        out.pod["spec"].get("schedulingGates").is_none(),
-        "the apiserver refuses gates with a nodeName"
-    );
     assert!(out.decision.denial.is_none());
+    // The apiserver refuses a gate beside a node name: the name becomes a term, and
+    // the pod is held like any other, so two created together cannot both land.
+    assert!(out.pod["spec"].get("nodeName").is_none());
+    assert_eq!(
+        out.pod["spec"]["schedulingGates"],
+        json!([{"name": "berth.io/avoid"}])
+    );
+    assert_eq!(
+        required_terms(&out.pod)[0]["matchFields"],
+        json!([{"key": "metadata.name", "operator": "In", "values": ["node4"]}])
+    );
+    let placement =
+        feasibility::Placement::after(&pod::PodView::read(&pod).unwrap(), &out.decision.grants);
+    assert_eq!(placement.node_name, None);
+    assert!(feasibility::node_fits(&placement, "node4", &NodeInfo::default()).is_ok());
+    assert!(feasibility::node_fits(&placement, "node5", &NodeInfo::default()).is_err());
+    assert!(
+        admit_with(&out.pod, &opted_in("masters"), &set, Some(&nodes))
+            .patch
+            .0
+            .is_empty()
+    );
 
     let mut anchored = NodeInfo::default();
     anchored.labels.insert(

@@ -5,7 +5,7 @@
 
 use super::compile::Labels;
 use super::crd::{Gang, Queue, StartOrder};
-use crate::names::is_dns_subdomain;
+use crate::names::{POD_GROUP_PREFIX, is_dns_subdomain};
 
 /// The largest `minAvailable` berth accepts: a bound on what one group may hold.
 pub const MAX_GANG_SIZE: u32 = 10_000;
@@ -82,11 +82,14 @@ impl GangMember {
             .take(40)
             .collect();
         let hash = fnv1a(&[policy, &self.group, revision]);
-        let name = format!("berth-{}-{hash:016x}", readable.trim_matches('-'));
+        let name = format!(
+            "{POD_GROUP_PREFIX}{}-{hash:016x}",
+            readable.trim_matches('-')
+        );
         if is_dns_subdomain(&name) {
             name
         } else {
-            format!("berth-{hash:016x}")
+            format!("{POD_GROUP_PREFIX}{hash:016x}")
         }
     }
 }
