@@ -757,7 +757,7 @@ async fn attack_10_a_binding_to_a_pool_node_is_refused_unless_the_namespace_opts
 }
 
 #[tokio::test]
-async fn a_pod_with_a_node_name_under_an_avoid_policy_is_created_not_gated() {
+async fn a_pod_with_a_node_name_under_an_avoid_policy_is_pinned_held_and_placed_there() {
     berth().cluster.apply(
         "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: named}\nspec:\n  \
          podSelector: {matchLabels: {role: named}}\n  avoid: {matchLabels: {role: named}}\n",
@@ -774,13 +774,39 @@ async fn a_pod_with_a_node_name_under_an_avoid_policy_is_created_not_gated() {
         .create(&PostParams::default(), &named)
         .await
         .expect("the apiserver takes it");
+    let spec = created.spec.expect("a spec");
+    // The apiserver refuses a gated pod with a node name: berth turned the name
+    // into a term so that the pod is held like any other.
+    assert_eq!(spec.node_name, None, "the name became a term");
+    let gates: Vec<String> = spec
+        .scheduling_gates
+        .unwrap_or_default()
+        .into_iter()
+        .map(|g| g.name)
+        .collect();
+    assert!(gates.contains(&"berth.io/avoid".to_string()), "{gates:?}");
+    let terms = spec
+        .affinity
+        .and_then(|a| a.node_affinity)
+        .and_then(|n| n.required_during_scheduling_ignored_during_execution)
+        .map(|r| r.node_selector_terms)
+        .unwrap_or_default();
     assert!(
-        created
-            .spec
-            .unwrap()
-            .scheduling_gates
-            .unwrap_or_default()
-            .is_empty()
+        !terms.is_empty()
+            && terms.iter().all(|t| t
+                .match_fields
+                .iter()
+                .flatten()
+                .any(|f| f.key == "metadata.name"
+                    && f.values.as_deref() == Some(&["node1".to_string()][..]))),
+        "every term pins node1: {terms:?}"
+    );
+    let placed = wait_for(&pods, "named", |p: Option<&Pod>| support::is_bound(p), WAIT)
+        .await
+        .expect("released and placed");
+    assert_eq!(
+        placed.spec.and_then(|s| s.node_name).as_deref(),
+        Some("node1")
     );
 }
 

@@ -9,6 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use axum::body::{Body, Bytes, HttpBody};
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -27,18 +29,27 @@ const UNIT: usize = 1024;
 /// costs ([`BodyLimits::charge`]).
 const COST: usize = 2;
 
-/// The bounds every request body is read within.
+/// A body up to this size is read and decided on the async worker that received
+/// it (well under a millisecond); a larger one on a thread for blocking work,
+/// holding one of the CPU slots.
+const INLINE: usize = 64 * 1024;
+
+/// The bounds every request body is read and decided within.
 #[derive(Debug, Clone)]
 pub struct BodyLimits {
     /// Largest body read whole.
     pub max_bytes: usize,
     /// How long a body may take to arrive.
     pub read_timeout: Duration,
-    /// How long a request waits for room in the budget.
+    /// How long a request waits for room in the budget, at most: never past the
+    /// time it must be answered by.
     pub budget_wait: Duration,
     budget: Arc<Semaphore>,
     /// The whole budget, in units.
     total_units: usize,
+    /// One per core: large reviews are read and decided this many at a time, so
+    /// that the answers already decided still get a core to go out on.
+    cpu: Arc<Semaphore>,
 }
 
 impl BodyLimits {
@@ -52,7 +63,25 @@ impl BodyLimits {
             budget_wait: Duration::from_secs(1),
             budget: Arc::new(Semaphore::new(budget_units)),
             total_units: budget_units,
+            cpu: Arc::new(Semaphore::new(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            )),
         }
+    }
+
+    /// Whether a body of `length` bytes is read and decided at once, on the async
+    /// worker, rather than in a CPU slot.
+    pub fn is_small(length: usize) -> bool {
+        length <= INLINE
+    }
+
+    /// One of the CPU slots for reading and deciding a large review, if one comes
+    /// free by `answer_by`.
+    pub async fn cpu_slot(&self, answer_by: Instant) -> Option<OwnedSemaphorePermit> {
+        tokio::time::timeout_at(answer_by, self.cpu.clone().acquire_owned())
+            .await
+            .ok()?
+            .ok()
     }
 }
 
@@ -86,18 +115,23 @@ impl BodyLimits {
     /// A body whose length is announced takes its whole share of the budget before
     /// it is read: taken piece by piece, many large bodies could each hold part of
     /// the budget and wait on one another. Refused or not, the first bytes are read,
-    /// since the request's uid is there.
-    pub async fn read(&self, body: Body) -> ReadBody {
+    /// since the request's uid is there. It reads and waits for room no later than
+    /// `answer_by`.
+    pub async fn read(&self, body: Body, answer_by: Instant) -> ReadBody {
         let mut bytes: Vec<u8> = Vec::new();
         let mut held: Option<OwnedSemaphorePermit> = None;
         let announced = HttpBody::size_hint(&body)
             .exact()
             .and_then(|n| usize::try_from(n).ok())
             .filter(|n| *n <= self.max_bytes);
-        let read = tokio::time::timeout(self.read_timeout, async {
+        let until = answer_by.min(Instant::now() + self.read_timeout);
+        let read = tokio::time::timeout_at(until, async {
             let mut refused = None;
             if let Some(length) = announced {
-                if self.reserve(&mut held, Self::units(length)).await {
+                if self
+                    .reserve(&mut held, Self::units(length), answer_by)
+                    .await
+                {
                     bytes.reserve(length);
                 } else {
                     refused = Some(Unread::Busy);
@@ -115,7 +149,7 @@ impl BodyLimits {
                 if refused.is_none()
                     && announced.is_none()
                     && !self
-                        .reserve(&mut held, Self::units(bytes.len() + data.len()))
+                        .reserve(&mut held, Self::units(bytes.len() + data.len()), answer_by)
                         .await
                 {
                     refused = Some(Unread::Busy);
@@ -142,7 +176,7 @@ impl BodyLimits {
             Ok(Err(e)) => ReadBody::Incomplete(prefix(&bytes), e),
             Err(_) => ReadBody::Incomplete(
                 prefix(&bytes),
-                format!("the body did not arrive within {:?}", self.read_timeout),
+                "the body did not arrive in time".to_string(),
             ),
         }
     }
@@ -162,27 +196,39 @@ impl BodyLimits {
 
     /// Holds at least `cost` bytes of the budget for a body read whole (its bytes and
     /// what reading it costs, [`super::cost::parse_cost`]), waiting at most
-    /// `budget_wait` for room.
-    pub async fn charge(&self, held: &mut Option<OwnedSemaphorePermit>, cost: usize) -> Charge {
+    /// `budget_wait`, and not past `answer_by`, for room.
+    pub async fn charge(
+        &self,
+        held: &mut Option<OwnedSemaphorePermit>,
+        cost: usize,
+        answer_by: Instant,
+    ) -> Charge {
         let units = Self::units_of_cost(cost);
         if units as usize > self.total_units {
             return Charge::Never(self.total_units * UNIT);
         }
-        if self.reserve(held, units).await {
+        if self.reserve(held, units, answer_by).await {
             Charge::Held
         } else {
             Charge::Busy
         }
     }
 
-    /// Holds at least `units` of the budget, waiting at most `budget_wait` for more.
-    async fn reserve(&self, held: &mut Option<OwnedSemaphorePermit>, units: u32) -> bool {
+    /// Holds at least `units` of the budget, waiting at most `budget_wait`, and not
+    /// past `answer_by`, for more.
+    async fn reserve(
+        &self,
+        held: &mut Option<OwnedSemaphorePermit>,
+        units: u32,
+        answer_by: Instant,
+    ) -> bool {
         let have = held.as_ref().map_or(0, |p| p.num_permits() as u32);
         if units <= have {
             return true;
         }
         let more = self.budget.clone().acquire_many_owned(units - have);
-        match tokio::time::timeout(self.budget_wait, more).await {
+        let until = answer_by.min(Instant::now() + self.budget_wait);
+        match tokio::time::timeout_at(until, more).await {
             Ok(Ok(permit)) => {
                 match held.as_mut() {
                     Some(h) => h.merge(permit),
@@ -204,11 +250,17 @@ enum Unread {
 mod tests {
     use super::*;
 
+    /// A time to answer by that no test reaches.
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
     #[tokio::test]
     async fn bodies_are_read_within_the_limit_and_the_budget() {
         let limits = BodyLimits::new(200_000, 800_000, Duration::from_secs(5));
         let total = limits.budget.available_permits();
-        let ReadBody::Whole(bytes, held) = limits.read(Body::from(vec![b'x'; 200_000])).await
+        let ReadBody::Whole(bytes, held) =
+            limits.read(Body::from(vec![b'x'; 200_000]), later()).await
         else {
             panic!("a body at the limit is read");
         };
@@ -221,7 +273,9 @@ mod tests {
             "the budget comes back"
         );
 
-        let ReadBody::TooLarge(prefix) = limits.read(Body::from(vec![b'x'; 200_001])).await else {
+        let ReadBody::TooLarge(prefix) =
+            limits.read(Body::from(vec![b'x'; 200_001]), later()).await
+        else {
             panic!("a body over the limit is not read whole");
         };
         assert_eq!(prefix.len(), PREFIX, "its first bytes are kept");
@@ -232,33 +286,63 @@ mod tests {
         let mut limits = BodyLimits::new(400_000, 0, Duration::from_secs(5));
         limits.budget_wait = Duration::from_millis(50);
         let budget = 800_000usize.div_ceil(UNIT) * UNIT;
-        let ReadBody::Whole(_, held) = limits.read(Body::from(vec![b'x'; 400_000])).await else {
+        let ReadBody::Whole(_, held) = limits.read(Body::from(vec![b'x'; 400_000]), later()).await
+        else {
             panic!("read");
         };
         // The first body holds the whole budget: the second cannot be read now, but
         // its first bytes are, to answer by its uid.
-        let second = limits.read(Body::from(vec![b'y'; 200_000])).await;
+        let second = limits.read(Body::from(vec![b'y'; 200_000]), later()).await;
         let ReadBody::Busy(prefix) = second else {
             panic!("the second body is read while the budget is spent");
         };
         assert_eq!(prefix.len(), PREFIX);
         // An ordinary pod, and what reading it costs, never wait for the large ones.
-        let small = limits.read(Body::from(vec![b'z'; 6_000])).await;
+        let small = limits.read(Body::from(vec![b'z'; 6_000]), later()).await;
         let ReadBody::Whole(_, mut free) = small else {
             panic!("an ordinary pod waits");
         };
-        assert_eq!(limits.charge(&mut free, 40_000).await, Charge::Held);
+        assert_eq!(
+            limits.charge(&mut free, 40_000, later()).await,
+            Charge::Held
+        );
         // What reading a body costs is charged once it is whole: more than is left
         // waits and is refused as busy, more than there is at all is refused.
-        assert_eq!(limits.charge(&mut free, 300_000).await, Charge::Busy);
         assert_eq!(
-            limits.charge(&mut free, 10 << 20).await,
+            limits.charge(&mut free, 300_000, later()).await,
+            Charge::Busy
+        );
+        assert_eq!(
+            limits.charge(&mut free, 10 << 20, later()).await,
             Charge::Never(budget)
         );
         drop(held);
-        assert_eq!(limits.charge(&mut free, 300_000).await, Charge::Held);
+        assert_eq!(
+            limits.charge(&mut free, 300_000, later()).await,
+            Charge::Held
+        );
         drop(free);
-        let third = limits.read(Body::from(vec![b'y'; 200_000])).await;
+        let third = limits.read(Body::from(vec![b'y'; 200_000]), later()).await;
         assert!(matches!(third, ReadBody::Whole(..)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_waits_for_room_no_later_than_it_must_be_answered() {
+        let limits = BodyLimits::new(400_000, 0, Duration::from_secs(5));
+        let ReadBody::Whole(_, _held) = limits.read(Body::from(vec![b'x'; 400_000]), later()).await
+        else {
+            panic!("read");
+        };
+        let started = Instant::now();
+        let answer_by = started + Duration::from_millis(100);
+        let second = limits
+            .read(Body::from(vec![b'y'; 200_000]), answer_by)
+            .await;
+        assert!(matches!(second, ReadBody::Busy(_)));
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_millis(100),
+            "it waits until then, not its budget_wait of 5 s"
+        );
     }
 }

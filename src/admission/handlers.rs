@@ -3,15 +3,17 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::Duration;
 
 use axum::Extension;
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
 use axum::http::StatusCode;
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use tokio::time::Instant;
 use tower::limit::GlobalConcurrencyLimitLayer;
 
 use super::body::{BodyLimits, Charge, ReadBody};
@@ -53,7 +55,67 @@ pub fn router(state: Arc<AppState>, max_in_flight: usize) -> Router {
         .route_layer(GlobalConcurrencyLimitLayer::new(max_in_flight.max(1)))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
+        // Outermost: a request's time starts before it waits for its turn.
+        .layer(middleware::from_fn(stamp_arrival))
         .with_state(state)
+}
+
+/// When a request came in.
+#[derive(Debug, Clone, Copy)]
+struct Arrived(Instant);
+
+async fn stamp_arrival(mut request: Request, next: Next) -> Response {
+    request.extensions_mut().insert(Arrived(Instant::now()));
+    next.run(request).await
+}
+
+/// The apiserver's timeout for a webhook call when its URL does not say
+/// (Kubernetes' default `timeoutSeconds`).
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The least time berth keeps back from the apiserver's timeout: the apiserver's
+/// clock starts before the request reaches berth (connecting, sending the
+/// review), the answer must travel back, and an answer that arrives late counts as
+/// none (the pod is admitted without berth under `failurePolicy: Ignore`).
+const MARGIN: Duration = Duration::from_millis(500);
+
+/// When a request that arrived at `arrived` must be answered by: a third of the
+/// apiserver's timeout (which it sends as `?timeout=3s`), and at least `MARGIN`,
+/// before it. Every wait and every step of reading and deciding ends by then; what
+/// is not decided by then is refused, never left for the apiserver to let
+/// through.
+fn answer_by(arrived: Instant, query: Option<&str>) -> Instant {
+    let timeout = query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|pair| pair.strip_prefix("timeout="))
+        .and_then(parse_go_duration)
+        .unwrap_or(DEFAULT_TIMEOUT);
+    let kept_back = (timeout / 3).max(MARGIN);
+    arrived + timeout.saturating_sub(kept_back).max(MARGIN)
+}
+
+/// A duration as Go prints one with whole units (`3s`, `1m30s`, `500ms`).
+fn parse_go_duration(text: &str) -> Option<Duration> {
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let number: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        total += match &rest[..unit] {
+            "ms" => Duration::from_millis(number),
+            "s" => Duration::from_secs(number),
+            "m" => Duration::from_secs(number.checked_mul(60)?),
+            _ => return None,
+        };
+        rest = &rest[unit..];
+    }
+    (!text.is_empty()).then_some(total)
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
@@ -74,23 +136,29 @@ type Decide = fn(&AdmissionRequest, &Snapshot) -> (AdmissionResponse, Verdict);
 async fn mutate(
     State(state): State<Arc<AppState>>,
     peer: Option<Extension<PeerCertificate>>,
+    Extension(Arrived(arrived)): Extension<Arrived>,
+    RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
     if let Some(refusal) = unauthenticated(&state, peer) {
         return refusal;
     }
-    admit(&state, "/mutate", service::mutate, body).await
+    let answer_by = answer_by(arrived, query.as_deref());
+    admit(&state, "/mutate", service::mutate, body, answer_by).await
 }
 
 async fn validate(
     State(state): State<Arc<AppState>>,
     peer: Option<Extension<PeerCertificate>>,
+    Extension(Arrived(arrived)): Extension<Arrived>,
+    RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
     if let Some(refusal) = unauthenticated(&state, peer) {
         return refusal;
     }
-    admit(&state, "/validate", service::validate, body).await
+    let answer_by = answer_by(arrived, query.as_deref());
+    admit(&state, "/validate", service::validate, body, answer_by).await
 }
 
 /// With `--client-ca`, a 403 for a client that presented no certificate of the
@@ -113,7 +181,7 @@ fn unauthenticated(state: &AppState, peer: Option<Extension<PeerCertificate>>) -
 fn unread(
     state: &AppState,
     path: &str,
-    started: Instant,
+    started: std::time::Instant,
     prefix: &[u8],
     (kind, status, reason): (&str, StatusCode, String),
 ) -> Response {
@@ -132,24 +200,39 @@ fn unread(
     axum::Json(response.into_review()).into_response()
 }
 
-/// How long a decision may take once the review is read: well inside the
-/// apiserver's 3 s timeout for berth's webhooks, past which the pod would be
-/// admitted without berth. A decision is linear in a pod within berth's bounds;
-/// this deadline is the backstop.
-const DECISION_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// Runs `work` on a thread for blocking work: reading and deciding a review is
-/// CPU work, and on the async workers a large one would stall every other
-/// request and `/healthz` with it.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    tokio::task::spawn_blocking(work).await.ok()
+/// Runs a review's CPU work, done by `answer_by`. Reading and deciding a large
+/// review would stall every other request and `/healthz` with it on the async
+/// workers, so it runs on a thread for blocking work while it holds one of the
+/// CPU slots; the work of a small one (under a millisecond) runs at once.
+async fn on_cpu<T: Send + 'static>(
+    limits: &BodyLimits,
+    small: bool,
+    answer_by: Instant,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    if small {
+        return Some(work());
+    }
+    let _slot = limits.cpu_slot(answer_by).await?;
+    tokio::time::timeout_at(answer_by, tokio::task::spawn_blocking(work))
+        .await
+        .ok()?
+        .ok()
 }
 
-async fn admit(state: &Arc<AppState>, path: &str, decide: Decide, body: Body) -> Response {
-    let started = Instant::now();
+/// Reads, decides and answers one review by `answer_by`. A decision is linear in
+/// a pod within berth's bounds; the time limit is the backstop.
+async fn admit(
+    state: &Arc<AppState>,
+    path: &str,
+    decide: Decide,
+    body: Body,
+    answer_by: Instant,
+) -> Response {
+    let started = std::time::Instant::now();
     let limits = &state.limits;
     // `held` keeps this request's share of the memory budget until it is answered.
-    let (body, mut held) = match limits.read(body).await {
+    let (body, mut held) = match limits.read(body, answer_by).await {
         ReadBody::Whole(bytes, held) => (bytes, held),
         ReadBody::TooLarge(prefix) => {
             let reason = format!(
@@ -165,13 +248,15 @@ async fn admit(state: &Arc<AppState>, path: &str, decide: Decide, body: Body) ->
             return unread(state, path, started, &prefix, why);
         }
     };
+    let small = BodyLimits::is_small(body.len());
     // What reading it into JSON costs is charged before it is read.
     let scanned = body.clone();
-    let cost = blocking(move || cost::parse_cost(&scanned))
-        .await
-        .unwrap_or(usize::MAX);
+    let Some(cost) = on_cpu(limits, small, answer_by, move || cost::parse_cost(&scanned)).await
+    else {
+        return late(state, path, started, &body);
+    };
     match limits
-        .charge(&mut held, body.len().saturating_add(cost))
+        .charge(&mut held, body.len().saturating_add(cost), answer_by)
         .await
     {
         Charge::Held => {}
@@ -188,22 +273,22 @@ async fn admit(state: &Arc<AppState>, path: &str, decide: Decide, body: Body) ->
         }
     }
     let read = body.clone();
-    let request = match blocking(move || review::parse(&read)).await {
+    let request = match on_cpu(limits, small, answer_by, move || review::parse(&read)).await {
         Some(Ok(request)) => request,
         Some(Err(reason)) => {
             state.metrics.error("bad_request");
             observe(state, path, "bad_request", started);
             return (StatusCode::BAD_REQUEST, reason).into_response();
         }
-        None => return busy(state, path, started, &body),
+        None => return late(state, path, started, &body),
     };
     let mut warnings = Vec::new();
     // Pods and DaemonSets are decided in the context of their namespace.
     let in_namespace = request.is_pod() || request.is_kind("apps", "DaemonSet");
     let namespace = match request.namespace.as_deref().filter(|_| in_namespace) {
-        Some(name) => match state.view.namespace(name).await {
-            Some(namespace) => namespace,
-            None => {
+        Some(name) => match tokio::time::timeout_at(answer_by, state.view.namespace(name)).await {
+            Ok(Some(namespace)) => namespace,
+            Ok(None) | Err(_) => {
                 state.metrics.error("namespace_lookup");
                 warnings.push(bounded(format!(
                     "berth could not read namespace {name}; the pod gets no grants"
@@ -218,7 +303,7 @@ async fn admit(state: &Arc<AppState>, path: &str, decide: Decide, body: Body) ->
     let groups = state.view.groups();
     let berth_user = state.berth_user.clone();
     let uid = request.uid.clone();
-    let deciding = blocking(move || {
+    let deciding = on_cpu(limits, small, answer_by, move || {
         let snapshot = Snapshot {
             policies: &policies,
             namespace: &namespace,
@@ -228,23 +313,16 @@ async fn admit(state: &Arc<AppState>, path: &str, decide: Decide, body: Body) ->
         };
         decide(&request, &snapshot)
     });
-    let (mut response, verdict) = match tokio::time::timeout(DECISION_DEADLINE, deciding).await {
-        Ok(Some(decided)) => decided,
-        _ => {
-            state.metrics.error("deadline");
-            let reason = format!(
-                "berth could not decide within {} s: it refuses what it has not checked",
-                DECISION_DEADLINE.as_secs()
-            );
-            let response = AdmissionResponse::deny_uid(&uid, &reason);
-            state
-                .metrics
-                .denials
-                .get_or_create(&KindLabels { kind: path.into() })
-                .inc();
-            observe(state, path, "deadline", started);
-            return axum::Json(response.into_review()).into_response();
-        }
+    let Some((mut response, verdict)) = deciding.await else {
+        state.metrics.error("deadline");
+        let response = AdmissionResponse::deny_uid(&uid, LATE);
+        state
+            .metrics
+            .denials
+            .get_or_create(&KindLabels { kind: path.into() })
+            .inc();
+        observe(state, path, "deadline", started);
+        return axum::Json(response.into_review()).into_response();
     };
     drop(held);
     response.warnings.splice(0..0, warnings);
@@ -252,8 +330,23 @@ async fn admit(state: &Arc<AppState>, path: &str, decide: Decide, body: Body) ->
     axum::Json(response.into_review()).into_response()
 }
 
+/// Why a review not decided in time is refused.
+const LATE: &str =
+    "berth could not decide in time for the apiserver: it refuses what it has not checked; retry";
+
+/// The answer to a review not read in time: a denial by the uid in its first
+/// bytes, since berth refuses what it has not checked.
+fn late(state: &AppState, path: &str, started: std::time::Instant, body: &[u8]) -> Response {
+    let why = (
+        "deadline",
+        StatusCode::SERVICE_UNAVAILABLE,
+        LATE.to_string(),
+    );
+    unread(state, path, started, body, why)
+}
+
 /// The answer when the memory budget stays spent by other requests.
-fn busy(state: &AppState, path: &str, started: Instant, body: &[u8]) -> Response {
+fn busy(state: &AppState, path: &str, started: std::time::Instant, body: &[u8]) -> Response {
     let reason = "berth is at its memory bound for requests in flight; retry".to_string();
     let why = ("busy", StatusCode::SERVICE_UNAVAILABLE, reason);
     unread(state, path, started, body, why)
@@ -264,7 +357,7 @@ fn record(
     path: &str,
     response: &AdmissionResponse,
     verdict: &Verdict,
-    started: Instant,
+    started: std::time::Instant,
 ) {
     let metrics = &state.metrics;
     for policy in &verdict.applied {
@@ -288,7 +381,7 @@ fn record(
     observe(state, path, verdict.outcome, started);
 }
 
-fn observe(state: &AppState, path: &str, outcome: &str, started: Instant) {
+fn observe(state: &AppState, path: &str, outcome: &str, started: std::time::Instant) {
     state
         .metrics
         .latency
@@ -297,4 +390,25 @@ fn observe(state: &AppState, path: &str, outcome: &str, started: Instant) {
             outcome: outcome.into(),
         })
         .observe(started.elapsed().as_secs_f64());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_review_is_answered_before_the_apiserver_gives_up() {
+        let now = Instant::now();
+        let by = |query| answer_by(now, query) - now;
+        assert_eq!(by(Some("timeout=3s")), Duration::from_secs(2));
+        assert_eq!(by(Some("a=b&timeout=1m30s")), Duration::from_secs(60));
+        let default = DEFAULT_TIMEOUT - DEFAULT_TIMEOUT / 3;
+        assert_eq!(by(None), default, "Kubernetes' default");
+        assert_eq!(by(Some("timeout=x")), default);
+        assert_eq!(by(Some("timeout=")), default);
+        assert_eq!(by(Some("timeout=1s")), MARGIN);
+        assert_eq!(by(Some("timeout=100ms")), MARGIN, "never no time at all");
+        assert_eq!(parse_go_duration("1m0s"), Some(Duration::from_secs(60)));
+        assert_eq!(parse_go_duration("3h"), None);
+    }
 }

@@ -205,7 +205,11 @@ pub fn run() -> ExitCode {
 
 fn run_serve(args: serve::ServeArgs) -> ExitCode {
     crate::telemetry::init_logging();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = args.worker_threads {
+        builder.worker_threads(threads.get());
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -47,6 +47,11 @@ pub struct ServeArgs {
     /// bounded under a flood of large pods.
     #[arg(long, env = "BERTH_REQUEST_MEMORY_MIB", default_value_t = 128)]
     pub request_memory_mib: usize,
+    /// Threads that serve requests and run the controller; defaults to the
+    /// machine's cores. Memory does not follow it: reading and deciding reviews is
+    /// charged to --request-memory-mib however many threads run.
+    #[arg(long, env = "BERTH_WORKER_THREADS")]
+    pub worker_threads: Option<std::num::NonZeroUsize>,
     /// Requests handled at once; more wait their turn.
     #[arg(long, env = "BERTH_MAX_IN_FLIGHT", default_value_t = 256)]
     pub max_in_flight: usize,
@@ -128,6 +133,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         max_body_bytes,
         request_memory_mib,
         max_in_flight,
+        // Used before the runtime starts (cli::run_serve).
+        worker_threads: _,
         read_timeout_seconds,
         cert_check_seconds,
         shutdown_grace_seconds,

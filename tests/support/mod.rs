@@ -6,6 +6,7 @@
 //! client is built from the kubeconfig that `up` writes into the cluster folder.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod attacks;
 pub mod audit;
 pub mod fleet;
 pub mod load;
