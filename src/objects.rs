@@ -23,6 +23,7 @@ use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
+use crate::names::{POOL_TAINT, is_owned_node_key};
 use crate::policy::compile::{Labels, PolicySource};
 use crate::policy::{PlacementPolicy, PlacementPolicySpec};
 
@@ -212,6 +213,48 @@ impl<T> Bounded<T> {
             Bounded::Kept(value) => Some(Some(value)),
             Bounded::TooLarge => None,
         }
+    }
+
+    /// Changes a kept value in place.
+    fn edit(&mut self, change: impl FnOnce(&mut T)) {
+        if let Bounded::Kept(value) = self {
+            change(value);
+        }
+    }
+}
+
+impl PodSpec {
+    /// Drops from its placement fields all but berth's marks: tolerations of
+    /// berth's pool taint (and wildcards), and node expressions and selector
+    /// entries on berth's own keys (the pool's `In`, anchors); the node affinity
+    /// only with `affinity_too`. What the missed scan checks a pod's record against
+    /// ([`crate::placement::missed`]); a field too large to keep stays so.
+    pub fn keep_berths_marks(&mut self, affinity_too: bool) {
+        self.tolerations.edit(|tolerations| {
+            tolerations.retain(|t| {
+                t.key
+                    .as_deref()
+                    .is_none_or(|k| k.is_empty() || k == POOL_TAINT)
+            })
+        });
+        self.node_selector
+            .edit(|selector| selector.retain(|k, _| is_owned_node_key(k)));
+        if !affinity_too {
+            return;
+        }
+        self.affinity.edit(|affinity| {
+            let terms = affinity
+                .node_affinity
+                .required
+                .iter_mut()
+                .flat_map(|r| &mut r.node_selector_terms);
+            for term in terms {
+                if let Some(expressions) = term.match_expressions.as_mut() {
+                    expressions.retain(|e| is_owned_node_key(&e.key));
+                }
+                term.match_fields = None;
+            }
+        });
     }
 }
 

@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
+use support::attacks::{dry_run_cost, many_tolerations, worst_within_bounds};
 use support::{Berth, Nodes, Replica, Tenant, eventually, fresh_namespace, wait_for};
 
 const NODES: Nodes = Nodes {
@@ -30,7 +31,21 @@ kind: PlacementPolicy
 metadata: {name: cdn}
 spec:
   images: ["*cdn*"]
-  pool: {nodeNames: [node2]}
+  pool: {nodeNames: [node2], daemonSets: Tolerate}
+---
+apiVersion: berth.io/v1alpha1
+kind: PlacementPolicy
+metadata: {name: apart}
+spec:
+  podSelector: {matchLabels: {role: apart}}
+  avoid: {matchLabels: {role: apart}}
+---
+apiVersion: berth.io/v1alpha1
+kind: PlacementPolicy
+metadata: {name: jobs}
+spec:
+  podSelector: {matchLabels: {app: jobs}}
+  queue: {}
 ---
 apiVersion: berth.io/v1alpha1
 kind: PlacementPolicy
@@ -244,6 +259,176 @@ async fn with_berth_stopped_records_gates_and_bindings_hold() {
         .await
         .unwrap_err();
     assert!(error.to_string().contains("dedicated pool gpu"), "{error}");
+}
+
+#[tokio::test]
+async fn with_berth_stopped_the_apiserver_refuses_an_oversized_pod_before_any_walk() {
+    let cluster = berth_stopped().cluster;
+    let client = cluster.client().await;
+    let tenant = tenant(&client, "down-bounds").await;
+    let as_tenant = tenant.client(cluster).await;
+    let (cpu, wall, answer) = dry_run_cost(
+        cluster,
+        &as_tenant,
+        &tenant.namespace,
+        &many_tolerations(30_000),
+    )
+    .await;
+    let refusal = answer.expect_err("refused");
+    assert!(
+        refusal.contains("'berth-limits'") && refusal.contains("at most 128"),
+        "{}",
+        refusal.chars().take(300).collect::<String>()
+    );
+    let (worst_cpu, worst_wall, worst) = dry_run_cost(
+        cluster,
+        &as_tenant,
+        &tenant.namespace,
+        &worst_within_bounds(),
+    )
+    .await;
+    // Without berth to add its pool exclusion, berth-pools walks every term of it
+    // for each pool, then refuses it.
+    let refusal = worst.expect_err("refused");
+    assert!(
+        refusal.contains("'berth-pools'") && refusal.contains("does not keep off"),
+        "{}",
+        refusal.chars().take(300).collect::<String>()
+    );
+    println!(
+        "berth down: 30,000 tolerations refused in {wall:.2?}, kube-apiserver {cpu:.2} CPU-s; \
+         the worst pod within bounds refused in {worst_wall:.2?}, kube-apiserver {worst_cpu:.2} CPU-s"
+    );
+}
+
+#[tokio::test]
+async fn with_berth_stopped_no_hold_queue_or_status_record_can_be_forged() {
+    let cluster = berth_stopped().cluster;
+    let client = cluster.client().await;
+    let tenant = tenant(&client, "down-forged").await;
+    let refused = |manifest: String, policy: &str, reason: &str| {
+        let out = tenant.create(cluster, &manifest);
+        assert!(!out.status.success(), "admitted: {}", text(&out.stdout));
+        let error = text(&out.stderr);
+        assert!(error.contains(policy) && error.contains(reason), "{error}");
+    };
+    // A record of an avoid policy without its hold.
+    let unheld = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "unheld", "labels": {"role": "apart"},
+            "annotations": {"berth.io/applied": "apart"}},
+        "spec": {"containers": [{"name": "c", "image": "nginx"}]}});
+    refused(unheld.to_string(), "'berth-holds'", "berth.io/avoid");
+    // A queue class of a policy the namespace does not opt into (the class exists,
+    // as the controller would have made it).
+    cluster.apply(
+        "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: berth-queue-jobs-30, \
+         labels: {app.kubernetes.io/managed-by: berth}}\nvalue: 30\npreemptionPolicy: Never\n",
+    );
+    refused(
+        pod(
+            "jumper",
+            json!({"priorityClassName": "berth-queue-jobs-30"}),
+        ),
+        "'berth-queues'",
+        "does not opt into",
+    );
+    // berth's record, rewritten through the status subresource by a tenant who may
+    // write pod status.
+    cluster.apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: status-writer, namespace: {ns}}}\n\
+         rules: [{{apiGroups: [''], resources: [pods/status], verbs: [get, update, patch]}}]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: status-writer, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: status-writer}}\n\
+         subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {user}}}]\n",
+        ns = tenant.namespace,
+        user = tenant.user
+    ));
+    let recorded = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "recorded", "annotations": {"berth.io/applied": "cdn"}},
+        "spec": {"containers": [{"name": "c", "image": "nginx"}]}});
+    assert!(
+        tenant
+            .create(cluster, &recorded.to_string())
+            .status
+            .success()
+    );
+    let patch = |annotations: Value| {
+        let patch = json!({"metadata": {"annotations": annotations}}).to_string();
+        tenant.kubectl(
+            cluster,
+            &[
+                "patch",
+                "pod",
+                "recorded",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &patch,
+            ],
+        )
+    };
+    eventually("the tenant may write pod status", WAIT, || async {
+        patch(json!({"example.com/note": "hello"}))
+            .status
+            .success()
+            .then_some(())
+    })
+    .await;
+    let forged = patch(json!({"berth.io/applied": "gpu"}));
+    assert!(
+        !forged.status.success(),
+        "the record was rewritten through status"
+    );
+    assert!(
+        text(&forged.stderr).contains("'berth-records'"),
+        "{}",
+        text(&forged.stderr)
+    );
+}
+
+#[tokio::test]
+async fn with_berth_stopped_a_tenants_daemonset_stays_off_the_pools() {
+    let cluster = berth_stopped().cluster;
+    let client = cluster.client().await;
+    let tenant = tenant(&client, "down-agents").await;
+    // It tolerates every pool's taint; cdn takes DaemonSets, in the short form.
+    let daemonset = json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent"},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}},
+            "template": {"metadata": {"labels": {"app": "agent"}},
+                "spec": {"tolerations": [{"key": "berth.io/pool", "operator": "Exists"}],
+                    "containers": [{"name": "c", "image": "example/agent:1"}]}}}});
+    let out = tenant.create(cluster, &daemonset.to_string());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), &tenant.namespace);
+    let refusals = eventually("FailedCreate for both pool nodes", WAIT, || async {
+        let list = events
+            .list(&kube::api::ListParams::default().fields("reason=FailedCreate"))
+            .await
+            .ok()?;
+        let notes: Vec<String> = list.items.into_iter().filter_map(|e| e.note).collect();
+        (notes.iter().any(|n| n.contains("pool=cdn"))
+            && notes.iter().any(|n| n.contains("pool=gpu")))
+        .then_some(notes)
+    })
+    .await;
+    assert!(
+        refusals.iter().all(|n| n.contains("does not opt into")),
+        "{refusals:?}"
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &tenant.namespace);
+    let nodes: Vec<String> = pods
+        .list(&kube::api::ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| p.spec?.node_name)
+        .collect();
+    assert!(
+        nodes.iter().all(|n| n != "node2" && n != "node3"),
+        "{nodes:?}"
+    );
 }
 
 #[tokio::test]

@@ -15,7 +15,9 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
-use support::{Berth, Nodes, eventually, fresh_namespace, kubectl_with_input, opt_in, placed};
+use support::{
+    Berth, Nodes, Tenant, eventually, fresh_namespace, kubectl_with_input, opt_in, placed,
+};
 
 const NODES: Nodes = Nodes {
     count: 4,
@@ -116,6 +118,7 @@ async fn pods_created_while_berth_was_down_are_evicted_back_through_it_or_report
     .unwrap();
     opt_in(&client, &ns, "edge,audit", &probe, WAIT).await;
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let tenant = Tenant::new(berth.cluster, &format!("tenant-{ns}"), &ns).await;
     apply(berth, &deployment(&ns, "edge", 1, "example/edge:1"));
     placed(&client, &ns, "app=edge", 1, WAIT).await;
 
@@ -146,9 +149,30 @@ async fn pods_created_while_berth_was_down_are_evicted_back_through_it_or_report
     )
     .unwrap();
     api.create(&PostParams::default(), &stray).await.unwrap();
+    // A tenant's pods that claim what they are not: berth's record written by the
+    // tenant, and a DaemonSet owner that does not exist (a made-up API group).
+    let forged = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "forged", "labels": {"app": "forged"},
+            "annotations": {"berth.io/applied": "edge"}},
+        "spec": {"containers": [{"name": "c", "image": "example/edge:1"}]}});
+    let orphan = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "orphan", "labels": {"app": "orphan"},
+            "ownerReferences": [{"apiVersion": "redteam.example.com/v1", "kind": "DaemonSet",
+                "name": "agent", "uid": "6a1c8f2e-0000-4000-8000-000000000001", "controller": true}]},
+        "spec": {"containers": [{"name": "c", "image": "example/edge:1"}]}});
+    for pod in [forged, orphan] {
+        let out = tenant.create(berth.cluster, &pod.to_string());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let edge = placed(&client, &ns, "app=edge", 4, WAIT).await;
     let audit = placed(&client, &ns, "app=audit", 2, WAIT).await;
-    placed(&client, &ns, "app=stray", 1, WAIT).await;
+    for app in ["stray", "forged", "orphan"] {
+        placed(&client, &ns, &format!("app={app}"), 1, WAIT).await;
+    }
     let missed_edge: BTreeSet<String> = pods_of(&api, "edge", "edge")
         .await
         .into_values()
@@ -210,9 +234,13 @@ async fn pods_created_while_berth_was_down_are_evicted_back_through_it_or_report
     .await;
     assert_eq!(evicted, missed_edge, "exactly the missed pods were evicted");
 
-    // A bare pod has no owner to recreate it: reported, left as it is.
+    // A bare pod has no owner to recreate it: reported, left as it is. So are the
+    // tenant's: a record the pod wrote itself is not berth's decision, and an owner
+    // that does not exist does not make a DaemonSet pod.
     let message = missed_condition(berth, "edge").await;
-    assert!(message.contains(&format!("{ns}/stray")), "{message}");
+    for pod in ["stray", "forged", "orphan"] {
+        assert!(message.contains(&format!("{ns}/{pod}")), "{pod}: {message}");
+    }
     assert_eq!(
         api.get("stray").await.unwrap().metadata.uid.unwrap(),
         stray_uid

@@ -15,7 +15,8 @@ use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, api::DynamicObject, discovery::ApiResource};
 use serde_json::json;
 use support::{
-    Berth, Nodes, create_at_once, eventually, gang_member, is_bound, opted_in, test_pod, wait_for,
+    Berth, Nodes, Tenant, create_at_once, eventually, gang_member, is_bound, opted_in, test_pod,
+    wait_for,
 };
 
 /// pgnode1..3 become the dedicated pool of the fit test; the others need three
@@ -27,7 +28,8 @@ const NODES: Nodes = Nodes {
 const WAIT: Duration = Duration::from_secs(120);
 
 fn berth() -> &'static Berth {
-    Berth::shared_with(NODES, &["--generic-workload"], &[])
+    // A short resync: a PodGroup changed behind berth's back is checked on it.
+    Berth::shared_with(NODES, &["--generic-workload"], &["--resync-seconds", "5"])
 }
 
 /// Waits until the policy's status shows the cluster's gang mode.
@@ -266,4 +268,102 @@ async fn native_gang_members_that_avoid_each_other_are_held_by_berth() {
         .filter_map(|p| p.spec.as_ref()?.node_name.clone())
         .collect();
     assert_eq!(nodes.len(), 3);
+}
+
+#[tokio::test]
+async fn a_tenant_cannot_write_its_gangs_pod_group_and_a_changed_one_is_put_right() {
+    let client = berth().cluster.client().await;
+    berth()
+        .cluster
+        .apply_app_policy("pg-guard", json!({"gang": {}}));
+    assert_eq!(gang_mode("pg-guard").await, "PodGroup");
+    let probe = json!({"app": "pg-guard"});
+    let ns = opted_in(&client, "pg-guard", "pg-guard", probe, WAIT).await;
+    let tenant = Tenant::new(berth().cluster, &format!("tenant-{ns}"), &ns).await;
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    // The tenant may write PodGroups (the edit role), but not berth's.
+    let early = json!({"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": "berth-g1-early"},
+        "spec": {"schedulingPolicy": {"basic": {}}}});
+    let out = tenant.create(berth().cluster, &early.to_string());
+    assert!(
+        !out.status.success(),
+        "a tenant made a PodGroup of berth's name"
+    );
+    assert!(
+        text(&out.stderr).contains("berth-podgroups"),
+        "{}",
+        text(&out.stderr)
+    );
+    let own = early.to_string().replace("berth-g1-early", "mine");
+    let out = tenant.create(berth().cluster, &own);
+    assert!(out.status.success(), "its own: {}", text(&out.stderr));
+
+    let members = Api::<Pod>::namespaced(tenant.client(berth().cluster).await, &ns);
+    for name in ["a", "b"] {
+        members
+            .create(
+                &PostParams::default(),
+                &gang_member("pg-guard", name, "g1", 3, "100m"),
+            )
+            .await
+            .unwrap();
+    }
+    let group = the_pod_group(&client, &ns).await;
+    let name = group.metadata.name.clone().unwrap();
+    let min_count =
+        |to: u32| json!({"spec": {"schedulingPolicy": {"gang": {"minCount": to}}}}).to_string();
+    let patch = [
+        "patch",
+        "podgroup.scheduling.k8s.io",
+        &name,
+        "--type=merge",
+        "-p",
+    ];
+    let out = tenant.kubectl(berth().cluster, &[&patch[..], &[&min_count(1)]].concat());
+    assert!(
+        !out.status.success(),
+        "a tenant lowered its gang's minCount"
+    );
+    assert!(
+        text(&out.stderr).contains("berth-podgroups"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = tenant.kubectl(
+        berth().cluster,
+        &["delete", "podgroup.scheduling.k8s.io", &name],
+    );
+    assert!(
+        !out.status.success(),
+        "a tenant deleted its gang's PodGroup"
+    );
+
+    // Kubernetes' own controllers (any identity of kube-system's) may write
+    // PodGroups; a change that is not berth's is put back.
+    let controller = "system:serviceaccount:kube-system:pg-tamper";
+    Tenant::new(berth().cluster, controller, &ns).await;
+    let as_controller = ["--as", controller, "-n", &ns];
+    let lowered = min_count(1);
+    let args = [&as_controller[..], &patch[..], &[&lowered]].concat();
+    berth().cluster.kubectl_ok(&args);
+    let api = pod_groups(&client, &ns);
+    eventually("minCount back at 3", WAIT, || async {
+        let group = api.get(&name).await.ok()?;
+        (group.data["spec"]["schedulingPolicy"]["gang"]["minCount"] == 3).then_some(())
+    })
+    .await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), &ns);
+    let note = eventually("berth's PodGroupTampered Event", WAIT, || async {
+        let list = events
+            .list(&ListParams::default().fields("reason=PodGroupTampered"))
+            .await
+            .ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&name))
+            .and_then(|e| e.note)
+    })
+    .await;
+    assert!(note.contains("set back to 3"), "{note}");
 }

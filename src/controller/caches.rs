@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 
 use crate::names::APPLIED_ANNOTATION;
 use crate::objects::{
-    Bounded, DaemonSetObject, DeploymentObject, NamespaceMeta, NodeObject, PodObject, PolicyObject,
+    DaemonSetObject, DeploymentObject, NamespaceMeta, NodeObject, PodObject, PolicyObject,
     StatefulSetObject, WorkloadObject,
 };
 use crate::policy::NamespaceOptIn;
@@ -403,11 +403,8 @@ fn strip_pod(pod: &mut PodObject) {
     // until it is bound.
     let spec = &mut pod.spec;
     if spec.scheduling_gates.is_empty() {
-        if spec.node_name.is_some() {
-            spec.affinity = Bounded::Absent;
-        }
-        spec.node_selector = Bounded::Absent;
-        spec.tolerations = Bounded::Absent;
+        // The missed scan checks a pod's record against berth's marks on it.
+        spec.keep_berths_marks(spec.node_name.is_some());
     }
     // Ordered start waits for lower ranks to be Ready.
     pod.status.conditions.retain(|c| c.type_ == "Ready");

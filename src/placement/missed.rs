@@ -18,7 +18,7 @@ use super::matching::match_policies;
 use super::opt_in::applied_policies;
 use super::pod::PodView;
 use super::selection::tolerates;
-use crate::names::POOL_LABEL;
+use crate::names::{POOL_LABEL, is_owned_node_key};
 use crate::objects::PodObject;
 use crate::policy::{CompiledPolicy, NamespaceConfig, PolicySet};
 
@@ -78,13 +78,15 @@ fn matching_view(pod: &PodObject) -> Option<PodView> {
     .ok()
 }
 
-/// Whether `pod` carries what `policy` gives every pod it applies to for good: the
-/// toleration of its dedicated pool and each required node expression (the pool's
-/// `In`, the policy's own, co-location's and avoidance's), in every required term
-/// or as a `nodeSelector`. A record without them is not believed: the pod came
-/// past berth (while it was down) with a record written by whoever created it.
-/// Preferences are not checked: the controller does not keep them, and they bind
-/// nothing. A pod whose placement is too large to keep carries nothing.
+/// Whether `pod` carries berth's marks of `policy`, which berth gives every pod it
+/// applies to: the toleration of its dedicated pool, and each required node
+/// expression on berth's own keys (the pool's `In`, co-location's and avoidance's
+/// anchors), in every required term or as a `nodeSelector`. A record without
+/// them is not believed: the pod came past berth (while it was down) with a record
+/// written by whoever created it. The policy's own node affinity and preferences
+/// are not checked: the controller keeps only berth's marks of a pod that is
+/// placed ([`PodSpec::keep_berths_marks`](crate::objects::PodSpec::keep_berths_marks)).
+/// A pod whose placement is too large to keep carries nothing.
 fn carries(pod: &PodObject, policy: &CompiledPolicy) -> bool {
     let Some(placement) = pod.placement() else {
         return false;
@@ -127,6 +129,7 @@ fn carries(pod: &PodObject, policy: &CompiledPolicy) -> bool {
         && grants
             .required
             .iter()
+            .filter(|r| is_owned_node_key(&r.key))
             .all(|r| selected(r) || in_every_term(r))
 }
 
@@ -279,5 +282,35 @@ mod tests {
             "a DaemonSet owner that does not exist hides nothing"
         );
         assert!(is_candidate(&pod("cdn", None, Some("ReplicaSet")), &agents));
+    }
+
+    #[test]
+    fn a_pod_as_berth_admitted_it_carries_its_decision() {
+        let (namespace, config) = opted_in();
+        let set = policies();
+        let mut raw = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "shop"},
+            "spec": {"containers": [{"name": "c", "image": "example/cdn:1"}],
+                "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                    "effect": "NoExecute", "tolerationSeconds": 300}]}});
+        let decision = crate::placement::decide(&crate::placement::Input {
+            pod: &raw,
+            namespace: &namespace,
+            policies: &set,
+            nodes: None,
+            requester: crate::placement::Requester::Other,
+            groups: Default::default(),
+        });
+        let patch = crate::placement::build_patch(&raw, &decision.grants);
+        json_patch::patch(&mut raw, &patch).unwrap();
+        let mut admitted: PodObject = serde_json::from_value(raw.clone()).unwrap();
+        assert!(
+            missed_by(&admitted, &namespace, &config, &set).is_empty(),
+            "{raw:#}"
+        );
+        // As the controller keeps it once it runs.
+        admitted.spec.node_name = Some("node2".into());
+        admitted.spec.keep_berths_marks(true);
+        assert!(missed_by(&admitted, &namespace, &config, &set).is_empty());
     }
 }
