@@ -423,7 +423,7 @@ async fn a_review_sent_by_anyone_but_the_apiserver_is_refused() {
     let ca = berth().certs_dir().join("ca.crt");
     let post = |path: &str| {
         let output = std::process::Command::new("curl")
-            .args(["-s", "-o", "/dev/stderr", "-w", "%{http_code}", "--cacert"])
+            .args(["-sS", "-o", "/dev/stderr", "-w", "%{http_code}", "--cacert"])
             .arg(&ca)
             .args([
                 "-H",

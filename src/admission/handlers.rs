@@ -13,6 +13,7 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use http_body_util::BodyExt;
 use tokio::time::Instant;
 use tower::limit::GlobalConcurrencyLimitLayer;
 
@@ -140,8 +141,8 @@ async fn mutate(
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
-    if let Some(refusal) = unauthenticated(&state, peer) {
-        return refusal;
+    if unauthenticated(&state, peer) {
+        return refuse_unauthenticated(&state, body).await;
     }
     let answer_by = answer_by(arrived, query.as_deref());
     admit(&state, "/mutate", service::mutate, body, answer_by).await
@@ -154,26 +155,34 @@ async fn validate(
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
-    if let Some(refusal) = unauthenticated(&state, peer) {
-        return refusal;
+    if unauthenticated(&state, peer) {
+        return refuse_unauthenticated(&state, body).await;
     }
     let answer_by = answer_by(arrived, query.as_deref());
     admit(&state, "/validate", service::validate, body, answer_by).await
 }
 
-/// With `--client-ca`, a 403 for a client that presented no certificate of the
-/// client CA: only the apiserver sends reviews, and nothing a review says is taken
-/// from anyone else.
-fn unauthenticated(state: &AppState, peer: Option<Extension<PeerCertificate>>) -> Option<Response> {
+/// With `--client-ca`, whether the client presented no certificate of the client
+/// CA: only the apiserver sends reviews, and nothing a review says is taken from
+/// anyone else.
+fn unauthenticated(state: &AppState, peer: Option<Extension<PeerCertificate>>) -> bool {
     let verified = peer.is_some_and(|Extension(PeerCertificate(v))| v);
-    (state.require_client_cert && !verified).then(|| {
-        state.metrics.error("unauthenticated");
-        (
-            StatusCode::FORBIDDEN,
-            "berth takes reviews only from a client with a certificate of its client CA (the apiserver)",
-        )
-            .into_response()
-    })
+    state.require_client_cert && !verified
+}
+
+/// The 403 for a client without the apiserver's certificate. Its first bytes are
+/// read and dropped first (at most 64 KiB, for at most a second), so that an
+/// HTTP/2 client still sending gets the answer rather than a reset stream; none of
+/// it is looked at.
+async fn refuse_unauthenticated(state: &AppState, body: Body) -> Response {
+    state.metrics.error("unauthenticated");
+    let drained = http_body_util::Limited::new(body, 64 * 1024).collect();
+    let _ = tokio::time::timeout(Duration::from_secs(1), drained).await;
+    (
+        StatusCode::FORBIDDEN,
+        "berth takes reviews only from a client with a certificate of its client CA (the apiserver)",
+    )
+        .into_response()
 }
 
 /// The answer to a body that was not read whole: a denial, when its first bytes

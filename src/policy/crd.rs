@@ -198,7 +198,8 @@ pub struct Pool {
     #[serde(default)]
     pub daemon_sets: DaemonSets,
     /// With `daemonSets: Tolerate`, only DaemonSets in namespaces whose labels match
-    /// may run on pool nodes. Absent: DaemonSets of every namespace.
+    /// may run on pool nodes. Absent: kube-system's and those of the namespaces that
+    /// opt into the policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub daemon_set_namespaces: Option<LabelSelector>,
 }
