@@ -24,6 +24,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 use crate::names::{POOL_TAINT, is_owned_node_key};
+use crate::placement::bounds;
 use crate::policy::compile::{Labels, PolicySource};
 use crate::policy::{PlacementPolicy, PlacementPolicySpec};
 
@@ -280,6 +281,22 @@ fn non_empty<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Erro
     Ok(list.is_some_and(|l| !l.is_empty()))
 }
 
+/// Whether a pod's topology spread constraints include one the scheduler must
+/// satisfy: any but `ScheduleAnyway` (the field is required; a constraint without it
+/// is taken as the stricter kind).
+fn hard_spread<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Constraint {
+        #[serde(default)]
+        when_unsatisfiable: Option<String>,
+    }
+    let constraints = Option::<Vec<Constraint>>::deserialize(deserializer)?.unwrap_or_default();
+    Ok(constraints
+        .iter()
+        .any(|c| c.when_unsatisfiable.as_deref() != Some("ScheduleAnyway")))
+}
+
 /// Whether a pod's volumes include one bound to a zone or node (a claim, or an
 /// ephemeral one), read without keeping them.
 fn claims_volume<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
@@ -322,13 +339,14 @@ pub struct PodSpec {
     pub priority_class_name: Option<String>,
     #[serde(default, deserialize_with = "nullable")]
     pub scheduling_group: SchedulingGroup,
-    /// Whether it has topology spread constraints.
+    /// Whether it has a topology spread constraint the scheduler must satisfy
+    /// (`DoNotSchedule`); a `ScheduleAnyway` one only scores nodes.
     #[serde(
         default,
         rename = "topologySpreadConstraints",
-        deserialize_with = "non_empty"
+        deserialize_with = "hard_spread"
     )]
-    pub topology_spread: bool,
+    pub hard_spread: bool,
     /// Whether a volume binds it to a zone or node.
     #[serde(default, rename = "volumes", deserialize_with = "claims_volume")]
     pub bound_volumes: bool,
@@ -375,7 +393,8 @@ pub struct NodeSelectorView {
     pub node_selector_terms: Vec<NodeSelectorTerm>,
 }
 
-/// Whether a pod has inter-pod terms of each kind, read without keeping them.
+/// Whether a pod has required inter-pod terms of a kind, read without keeping them.
+/// Preferred terms only score nodes, so the controller need not know of them.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct InterPodView {
     #[serde(
@@ -384,12 +403,6 @@ pub struct InterPodView {
         deserialize_with = "non_empty"
     )]
     pub required: bool,
-    #[serde(
-        default,
-        rename = "preferredDuringSchedulingIgnoredDuringExecution",
-        deserialize_with = "non_empty"
-    )]
-    pub preferred: bool,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -403,12 +416,21 @@ pub struct SchedulingGroup {
 /// whether it takes a host port.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Container {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "image_within_bound")]
     pub image: Option<String>,
     #[serde(default, deserialize_with = "nullable")]
     pub resources: ContainerResources,
     #[serde(default, rename = "ports", deserialize_with = "takes_host_port")]
     pub host_port: bool,
+}
+
+/// An image reference, kept only within [`bounds::IMAGE_BYTES`] (a longer one names
+/// nothing a node can pull).
+fn image_within_bound<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<String>, D::Error> {
+    let image = Option::<String>::deserialize(deserializer)?;
+    Ok(image.filter(|i| i.len() <= bounds::IMAGE_BYTES))
 }
 
 /// Whether a container's ports include a host port, read without keeping them.

@@ -788,3 +788,99 @@ async fn berth_mutate_with_nodes_decides_as_the_webhook_does() {
         }
     }
 }
+
+/// A request to `path?query` whose body never finishes: it sends `first` and then
+/// nothing, as a slow or hostile client would.
+fn stalled(path: &str, first: &'static str, verified: bool) -> Request<Body> {
+    use futures::StreamExt;
+    let chunks = futures::stream::iter([Ok::<_, std::io::Error>(axum::body::Bytes::from(first))])
+        .chain(futures::stream::pending());
+    let mut request = Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from_stream(chunks))
+        .unwrap();
+    request
+        .extensions_mut()
+        .insert(berth::admission::tls::PeerCertificate(verified));
+    request
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_without_the_apiservers_certificate_takes_no_turn_and_no_review_waits_past_its_deadline()
+ {
+    let mut with_ca = Arc::try_unwrap(state(view(), true)).ok().unwrap();
+    with_ca.require_client_cert = true;
+    let app = router(Arc::new(with_ca), 1);
+    // Strangers who never finish their bodies, all at once: each is refused at
+    // the door (after a bounded drain) without taking the only turn.
+    let strangers: Vec<_> = (0..8)
+        .map(|_| {
+            tokio::spawn(
+                app.clone()
+                    .oneshot(stalled("/mutate?timeout=30s", "{", false)),
+            )
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    let pod = fixture("pod-create.json");
+    let request = |body: String, query: &str| {
+        let mut request = Request::post(format!("/mutate?{query}"))
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(berth::admission::tls::PeerCertificate(true));
+        request
+    };
+    let started = tokio::time::Instant::now();
+    let response = app
+        .clone()
+        .oneshot(request(pod.to_string(), "timeout=3s"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(100),
+        "the apiserver's review waited {:?} behind the strangers",
+        started.elapsed()
+    );
+    for stranger in strangers {
+        let response = stranger.await.unwrap().unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    }
+
+    // The apiserver's own slow review holds the only turn; the next one waits for
+    // it no longer than its deadline (2 s of its 3 s) and is refused by its uid
+    // while the apiserver still listens.
+    let slow = tokio::spawn(
+        app.clone()
+            .oneshot(stalled("/mutate?timeout=30s", "{", true)),
+    );
+    tokio::task::yield_now().await;
+    let started = tokio::time::Instant::now();
+    let response = app
+        .clone()
+        .oneshot(request(pod.to_string(), "timeout=3s"))
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["response"]["uid"], pod["request"]["uid"]);
+    assert_eq!(answer["response"]["allowed"], false);
+    assert!(
+        answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("could not decide in time"),
+        "{answer}"
+    );
+    assert!(
+        waited <= std::time::Duration::from_millis(2200),
+        "answered {waited:?} after it came, past its deadline"
+    );
+    slow.abort();
+}

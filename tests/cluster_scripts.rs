@@ -1,6 +1,7 @@
 #![cfg(feature = "e2e")]
 //! The `tests/cluster/` scripts themselves: two clusters run side by side, `down`
-//! stops exactly its own processes, kwok runs the pods bound to the fake nodes,
+//! stops exactly its own processes, kwok runs the pods bound to the fake nodes
+//! (which report the resources a kubelet would, ephemeral-storage included),
 //! `component` stops and starts one part, and bad arguments fail with a clear
 //! message.
 
@@ -144,17 +145,28 @@ async fn kwok_runs_bound_pods_and_a_test_can_hold_one_unready() {
     let ns = fresh_namespace(&client, "kwok").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let held = json!({"berth.test/unready": "true"});
-    for (name, labels) in [("runs", json!({})), ("held", held)] {
-        let pod = test_pod(name, labels, json!({}));
+    // What a chart's resource preset asks for (bitnami's "nano"): the nodes report
+    // ephemeral-storage and hugepages as a kubelet does, so it runs unchanged.
+    let preset = json!({"containers": [{"name": "redis", "image": "redis:7", "resources": {
+        "requests": {"cpu": "100m", "memory": "128Mi", "ephemeral-storage": "50Mi"},
+        "limits": {"cpu": "150m", "memory": "192Mi", "ephemeral-storage": "2Gi"}}}]});
+    for (name, labels, spec) in [
+        ("runs", json!({}), json!({})),
+        ("held", held, json!({})),
+        ("preset", json!({}), preset),
+    ] {
+        let pod = test_pod(name, labels, spec);
         pods.create(&PostParams::default(), &pod)
             .await
             .expect("create");
     }
     let wait = Duration::from_secs(60);
-    eventually("runs Running and Ready", wait, || async {
-        (pod_state(&pods, "runs").await? == "Running/True").then_some(())
-    })
-    .await;
+    for name in ["runs", "preset"] {
+        eventually(&format!("{name} Running and Ready"), wait, || async {
+            (pod_state(&pods, name).await? == "Running/True").then_some(())
+        })
+        .await;
+    }
     eventually("held Running, not Ready", wait, || async {
         (pod_state(&pods, "held").await? == "Running/False").then_some(())
     })

@@ -63,6 +63,9 @@ impl Exported {
         metrics
             .missed_pods
             .set_all(&[("cdn".to_string(), 0)].into());
+        metrics
+            .exclusion_clashes
+            .set_all(&[("cdn".to_string(), 0)].into());
         metrics.missed_evictions.get_or_create(&policy).inc();
         let kind = KindLabels {
             kind: "busy".into(),

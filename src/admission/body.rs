@@ -181,6 +181,26 @@ impl BodyLimits {
         }
     }
 
+    /// The first bytes of `body` (where the uid is), read until `until` at most,
+    /// for a review refused before it is read.
+    pub async fn prefix(body: Body, until: Instant) -> Bytes {
+        let mut bytes: Vec<u8> = Vec::new();
+        let _ = tokio::time::timeout_at(until, async {
+            let mut body = body;
+            while bytes.len() < PREFIX {
+                let Some(Ok(frame)) = body.frame().await else {
+                    break;
+                };
+                if let Ok(data) = frame.into_data() {
+                    let room = PREFIX.saturating_sub(bytes.len()).min(data.len());
+                    bytes.extend_from_slice(&data[..room]);
+                }
+            }
+        })
+        .await;
+        Bytes::from(bytes)
+    }
+
     /// Budget units for `bytes` of body as it arrives.
     fn units(bytes: usize) -> u32 {
         Self::units_of_cost(bytes.saturating_mul(COST))

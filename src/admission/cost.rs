@@ -15,6 +15,11 @@
 /// and its share of further nodes). Strings, keys and numbers cost twice their
 /// bytes at most.
 const OBJECT: usize = 768;
+/// How deep the walk follows what the reader reads: serde_json refuses JSON
+/// nested deeper than 128 (counted from the object, which the reader takes on its
+/// own a few levels into the review), so nothing deeper is ever read. The walk
+/// stops there, and so costs the same for a body of a million `[`.
+const READ_DEPTH: usize = 128 + 8;
 const ARRAY: usize = 192;
 const ITEM: usize = 128;
 
@@ -92,6 +97,8 @@ struct Open {
 /// object; until it is seen, containers count whole).
 struct Walk {
     open: Vec<Open>,
+    /// How deep the walk is within the innermost skipped container it opened.
+    skipped_depth: usize,
     cost: usize,
     pod: bool,
 }
@@ -123,6 +130,7 @@ impl Walk {
 pub fn parse_cost(body: &[u8]) -> usize {
     let mut walk = Walk {
         open: Vec::new(),
+        skipped_depth: 0,
         cost: 0,
         pod: false,
     };
@@ -164,6 +172,16 @@ pub fn parse_cost(body: &[u8]) -> usize {
             }
             byte @ (b'{' | b'[') => {
                 let role = walk.value();
+                if role == Role::Skipped && walk.open.last().is_some_and(|o| o.role == role) {
+                    // Within what the reader skips only the depth matters: a
+                    // `managedFields` nested a million deep costs one counter.
+                    walk.skipped_depth += 1;
+                    i += 1;
+                    continue;
+                }
+                if walk.open.len() >= READ_DEPTH {
+                    return walk.cost;
+                }
                 let object = byte == b'{';
                 walk.open.push(Open {
                     role,
@@ -174,7 +192,11 @@ pub fn parse_cost(body: &[u8]) -> usize {
                 });
             }
             b'}' | b']' => {
-                walk.open.pop();
+                if walk.skipped_depth > 0 {
+                    walk.skipped_depth -= 1;
+                } else {
+                    walk.open.pop();
+                }
             }
             b':' => {
                 if let Some(open) = walk.open.last_mut() {
@@ -343,5 +365,33 @@ mod tests {
         // Container details count in objects that are not Pods: they are read.
         let daemonset = pod.replace(r#""kind":"Pod""#, r#""kind":"DaemonSet""#);
         assert!(parse_cost(daemonset.as_bytes()) > 1 << 20);
+    }
+
+    /// Bytes this thread allocates while `f` runs (what it frees not subtracted).
+    fn allocated_by(f: impl FnOnce() -> usize) -> u64 {
+        let before = tikv_jemalloc_ctl::thread::allocatedp::read().unwrap().get();
+        std::hint::black_box(f());
+        tikv_jemalloc_ctl::thread::allocatedp::read().unwrap().get() - before
+    }
+
+    #[test]
+    fn nesting_costs_the_walk_nothing_past_what_the_reader_reads() {
+        let deep = |open: &str| "[".repeat(1_000_000) + open;
+        // Deeper than the reader goes, the walk stops: the reader refuses it.
+        let object = review(&deep("1"));
+        assert!(crate::admission::review::parse(object.as_bytes()).is_err());
+        assert!(allocated_by(|| parse_cost(object.as_bytes())) < 64 * 1024);
+        // What the reader skips may be nested as deep as it likes and is costed
+        // by a counter; the review is read, and what follows it still counts.
+        let skipped = format!(
+            r#"{{"metadata":{{"name":"p","managedFields":[{}{}]}},"spec":{{"x":"{}"}}}}"#,
+            "[".repeat(1_000_000),
+            "]".repeat(1_000_000),
+            "y".repeat(100_000)
+        );
+        let skipped = review(&skipped);
+        assert!(crate::admission::review::parse(skipped.as_bytes()).is_ok());
+        assert!(allocated_by(|| parse_cost(skipped.as_bytes())) < 64 * 1024);
+        assert!(parse_cost(skipped.as_bytes()) >= 200_000, "the spec counts");
     }
 }

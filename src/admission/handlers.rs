@@ -14,8 +14,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::BodyExt;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
-use tower::limit::GlobalConcurrencyLimitLayer;
 
 use super::body::{BodyLimits, Charge, ReadBody};
 use super::cost;
@@ -43,17 +43,19 @@ pub struct AppState {
 }
 
 /// The webhook's routes, with at most `max_in_flight` admission requests handled
-/// at once (more wait their turn).
+/// at once (more wait their turn, until their deadline).
 pub fn router(state: Arc<AppState>, max_in_flight: usize) -> Router {
+    let turns = Arc::new(Semaphore::new(max_in_flight.max(1)));
     Router::new()
         .route("/mutate", post(mutate))
         .route("/validate", post(validate))
         // Bodies are bounded by `BodyLimits`, which answers a body it cannot read
         // with a denial rather than axum's 413.
         .layer(DefaultBodyLimit::disable())
-        // Only admission waits its turn: health probes answer at once under a
-        // flood, so the pod is neither restarted nor dropped from the Service.
-        .route_layer(GlobalConcurrencyLimitLayer::new(max_in_flight.max(1)))
+        // Only admission goes through the door and waits its turn: health probes
+        // answer at once under a flood, so the pod is neither restarted nor
+        // dropped from the Service.
+        .route_layer(middleware::from_fn_with_state((state.clone(), turns), door))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         // Outermost: a request's time starts before it waits for its turn.
@@ -70,9 +72,47 @@ async fn stamp_arrival(mut request: Request, next: Next) -> Response {
     next.run(request).await
 }
 
+/// When a review must be answered by ([`answer_by`]), for the handlers.
+#[derive(Debug, Clone, Copy)]
+struct AnswerBy(Instant);
+
+/// A review's way in. A client without the apiserver's certificate (with
+/// `--client-ca`) is refused here, before it takes a turn, so no number of them
+/// keeps the apiserver's reviews waiting. The others wait for one of the turns,
+/// but never past their deadline: one not let in by then is refused by its uid,
+/// while the apiserver still listens, rather than left to time out (which would
+/// admit the pod without berth).
+async fn door(
+    State((state, turns)): State<(Arc<AppState>, Arc<Semaphore>)>,
+    peer: Option<Extension<PeerCertificate>>,
+    Extension(Arrived(arrived)): Extension<Arrived>,
+    RawQuery(query): RawQuery,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    if unauthenticated(&state, peer) {
+        return refuse_unauthenticated(&state, request.into_body()).await;
+    }
+    let answer_by = answer_by(arrived, query.as_deref());
+    let Ok(Ok(_turn)) = tokio::time::timeout_at(answer_by, turns.acquire_owned()).await else {
+        let path = request.uri().path().to_owned();
+        let prefix = BodyLimits::prefix(request.into_body(), Instant::now() + PREFIX_WAIT).await;
+        return late(&state, &path, std::time::Instant::now(), &prefix);
+    };
+    request.extensions_mut().insert(AnswerBy(answer_by));
+    next.run(request).await
+}
+
+/// How long a review refused at its deadline may take to send the bytes that hold
+/// its uid: well within the third of the apiserver's timeout kept back.
+const PREFIX_WAIT: Duration = Duration::from_millis(100);
+
 /// The apiserver's timeout for a webhook call when its URL does not say
 /// (Kubernetes' default `timeoutSeconds`).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest timeout the apiserver gives a webhook (`timeoutSeconds` is at most
+/// 30): a longer one in the URL is not the apiserver's.
+const MAX_TIMEOUT: Duration = Duration::from_secs(30);
 /// The least time berth keeps back from the apiserver's timeout: the apiserver's
 /// clock starts before the request reaches berth (connecting, sending the
 /// review), the answer must travel back, and an answer that arrives late counts as
@@ -90,7 +130,8 @@ fn answer_by(arrived: Instant, query: Option<&str>) -> Instant {
         .flat_map(|q| q.split('&'))
         .find_map(|pair| pair.strip_prefix("timeout="))
         .and_then(parse_go_duration)
-        .unwrap_or(DEFAULT_TIMEOUT);
+        .unwrap_or(DEFAULT_TIMEOUT)
+        .min(MAX_TIMEOUT);
     let kept_back = (timeout / 3).max(MARGIN);
     arrived + timeout.saturating_sub(kept_back).max(MARGIN)
 }
@@ -108,12 +149,13 @@ fn parse_go_duration(text: &str) -> Option<Duration> {
         let unit = rest
             .find(|c: char| c.is_ascii_digit())
             .unwrap_or(rest.len());
-        total += match &rest[..unit] {
+        let part = match &rest[..unit] {
             "ms" => Duration::from_millis(number),
             "s" => Duration::from_secs(number),
             "m" => Duration::from_secs(number.checked_mul(60)?),
             _ => return None,
         };
+        total = total.checked_add(part)?;
         rest = &rest[unit..];
     }
     (!text.is_empty()).then_some(total)
@@ -136,29 +178,17 @@ type Decide = fn(&AdmissionRequest, &Snapshot) -> (AdmissionResponse, Verdict);
 
 async fn mutate(
     State(state): State<Arc<AppState>>,
-    peer: Option<Extension<PeerCertificate>>,
-    Extension(Arrived(arrived)): Extension<Arrived>,
-    RawQuery(query): RawQuery,
+    Extension(AnswerBy(answer_by)): Extension<AnswerBy>,
     body: Body,
 ) -> Response {
-    if unauthenticated(&state, peer) {
-        return refuse_unauthenticated(&state, body).await;
-    }
-    let answer_by = answer_by(arrived, query.as_deref());
     admit(&state, "/mutate", service::mutate, body, answer_by).await
 }
 
 async fn validate(
     State(state): State<Arc<AppState>>,
-    peer: Option<Extension<PeerCertificate>>,
-    Extension(Arrived(arrived)): Extension<Arrived>,
-    RawQuery(query): RawQuery,
+    Extension(AnswerBy(answer_by)): Extension<AnswerBy>,
     body: Body,
 ) -> Response {
-    if unauthenticated(&state, peer) {
-        return refuse_unauthenticated(&state, body).await;
-    }
-    let answer_by = answer_by(arrived, query.as_deref());
     admit(&state, "/validate", service::validate, body, answer_by).await
 }
 
@@ -410,7 +440,13 @@ mod tests {
         let now = Instant::now();
         let by = |query| answer_by(now, query) - now;
         assert_eq!(by(Some("timeout=3s")), Duration::from_secs(2));
-        assert_eq!(by(Some("a=b&timeout=1m30s")), Duration::from_secs(60));
+        assert_eq!(by(Some("a=b&timeout=24s")), Duration::from_secs(16));
+        // The apiserver never waits longer than 30 s: a longer timeout is no one's.
+        assert_eq!(by(Some("timeout=1m30s")), Duration::from_secs(20));
+        assert_eq!(
+            by(Some("timeout=18446744073709551615s")),
+            Duration::from_secs(20)
+        );
         let default = DEFAULT_TIMEOUT - DEFAULT_TIMEOUT / 3;
         assert_eq!(by(None), default, "Kubernetes' default");
         assert_eq!(by(Some("timeout=x")), default);
@@ -419,5 +455,7 @@ mod tests {
         assert_eq!(by(Some("timeout=100ms")), MARGIN, "never no time at all");
         assert_eq!(parse_go_duration("1m0s"), Some(Duration::from_secs(60)));
         assert_eq!(parse_go_duration("3h"), None);
+        let overflow = "18446744073709551615s18446744073709551615s";
+        assert_eq!(parse_go_duration(overflow), None, "no overflow, no panic");
     }
 }

@@ -19,6 +19,7 @@ use crate::objects::{
     DaemonSetObject, DeploymentObject, NamespaceMeta, NodeObject, PodObject, PolicyObject,
     StatefulSetObject, WorkloadObject,
 };
+use crate::placement::bounds;
 use crate::policy::NamespaceOptIn;
 use crate::policy::compile::{Compiled, PolicyCompiler};
 
@@ -397,6 +398,9 @@ fn node_kept(node: &NodeObject) -> u64 {
 fn strip_pod(pod: &mut PodObject) {
     if let Some(annotations) = pod.metadata.annotations.as_mut() {
         annotations.retain(|k, _| k == APPLIED_ANNOTATION);
+        if let Some(record) = annotations.get_mut(APPLIED_ANNOTATION) {
+            *record = bounded_record(record);
+        }
     }
     // A held pod's fit is predicted and its node affinity narrowed when it is
     // released; a released pod's affinity says which nodes it may still take
@@ -412,6 +416,21 @@ fn strip_pod(pod: &mut PodObject) {
         condition.message = None;
     }
 }
+
+/// A `berth.io/applied` record as the cache keeps it: its first
+/// [`bounds::RECORD_NAMES`] names that could be a policy's (a record a tenant made
+/// may be 256 KiB of names, read on every pass).
+fn bounded_record(record: &str) -> String {
+    let names = record
+        .split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty() && name.len() <= MAX_POLICY_NAME)
+        .take(bounds::RECORD_NAMES);
+    names.collect::<Vec<_>>().join(",")
+}
+
+/// The longest name a PlacementPolicy (a cluster-scoped object) may have.
+const MAX_POLICY_NAME: usize = 253;
 
 /// A DaemonSet's annotations are not needed (its type reads only what the
 /// template patch needs of the rest).
@@ -482,6 +501,40 @@ mod tests {
         let mut names: Vec<String> = index.pods_on(node).into_iter().map(|r| r.name).collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn the_cache_keeps_a_bounded_record_and_bounded_images_of_a_pod() {
+        let names: Vec<String> = (0..100_000).map(|i| format!("p{i}")).collect();
+        let long = "x".repeat(300);
+        let record = format!("edge, ,{long},{}", names.join(","));
+        let mut pod: PodObject = serde_json::from_value(json!({
+            "metadata": {"name": "p", "annotations": {APPLIED_ANNOTATION: record, "other": "x"}},
+            "spec": {"containers": [
+                {"name": "a", "image": "nginx:1.27"},
+                {"name": "b", "image": "cdn/".repeat(1000)}]}}))
+        .unwrap();
+        strip_pod(&mut pod);
+        let kept = &pod.metadata.annotations.as_ref().unwrap()[APPLIED_ANNOTATION];
+        let kept: Vec<&str> = kept.split(',').collect();
+        assert_eq!(kept.len(), bounds::RECORD_NAMES);
+        assert_eq!(
+            kept[..3],
+            ["edge", "p0", "p1"],
+            "no empty or overlong names"
+        );
+        assert_eq!(pod.metadata.annotations.as_ref().unwrap().len(), 1);
+        let images: Vec<Option<&str>> = pod
+            .spec
+            .containers
+            .iter()
+            .map(|c| c.image.as_deref())
+            .collect();
+        assert_eq!(
+            images,
+            [Some("nginx:1.27"), None],
+            "4 KB of image is no image"
+        );
     }
 
     #[test]

@@ -50,6 +50,16 @@ pub const CONTAINERS: Bound = Bound {
     most: 128,
 };
 
+/// The bytes of an image reference the controller keeps of a container. A
+/// reference a registry takes is far shorter (a name of at most 255, a tag of at
+/// most 128, a digest); a longer one names no image any node can pull, so the
+/// controller keeps it as no image rather than hold what a tenant sized.
+pub const IMAGE_BYTES: usize = 512;
+/// The policy names of a `berth.io/applied` record the controller keeps: berth
+/// writes one per policy that applies to the pod, and a record longer than this is
+/// a tenant's, of which the first names are as good as all.
+pub const RECORD_NAMES: usize = 64;
+
 /// Labels: the controller keeps every pod's, to match selectors.
 pub const LABELS: Bound = Bound {
     field: "metadata.labels",

@@ -182,15 +182,15 @@ impl Fit {
     }
 }
 
-/// Whether nothing the fit check cannot see constrains where the pod goes: no
-/// inter-pod (anti-)affinity, no topology spread, no host port, no volume bound to
-/// a zone or node (a claim, or an ephemeral one).
+/// Whether nothing the fit check cannot see decides which nodes the pod may take: no
+/// required inter-pod (anti-)affinity, no `DoNotSchedule` topology spread, no host
+/// port, no volume bound to a zone or node (a claim, or an ephemeral one). Preferred
+/// inter-pod terms and `ScheduleAnyway` spreads only score nodes: a node the check
+/// finds feasible stays feasible, so they leave a pod predictable.
 fn predictable(pod: &PodObject) -> bool {
     let spec = &pod.spec;
     let inter_pod = match spec.affinity.read() {
-        Some(Some(a)) => {
-            a.inter_pod_required() || a.pod_affinity.preferred || a.pod_anti_affinity.preferred
-        }
+        Some(Some(a)) => a.inter_pod_required(),
         Some(None) => false,
         None => true,
     };
@@ -199,7 +199,7 @@ fn predictable(pod: &PodObject) -> bool {
         .iter()
         .chain(&spec.init_containers)
         .any(|c| c.host_port);
-    !(inter_pod || spec.topology_spread || host_port || spec.bound_volumes)
+    !(inter_pod || spec.hard_spread || host_port || spec.bound_volumes)
 }
 
 #[cfg(test)]
@@ -219,10 +219,21 @@ mod tests {
         assert!(predictable(&pod(plain)), "no inter-pod term, no constraint");
         let term = json!([{"topologyKey": "kubernetes.io/hostname", "labelSelector": {}}]);
         let weighted = json!([{"weight": 1, "podAffinityTerm": term[0]}]);
+        // What only scores nodes never makes one infeasible: a chart's soft
+        // anti-affinity and a ScheduleAnyway spread leave the pod predictable.
+        for spec in [
+            json!({"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": weighted}}}),
+            json!({"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": weighted}}}),
+            json!({"topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "ScheduleAnyway"}]}),
+        ] {
+            assert!(predictable(&pod(spec.clone())), "{spec}");
+        }
         for spec in [
             json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": term}}}),
             json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": term}}}),
-            json!({"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": weighted}}}),
+            json!({"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": weighted,
+                "requiredDuringSchedulingIgnoredDuringExecution": term}}}),
+            json!({"topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}]}),
             json!({"topologySpreadConstraints": [{"maxSkew": 1}]}),
             json!({"containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 80}]}]}),
             json!({"initContainers": [{"name": "c", "ports": [{"hostPort": 9}]}]}),
