@@ -5,6 +5,8 @@
 //! reads those sets back from the pods and keeps clear of them. Its own cluster:
 //! the webhook runs alone (`--no-controller`), kube-scheduler is stopped while the
 //! sets are handed out, and the test starts, kills and replaces the controller.
+//! Pods with only soft inter-pod terms (preferred anti-affinity, `ScheduleAnyway`
+//! spread) are predicted like any other and fly together too.
 
 mod support;
 
@@ -128,5 +130,37 @@ async fn pods_that_avoid_each_other_fly_together_on_disjoint_sets_across_a_leade
     for (pod, node) in &nodes {
         assert!(all[pod].contains(node), "{pod} on {node}, outside {all:?}");
     }
+
+    // What a chart renders by default, a preferred anti-affinity, only scores
+    // nodes: such pods are predicted like any other and fly together (the
+    // scheduler is stopped, so one that went alone would hold the other back),
+    // rather than one at a time behind each other's binding.
+    support::cluster_script("component", &[&dir, "stop", "kube-scheduler"]);
+    let soft = json!({"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {"app": "apart"}}}}]}},
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"app": "apart"}}}]});
+    let pods = (0..2)
+        .map(|i| test_pod(&format!("soft-{i}"), json!({"app": "apart"}), soft.clone()))
+        .collect();
+    create_at_once(&client, &ns, pods).await;
+    let (soft_sets, _) = eventually("both soft pods released together", WAIT, || async {
+        let (sets, gated) = sets(&api).await;
+        let soft: BTreeMap<_, _> = sets
+            .into_iter()
+            .filter(|(n, _)| n.starts_with("soft-"))
+            .collect();
+        (soft.len() == 2).then_some((soft, gated))
+    })
+    .await;
+    assert_disjoint(&soft_sets);
+    for hosts in soft_sets.values() {
+        assert!(
+            hosts.iter().all(|h| !nodes.values().any(|n| n == h)),
+            "a set includes a node where a pod it avoids runs: {soft_sets:?}"
+        );
+    }
+    support::cluster_script("component", &[&dir, "start", "kube-scheduler"]);
     drop(second);
 }

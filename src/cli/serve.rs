@@ -52,7 +52,8 @@ pub struct ServeArgs {
     /// charged to --request-memory-mib however many threads run.
     #[arg(long, env = "BERTH_WORKER_THREADS")]
     pub worker_threads: Option<std::num::NonZeroUsize>,
-    /// Requests handled at once; more wait their turn.
+    /// Admission requests handled at once; more wait their turn, until their
+    /// deadline (then they are refused).
     #[arg(long, env = "BERTH_MAX_IN_FLIGHT", default_value_t = 256)]
     pub max_in_flight: usize,
     /// How long a request body may take to arrive, in seconds.
