@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo demo-down test test-semantics test-faults soak lint bench bench-admission bench-cluster bench-missed fuzz static control-plane helm oracle
+.PHONY: demo demo-down test test-semantics test-faults soak lint bench bench-admission bench-cluster bench-missed fuzz static control-plane helm oracle tekton
 
 ## demo: start a local control plane with four nodes and show berth at work; leaves it running
 demo: control-plane
@@ -80,7 +80,7 @@ lint: helm
 	cargo fmt --all -- --check   # the fuzz target too: it is in the workspace
 	cargo clippy --locked --all-targets --features e2e,oracle -- -D warnings   # the end-to-end and differential tests too
 	cargo check --locked -p berth-fuzz   # keep the fuzz target compiling
-	for f in tests/cluster/{build,build-helm,build-oracle,up,down,add-nodes,component,berth-up,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
+	for f in tests/cluster/{build,build-helm,build-oracle,build-tekton,tekton-up,up,down,add-nodes,component,berth-up,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
 	test -z "$$(gofmt -l tests/cluster/oracle)" || { gofmt -l tests/cluster/oracle; exit 1; }
 	"$$(tests/cluster/build-helm)" lint --strict charts/berth
 
@@ -92,6 +92,11 @@ helm:
 ## code for the differential tests) from its Go module, into ~/.cache/berth
 oracle:
 	tests/cluster/build-oracle >/dev/null
+
+## tekton: build the Tekton Pipelines controller once from its Go module
+## (tests/cluster/tekton), with its config/, into ~/.cache/berth
+tekton:
+	tests/cluster/build-tekton >/dev/null
 
 ## control-plane: build etcd and the Kubernetes binaries once, into ~/.cache/berth
 control-plane:

@@ -1,7 +1,8 @@
 //! Which policies apply to a pod, and why (SPEC "PlacementPolicy", first comment):
 //! the namespace opts in (annotation or `namespaceSelector`), AND an image matches
 //! (`images`, or the namespace's `berth.io/images.<policy>` override; empty means
-//! every pod), AND the pod matches `podSelector`.
+//! every pod), AND the pod matches `podSelector`; or, in a namespace that opts in,
+//! the pod matches `coscheduled` (it goes with its group, whatever its images).
 
 use super::pod::PodView;
 use super::warning::bounded;
@@ -54,6 +55,19 @@ pub fn match_policies<'p>(
             policy: policy.name.clone(),
             why,
         };
+        if policy.routes_with_group(labels) {
+            let why = "the pod's labels match coscheduled: it goes with its group, whatever \
+                       its images";
+            matches.applied.push((
+                policy,
+                Applied {
+                    policy: policy.name.clone(),
+                    why: vec![opted_in, why.into()],
+                    with_group: true,
+                },
+            ));
+            continue;
+        }
         let (patterns, source) = match config.and_then(|c| c.images.get(&policy.name)) {
             Some(patterns) => (
                 patterns,
@@ -86,6 +100,7 @@ pub fn match_policies<'p>(
             Applied {
                 policy: policy.name.clone(),
                 why,
+                with_group: false,
             },
         ));
     }

@@ -6,6 +6,7 @@
 pub mod avoid;
 pub mod bounds;
 pub mod canonical;
+pub mod coscheduling;
 pub mod daemonset;
 pub mod entitlement;
 pub mod exclusion;
@@ -125,6 +126,8 @@ pub struct Input<'a> {
 pub struct Applied {
     pub policy: String,
     pub why: Vec<String>,
+    /// Whether it applies through `coscheduled` (the pod goes with its group).
+    pub with_group: bool,
 }
 
 /// A policy the namespace opts into that does not apply to this pod, and why.
@@ -202,6 +205,7 @@ pub fn decide(input: &Input) -> Decision {
                     "the pod belongs to a DaemonSet and pool {name} takes DaemonSets of namespace {}",
                     input.namespace.name
                 )],
+                with_group: false,
             })
             .collect();
         ds.grants
@@ -271,6 +275,11 @@ pub fn decide(input: &Input) -> Decision {
             .warnings
             .extend(feasibility::pool_warnings(input, &pod, &grants, nodes));
     }
+    decision.warnings.extend(coscheduling::conflict_warning(
+        &pod,
+        &decision.applied,
+        &grants,
+    ));
     decision.grants = grants;
     decision
 }

@@ -129,6 +129,20 @@ struct Resources {
 struct Affinity {
     #[serde(default, deserialize_with = "nullable")]
     node_affinity: NodeAffinity,
+    #[serde(default, deserialize_with = "nullable")]
+    pod_affinity: PodAffinity,
+}
+
+/// Of a pod's pod affinity, whether it has required terms (read without keeping
+/// them).
+#[derive(Debug, Clone, Default, Deserialize)]
+struct PodAffinity {
+    #[serde(
+        default,
+        rename = "requiredDuringSchedulingIgnoredDuringExecution",
+        deserialize_with = "nullable"
+    )]
+    required: Vec<serde::de::IgnoredAny>,
 }
 
 /// Node affinity as Kubernetes reads it. `required: null` (or absent) is no
@@ -294,6 +308,11 @@ impl PodView {
     }
 
     /// The preferred node-affinity terms.
+    /// Whether the pod must sit beside other pods (a required pod affinity term).
+    pub fn requires_pod_affinity(&self) -> bool {
+        !self.fields.spec.affinity.pod_affinity.required.is_empty()
+    }
+
     pub fn preferred_terms(&self) -> &[PreferredSchedulingTerm] {
         &self.fields.spec.affinity.node_affinity.preferred
     }

@@ -141,6 +141,109 @@ fn pods_whose_images_do_not_match_or_namespaces_that_did_not_opt_in_get_nothing(
     assert!(out.patch.0.is_empty());
 }
 
+/// The seed's CI shape under Tekton: every pod of the PipelineRun carries its
+/// Pipeline's label, the task pods must sit beside the affinity assistant.
+fn tekton_pod(image: &str, pipeline: Option<&str>, beside_assistant: bool) -> Value {
+    let mut pod = mk_pod(image);
+    if let Some(pipeline) = pipeline {
+        pod["metadata"]["labels"] = json!({"tekton.dev/pipeline": pipeline});
+    }
+    if beside_assistant {
+        pod["spec"]["affinity"] = json!({"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {
+                "app.kubernetes.io/component": "affinity-assistant"}}}]}});
+    }
+    pod
+}
+
+#[test]
+fn a_coscheduled_group_goes_to_the_pool_as_one_whatever_each_members_image() {
+    let mut spec = serde_json::to_value(&cdn().spec).unwrap();
+    spec["coscheduled"] = json!({"matchLabels": {"tekton.dev/pipeline": "publish"}});
+    let set = mk_set(&[mk_policy("cdn", spec)]);
+    let ns = opted_in("cdn");
+    // The assistant (a nop image) and the build task (golang) of the pipeline go
+    // with its upload: the whole group to the pool, and no warning.
+    for pod in [
+        tekton_pod("ghcr.io/tektoncd/nop", Some("publish"), false),
+        tekton_pod("golang:1.26", Some("publish"), true),
+        tekton_pod("example/cdn-uploader:1.0", Some("publish"), true),
+    ] {
+        let out = admit(&pod, &ns, &set);
+        assert_eq!(out.decision.applied.len(), 1, "{pod}");
+        assert_eq!(
+            out.pod["spec"]["tolerations"],
+            json!([pool_toleration("cdn")])
+        );
+        assert!(
+            out.decision.warnings.is_empty(),
+            "{:?}",
+            out.decision.warnings
+        );
+    }
+    assert!(
+        admit(&tekton_pod("golang:1.26", Some("publish"), true), &ns, &set)
+            .decision
+            .applied[0]
+            .with_group
+    );
+    // Another pipeline's build is routed by its images only: not at all.
+    let other = admit(&tekton_pod("golang:1.26", Some("test"), true), &ns, &set);
+    assert!(other.decision.applied.is_empty());
+    // A namespace that does not opt in gets nothing, labels or not.
+    let outside = tekton_pod("ghcr.io/tektoncd/nop", Some("publish"), false);
+    assert!(
+        admit(&outside, &NamespaceInfo::new("other"), &set)
+            .decision
+            .applied
+            .is_empty()
+    );
+}
+
+#[test]
+fn a_pod_routed_by_its_image_that_must_sit_beside_others_is_warned() {
+    let set = mk_set(&[cdn()]);
+    let ns = opted_in("cdn");
+    let out = admit(
+        &tekton_pod("example/cdn-uploader:1.0", None, true),
+        &ns,
+        &set,
+    );
+    assert_eq!(out.decision.applied.len(), 1);
+    assert_eq!(
+        out.decision.warnings.len(),
+        1,
+        "{:?}",
+        out.decision.warnings
+    );
+    let warning = &out.decision.warnings[0];
+    assert!(
+        warning.starts_with("pool cdn: the pod must sit beside pods"),
+        "{warning}"
+    );
+    assert!(warning.ends_with("with coscheduled"), "whole: {warning}");
+    // Without a required pod affinity, or without a pool, nothing to say.
+    let alone = admit(
+        &tekton_pod("example/cdn-uploader:1.0", None, false),
+        &ns,
+        &set,
+    );
+    assert!(alone.decision.warnings.is_empty());
+}
+
+#[test]
+fn coscheduled_may_not_select_every_pod() {
+    let mut spec = serde_json::to_value(&cdn().spec).unwrap();
+    spec["coscheduled"] = json!({});
+    let (_, errors) = PolicySet::compile(&[mk_policy("cdn", spec)]);
+    assert!(
+        errors[0]
+            .to_string()
+            .contains("coscheduled: {} would route every pod"),
+        "{errors:?}"
+    );
+}
+
 #[test]
 fn init_container_images_count() {
     let set = mk_set(&[cdn()]);

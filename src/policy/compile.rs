@@ -35,6 +35,7 @@ pub struct CompiledPolicy {
     pub images: ImagePatterns,
     namespace_selector: Option<Selector>,
     pod_selector: Option<Selector>,
+    coscheduled: Option<Selector>,
     pool_selector: Option<Selector>,
     /// `pool.daemonSetNamespaces`: whose DaemonSets may run on the pool.
     daemonset_namespaces: Option<Selector>,
@@ -80,6 +81,14 @@ impl CompiledPolicy {
         };
         let namespace_selector = selector("namespaceSelector", &spec.namespace_selector)?;
         let pod_selector = selector("podSelector", &spec.pod_selector)?;
+        let coscheduled = selector("coscheduled", &spec.coscheduled)?;
+        if coscheduled.as_ref().is_some_and(Selector::selects_all) {
+            return Err(error(
+                "coscheduled: {} would route every pod of the namespaces that opt in; leave \
+                 images empty for that"
+                    .into(),
+            ));
+        }
         if spec.colocate_with.is_some() && spec.avoid.is_some() {
             return Err(error(
                 "colocateWith and avoid share the policy's anchor label: use two policies".into(),
@@ -131,6 +140,7 @@ impl CompiledPolicy {
             images,
             namespace_selector,
             pod_selector,
+            coscheduled,
             pool_selector,
             daemonset_namespaces,
             anchor_selector,
@@ -163,6 +173,12 @@ impl CompiledPolicy {
         self.namespace_selector
             .as_ref()
             .is_some_and(|s| s.matches(labels))
+    }
+
+    /// Whether a pod's labels match `coscheduled`: it is routed with its group,
+    /// whatever its images (absent: no pod).
+    pub fn routes_with_group(&self, labels: &Labels) -> bool {
+        self.coscheduled.as_ref().is_some_and(|s| s.matches(labels))
     }
 
     /// Whether a pod's labels match `podSelector` (absent: every pod).

@@ -42,6 +42,13 @@ pub struct PlacementPolicySpec {
     /// Only pods whose labels match. Absent: every pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_selector: Option<LabelSelector>,
+    /// Pods whose labels match are routed by this policy whatever their images and
+    /// podSelector: a group a controller ties together with required pod affinity
+    /// (Tekton's affinity assistant and the task pods of a PipelineRun, which all
+    /// carry the PipelineRun's and its Pipeline's labels) goes to the pool as one,
+    /// so the pods a member must sit beside are there too. Absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coscheduled: Option<LabelSelector>,
     /// A set of nodes this policy owns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<Pool>,

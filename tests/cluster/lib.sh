@@ -12,6 +12,9 @@ KWOK_BIN="$BERTH_CACHE/kwok-$KWOK_VERSION/bin"
 # helm lints the chart in charts/berth and installs it in tests; it must match helm/go.mod.
 HELM_VERSION="v4.3.1"
 HELM_BIN="$BERTH_CACHE/helm-$HELM_VERSION/bin"
+# The Tekton Pipelines controller the e2e tier runs; it must match tekton/go.mod.
+TEKTON_VERSION="v1.15.0"
+TEKTON_HOME="$BERTH_CACHE/tekton-$TEKTON_VERSION"
 
 die() {
 	echo "error: $*" >&2
