@@ -477,8 +477,9 @@ pub struct PodStatus {
     pub conditions: Vec<PodCondition>,
 }
 
-/// A pod condition without its timestamps.
+/// A pod condition.
 #[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PodCondition {
     #[serde(rename = "type", default)]
     pub type_: String,
@@ -488,6 +489,8 @@ pub struct PodCondition {
     pub reason: Option<String>,
     #[serde(default)]
     pub message: Option<String>,
+    #[serde(default)]
+    pub last_transition_time: Option<Time>,
 }
 
 stands_for!(PodObject, Pod, metadata_api: false,);
@@ -516,6 +519,33 @@ impl PodObject {
                     .or_else(|| c.reason.clone())
                     .unwrap_or_default()
             })
+    }
+
+    /// Since when the scheduler has reported the pod Unschedulable (no node fits
+    /// it), with its message, if it does now.
+    pub fn unschedulable(&self) -> Option<(&Time, &str)> {
+        self.status
+            .conditions
+            .iter()
+            .find(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            })
+            .and_then(|c| {
+                let since = c.last_transition_time.as_ref()?;
+                Some((since, c.message.as_deref().unwrap_or_default()))
+            })
+    }
+
+    /// Whether a controller owns the pod (a ReplicaSet, a StatefulSet, a Job...):
+    /// one that makes it again when it is deleted.
+    pub fn has_controller(&self) -> bool {
+        self.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.controller == Some(true))
     }
 
     /// The pod's uid, or its namespace and name: how held pods are told apart.

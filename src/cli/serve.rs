@@ -87,6 +87,16 @@ pub struct ServeArgs {
     /// Node and DaemonSet writes per second on average (bursts of twice that).
     #[arg(long, env = "BERTH_CONTROLLER_QPS", default_value_t = 100)]
     pub controller_qps: u32,
+    /// How long, in seconds, a released pod of an avoid policy that the scheduler
+    /// reports Unschedulable may hold the pods behind it before berth evicts it so
+    /// that its controller makes it again, behind them (pods without a controller
+    /// are never evicted). 0: never.
+    #[arg(
+        long,
+        env = "BERTH_REQUEUE_UNSCHEDULABLE_SECONDS",
+        default_value_t = 120
+    )]
+    pub requeue_unschedulable_seconds: u64,
 }
 
 /// etcd's default request limit: no stored object is larger.
@@ -145,6 +155,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         lease_namespace,
         identity,
         resync_seconds,
+        requeue_unschedulable_seconds,
         controller_qps,
     } = args;
     crate::return_freed_memory_in_background();
@@ -161,6 +172,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             identity: identity.unwrap_or_else(default_identity),
             resync: Duration::from_secs(resync_seconds.max(1)),
             writes_per_second: controller_qps,
+            requeue_unschedulable: (requeue_unschedulable_seconds > 0)
+                .then(|| Duration::from_secs(requeue_unschedulable_seconds)),
         };
         tokio::spawn(controller::run(
             client.clone(),

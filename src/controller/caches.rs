@@ -410,10 +410,17 @@ fn strip_pod(pod: &mut PodObject) {
         // The missed scan checks a pod's record against berth's marks on it.
         spec.keep_berths_marks(spec.node_name.is_some());
     }
-    // Ordered start waits for lower ranks to be Ready.
-    pod.status.conditions.retain(|c| c.type_ == "Ready");
+    // Ordered start waits for lower ranks to be Ready; exclusion stops waiting for
+    // a released pod the scheduler cannot place, and says why (its message, cut).
+    pod.status
+        .conditions
+        .retain(|c| c.type_ == "Ready" || c.type_ == "PodScheduled");
     for condition in &mut pod.status.conditions {
-        condition.message = None;
+        condition.message = condition
+            .message
+            .take()
+            .filter(|_| condition.type_ == "PodScheduled")
+            .map(|m| m.chars().take(SCHEDULER_MESSAGE_CHARS).collect());
     }
 }
 
@@ -428,6 +435,9 @@ fn bounded_record(record: &str) -> String {
         .take(bounds::RECORD_NAMES);
     names.collect::<Vec<_>>().join(",")
 }
+
+/// How much of the scheduler's message on a pod it cannot place the cache keeps.
+const SCHEDULER_MESSAGE_CHARS: usize = 200;
 
 /// The longest name a PlacementPolicy (a cluster-scoped object) may have.
 const MAX_POLICY_NAME: usize = 253;

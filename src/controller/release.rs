@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::EventType;
 use serde_json::{Value, json};
 
@@ -260,8 +260,14 @@ pub async fn release_held_pods(
                 "Hold",
                 format!(
                     "held by {AVOID_GATE}: a pod it must avoid (policy {policy}, first {}/{}) is still \
-                     being placed; it is released once that pod is bound",
-                    behind.namespace, behind.name
+                     being placed; it is released once that pod is bound{}",
+                    behind.namespace,
+                    behind.name,
+                    behind
+                        .unschedulable
+                        .as_ref()
+                        .map(|(_, why)| format!(" (the scheduler cannot place it: {why})"))
+                        .unwrap_or_default()
                 ),
             ),
             Hold::NoNodeFree { policy } => (
@@ -291,6 +297,91 @@ pub async fn release_held_pods(
         };
         let event = event(EventType::Normal, "HeldForExclusion", action, note);
         reported.publish(pass.events, key, event, &reference);
+    }
+    if let Some(after) = pass.options.requeue_unschedulable {
+        requeue_blockers(pass, &plan, after, now, reported).await;
+    }
+}
+
+/// The pods [`requeue_blockers`] evicts: each that a held pod waits behind, owned
+/// by a controller, reported Unschedulable for `after` or longer; with how long
+/// and the scheduler's message.
+fn to_requeue<'a>(
+    plan: &exclusion::Plan<'a>,
+    after: Duration,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Vec<(&'a ExclusionPod, f64, &'a str)> {
+    let mut blockers: Vec<&ExclusionPod> = plan
+        .waiting
+        .iter()
+        .filter_map(|w| match &w.reason {
+            Hold::Behind { pod, .. } => Some(*pod),
+            _ => None,
+        })
+        .filter(|pod| pod.controlled)
+        .collect();
+    blockers.sort_by_key(|p| (&p.namespace, &p.name));
+    blockers.dedup_by_key(|p| (&p.namespace, &p.name));
+    blockers
+        .into_iter()
+        .filter_map(|pod| {
+            let (since, why) = pod.unschedulable.as_ref()?;
+            let waited = now.duration_since(since.0).as_secs_f64();
+            (waited >= after.as_secs_f64()).then_some((pod, waited, why.as_str()))
+        })
+        .collect()
+}
+
+/// Sends to the back of the queue each pod that holds others back while the
+/// scheduler cannot place it: released, reported Unschedulable for longer than
+/// `after`, and owned by a controller, it is evicted (only if unchanged since the
+/// cache saw it) so that its controller makes it again, held behind the pods that
+/// waited. Its set is free once it is gone, so no pair shares a node. A pod
+/// without a controller would be lost, so it keeps its place.
+async fn requeue_blockers(
+    pass: &Pass<'_>,
+    plan: &exclusion::Plan<'_>,
+    after: Duration,
+    now: k8s_openapi::jiff::Timestamp,
+    reported: &mut super::events::Reported,
+) {
+    for (pod, waited, why) in to_requeue(plan, after, now) {
+        let api: Api<Pod> = Api::namespaced(pass.client.clone(), &pod.namespace);
+        let unchanged = EvictParams {
+            delete_options: Some(DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: pod.uid.clone(),
+                    resource_version: pod.resource_version.clone(),
+                }),
+                ..DeleteParams::default()
+            }),
+            ..EvictParams::default()
+        };
+        match api.evict(&pod.name, &unchanged).await {
+            Ok(_) => {
+                tracing::info!(pod = %pod.name, namespace = %pod.namespace, "requeued a pod the scheduler cannot place");
+                let note = format!(
+                    "evicted: released {waited:.0}s ago, the scheduler cannot place it ({why}), and \
+                     pods of its policy waited behind it; its controller makes it again, held \
+                     behind them"
+                );
+                let reference = ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    namespace: Some(pod.namespace.clone()),
+                    name: Some(pod.name.clone()),
+                    uid: pod.uid.clone(),
+                    ..Default::default()
+                };
+                let key = format!("requeued/{}", pod.key());
+                let event = event(EventType::Warning, "RequeuedUnschedulable", "Evict", note);
+                reported.publish(pass.events, key, event, &reference);
+            }
+            // Bound, changed or gone since the cache saw it: nothing holds back.
+            Err(e) => {
+                tracing::debug!(pod = %pod.name, error = %e, "not requeued");
+            }
+        }
     }
 }
 
@@ -399,6 +490,73 @@ pub async fn release_group_pods(
 mod tests {
     use super::*;
     use crate::objects::PodObject;
+    use crate::placement::opt_in::tests::Everyone;
+
+    /// A master of the `masters` policy: held, or released onto node h1 and
+    /// reported Unschedulable since `since`, with or without a controller.
+    fn master(name: &str, held: bool, since: Option<&str>, controlled: bool) -> ExclusionPod {
+        let owner = json!([{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "m",
+            "uid": "s", "controller": controlled}]);
+        let status = since.map_or(json!({}), |since| {
+            json!({"conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/3 nodes are available", "lastTransitionTime": since}]})
+        });
+        let gates = if held {
+            json!([{"name": AVOID_GATE}])
+        } else {
+            json!([])
+        };
+        let pod: PodObject = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "db", "uid": name, "resourceVersion": "7",
+                "labels": {"role": "master"}, "annotations": {"berth.io/applied": "masters"},
+                "ownerReferences": owner},
+            "spec": {"schedulingGates": gates, "affinity": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                        "values": ["h1"]}]}]}}}},
+            "status": status}))
+        .unwrap();
+        ExclusionPod::from_pod(&pod).unwrap()
+    }
+
+    #[test]
+    fn a_blocker_the_scheduler_cannot_place_is_requeued_after_the_wait_if_a_controller_owns_it() {
+        let policies = crate::policy::test_policies(&[(
+            "masters",
+            json!({"podSelector": {"matchLabels": {"role": "master"}},
+                "avoid": {"matchLabels": {"role": "master"}}}),
+        )]);
+        let now: k8s_openapi::jiff::Timestamp = "2026-11-25T12:10:00Z".parse().unwrap();
+        let requeued = |pods: &[ExclusionPod], after: u64| -> Vec<String> {
+            let plan = exclusion::plan(pods, &policies, &Everyone, &BTreeMap::new(), &Rooms::new());
+            to_requeue(&plan, Duration::from_secs(after), now)
+                .into_iter()
+                .map(|(p, waited, why)| format!("{} {waited:.0} {why}", p.name))
+                .collect()
+        };
+        let stuck = master("m0", false, Some("2026-11-25T12:05:00Z"), true);
+        let behind = master("m1", true, None, true);
+        assert_eq!(
+            requeued(&[stuck.clone(), behind.clone()], 120),
+            ["m0 300 0/3 nodes are available"]
+        );
+        assert!(
+            requeued(&[stuck.clone(), behind.clone()], 600).is_empty(),
+            "not yet"
+        );
+        assert!(requeued(&[stuck], 120).is_empty(), "no one waits behind it");
+        let bare = master("m0", false, Some("2026-11-25T12:05:00Z"), false);
+        assert!(
+            requeued(&[bare, behind.clone()], 120).is_empty(),
+            "it would be lost"
+        );
+        let placing = master("m0", false, None, true);
+        assert!(
+            requeued(&[placing, behind], 120).is_empty(),
+            "not reported Unschedulable"
+        );
+    }
 
     fn held(terms: Value) -> ExclusionPod {
         let pod: PodObject = serde_json::from_value(json!({

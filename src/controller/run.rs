@@ -41,6 +41,9 @@ pub struct ControllerOptions {
     pub resync: Duration,
     /// Node writes per second at most, so a large change cannot flood the apiserver.
     pub writes_per_second: u32,
+    /// How long a released pod of an `avoid` policy that the scheduler cannot place
+    /// may hold the others back before it is requeued; `None`: for ever.
+    pub requeue_unschedulable: Option<Duration>,
 }
 
 /// What both loops work with.
@@ -61,6 +64,7 @@ impl Context {
             client: &self.client,
             metrics: &self.metrics,
             events: &self.events,
+            options: &self.options,
         }
     }
 }
@@ -188,4 +192,5 @@ pub struct Pass<'a> {
     pub client: &'a Client,
     pub metrics: &'a Metrics,
     pub events: &'a Events,
+    pub options: &'a ControllerOptions,
 }

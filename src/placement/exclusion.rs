@@ -105,6 +105,12 @@ pub struct ExclusionPod {
     pub hosts: Option<BTreeSet<String>>,
     /// Held: what predicting where it fits needs, if the pod can be read.
     pub fit: Option<Fit>,
+    /// Released, unbound, and reported Unschedulable by the scheduler: since when,
+    /// and its message.
+    pub unschedulable: Option<(Time, String)>,
+    /// Whether a controller owns it (and makes it again when it is deleted).
+    pub controlled: bool,
+    pub resource_version: Option<String>,
 }
 
 impl ExclusionPod {
@@ -142,6 +148,12 @@ impl ExclusionPod {
                 .then(|| required.and_then(confined_hosts))
                 .flatten(),
             fit: gate.and_then(|_| Fit::of(pod)),
+            unschedulable: (gate.is_none() && unbound)
+                .then(|| pod.unschedulable())
+                .flatten()
+                .map(|(since, message)| (since.clone(), message.to_owned())),
+            controlled: pod.has_controller(),
+            resource_version: meta.resource_version.clone(),
         })
     }
 
@@ -724,6 +736,9 @@ mod tests {
             other_gates: false,
             hosts: None,
             fit: None,
+            unschedulable: None,
+            controlled: true,
+            resource_version: None,
         }
     }
 
