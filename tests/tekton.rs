@@ -205,6 +205,34 @@ async fn without_coscheduled_the_upload_cannot_sit_beside_its_assistant_and_the_
     })
     .await;
     assert_eq!(reason, "Unschedulable");
+    // `berth explain pod` tells the truth: no node, because of the pod's own pod
+    // affinity beside the assistant, and the admission warning says what to do.
+    let upload = task_pod(&pods, "unrouted-upload").await;
+    let kubeconfig = berth().cluster.kubeconfig();
+    let out = berth().run(&[
+        "explain",
+        "pod",
+        upload.metadata.name.as_deref().unwrap(),
+        "-n",
+        &ns,
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text.contains("node2: no, its own pod affinity needs a pod matching")
+            && text.contains("affinity-assistant"),
+        "{text}"
+    );
+    assert!(
+        text.contains("its own pod (anti-)affinity leaves none; it would stay Pending"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pool cdn: the pod must sit beside pods that may run elsewhere"),
+        "{text}"
+    );
     berth().cluster.kubectl_ok(&[
         "delete",
         "pipelinerun",

@@ -5,7 +5,7 @@
 //! gate (and behind which pod), or waiting for the scheduler (with the
 //! scheduler's last word).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use clap::Args;
@@ -24,9 +24,10 @@ use crate::objects::{
 };
 use crate::placement::exclusion::{self, ExclusionPod, Hold};
 use crate::placement::explain::explain;
+use crate::placement::interpod::{Bound, Neighbours};
 use crate::placement::rooms::{Rooms, node_rooms};
 use crate::placement::{Input, NamespaceInfo, NodeIndex, NodeInfo, Requester, build_patch, decide};
-use crate::policy::compile::PolicyCompiler;
+use crate::policy::compile::{Labels, PolicyCompiler};
 use crate::policy::{NamespaceOptIn, OptIn, PolicySet};
 
 /// An object in the cluster to explain.
@@ -71,6 +72,8 @@ struct Scene {
     /// The nodes with the room left on each, as the controller predicts fit.
     rooms: Rooms,
     namespaces: NamespaceOptIn,
+    /// Each namespace's labels, for pod affinity's `namespaceSelector`.
+    namespace_labels: BTreeMap<String, Labels>,
     pods: Vec<PodObject>,
 }
 
@@ -87,7 +90,32 @@ impl Scene {
         };
         let decision = decide(&input);
         let patch = build_patch(pod, &decision.grants);
-        explain(&input, title, &decision, patch.0.len())
+        // The pods bound now, other than this one, for its own pod affinity.
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        let neighbours = Neighbours {
+            pods: self
+                .pods
+                .iter()
+                .filter(|p| !p.is_terminated())
+                .filter(|p| {
+                    p.metadata.name.as_deref() != Some(name)
+                        || p.metadata.namespace.as_deref() != Some(self.namespace.name.as_str())
+                })
+                .filter_map(|p| {
+                    Some(Bound {
+                        namespace: p.metadata.namespace.as_deref()?,
+                        labels: p.metadata.labels.as_ref()?,
+                        node: p.spec.node_name.as_deref()?,
+                    })
+                })
+                .collect(),
+            namespace_labels: self
+                .namespace_labels
+                .iter()
+                .map(|(n, l)| (n.as_str(), l))
+                .collect(),
+        };
+        explain(&input, title, &decision, patch.0.len(), Some(&neighbours))
     }
 
     /// Where `pod` stands now, in words, and (for a group gate) what it waits
@@ -199,6 +227,10 @@ async fn read_scene(client: &Client, namespace: &str) -> Result<Scene, String> {
         nodes,
         rooms,
         namespaces: NamespaceOptIn::new(namespaces.iter().map(|ns| &ns.metadata)),
+        namespace_labels: namespaces
+            .iter()
+            .filter_map(|ns| Some((ns.metadata.name.clone()?, ns.metadata.labels.clone()?)))
+            .collect(),
         pods,
     })
 }

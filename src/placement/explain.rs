@@ -6,16 +6,28 @@ use std::fmt::Write;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Toleration};
 
+use std::collections::BTreeMap;
+
 use super::feasibility::{Placement, describe_requirement, node_fits, with_pool_state};
+use super::interpod::{Neighbours, Required};
 use super::pod::PodView;
 use super::{Decision, Input};
 use crate::names::{
     ANCHOR_LABEL_PREFIX, APPLIED_ANNOTATION, GANG_GATE, PLACED_LABEL_PREFIX, POOL_LABEL, RANK_GATE,
 };
+use crate::policy::compile::Labels;
 
 /// Explains `decision` for the pod in `input`; `patch_len` is the number of patch
 /// operations, to say whether anything changes.
-pub fn explain(input: &Input, pod_name: &str, decision: &Decision, patch_len: usize) -> String {
+/// With `neighbours` (the pods bound now, `explain pod` on a live cluster), the
+/// node list also weighs the pod's own required pod (anti-)affinity.
+pub fn explain(
+    input: &Input,
+    pod_name: &str,
+    decision: &Decision,
+    patch_len: usize,
+    neighbours: Option<&Neighbours>,
+) -> String {
     let mut out = String::new();
     let ns = &input.namespace.name;
     let _ = writeln!(out, "Pod {pod_name} in namespace {ns}");
@@ -126,24 +138,49 @@ pub fn explain(input: &Input, pod_name: &str, decision: &Decision, patch_len: us
         let _ = writeln!(out, "\nDenied: {denial}.");
     }
     if let Some(nodes) = input.nodes {
-        explain_nodes(&mut out, input, decision, nodes);
+        explain_nodes(&mut out, input, decision, nodes, neighbours);
     }
     out
 }
 
-fn explain_nodes(out: &mut String, input: &Input, decision: &Decision, nodes: &super::NodeIndex) {
+fn explain_nodes(
+    out: &mut String,
+    input: &Input,
+    decision: &Decision,
+    nodes: &super::NodeIndex,
+    neighbours: Option<&Neighbours>,
+) {
     let Ok(pod) = PodView::read(input.pod) else {
         return;
     };
     let pod = Placement::after(&pod, &decision.grants);
+    let own = neighbours
+        .map(|n| (Required::of(input.pod, &input.namespace.name), n))
+        .filter(|(required, _)| !required.is_empty());
+    let node_labels: BTreeMap<&str, &Labels> = nodes
+        .iter()
+        .map(|(name, node)| (name.as_str(), &node.labels))
+        .collect();
     let _ = writeln!(
         out,
-        "\nNodes (with berth's pool labels and taints applied):"
+        "\nNodes (with berth's pool labels and taints applied{}):",
+        if own.is_some() {
+            ", and the pods bound now for its own pod affinity"
+        } else {
+            ""
+        }
     );
     let mut fitting = Vec::new();
+    let mut ruled_out_by_own_terms = 0;
     for (name, node) in nodes {
-        let node = with_pool_state(name, node, input.policies);
-        match node_fits(&pod, name, &node) {
+        let with_pool = with_pool_state(name, node, input.policies);
+        let fits = node_fits(&pod, name, &with_pool).and_then(|()| match &own {
+            Some((required, neighbours)) => required
+                .allows(&node.labels, neighbours, &node_labels)
+                .inspect_err(|_| ruled_out_by_own_terms += 1),
+            None => Ok(()),
+        });
+        match fits {
             Ok(()) => {
                 fitting.push(name.as_str());
                 let _ = writeln!(out, "  {name}: yes");
@@ -154,6 +191,11 @@ fn explain_nodes(out: &mut String, input: &Input, decision: &Decision, nodes: &s
         }
     }
     let _ = match fitting.as_slice() {
+        [] if ruled_out_by_own_terms > 0 => writeln!(
+            out,
+            "The pod fits no given node: on the {ruled_out_by_own_terms} its node affinity and \
+             tolerations allow, its own pod (anti-)affinity leaves none; it would stay Pending."
+        ),
         [] => writeln!(out, "The pod fits no given node; it would stay Pending."),
         names => writeln!(out, "The pod may land on: {}.", names.join(", ")),
     };

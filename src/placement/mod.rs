@@ -14,6 +14,7 @@ pub mod explain;
 pub mod feasibility;
 pub mod grants;
 pub mod groups;
+pub mod interpod;
 pub mod matching;
 pub mod missed;
 pub mod opt_in;

@@ -1,0 +1,291 @@
+//! A pod's own required inter-pod affinity and anti-affinity, judged as
+//! kube-scheduler's InterPodAffinity filter judges it, against the pods bound to
+//! nodes now: for `berth explain pod`, which must not say a pod may land on a node
+//! that its own terms rule out (Tekton's task pods must sit beside their affinity
+//! assistant). Only the incoming pod's terms are read; other pods' anti-affinity
+//! toward it is left to the scheduler.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::PodAffinityTerm;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::{Selector, SelectorExt};
+use serde_json::Value;
+
+use crate::policy::compile::Labels;
+
+/// A pod bound to a node, as the terms see it.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound<'a> {
+    pub namespace: &'a str,
+    pub labels: &'a Labels,
+    pub node: &'a str,
+}
+
+/// The pods bound to nodes, and each namespace's labels (for `namespaceSelector`).
+#[derive(Debug, Default)]
+pub struct Neighbours<'a> {
+    pub pods: Vec<Bound<'a>>,
+    pub namespace_labels: BTreeMap<&'a str, &'a Labels>,
+}
+
+/// One required term, read.
+#[derive(Debug)]
+struct Term {
+    /// `None`: a null `labelSelector`, which matches no pod.
+    selector: Option<Selector>,
+    namespaces: Vec<String>,
+    /// `Some` of a selector; `{}` selects every namespace.
+    namespace_selector: Option<Selector>,
+    topology_key: String,
+    /// The selector in words, for the reason.
+    words: String,
+}
+
+/// The pod's required pod affinity and anti-affinity terms.
+#[derive(Debug, Default)]
+pub struct Required {
+    affinity: Vec<Term>,
+    anti_affinity: Vec<Term>,
+    namespace: String,
+    labels: Labels,
+}
+
+impl Required {
+    /// Reads the required terms of the raw `pod` in `namespace`; a term that cannot
+    /// be read is left out (the scheduler would refuse such a pod at creation).
+    pub fn of(pod: &Value, namespace: &str) -> Required {
+        let terms = |kind: &str| -> Vec<Term> {
+            let raw =
+                &pod["spec"]["affinity"][kind]["requiredDuringSchedulingIgnoredDuringExecution"];
+            serde_json::from_value::<Vec<PodAffinityTerm>>(raw.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(Term::of)
+                .collect()
+        };
+        let labels = serde_json::from_value(pod["metadata"]["labels"].clone()).unwrap_or_default();
+        Required {
+            affinity: terms("podAffinity"),
+            anti_affinity: terms("podAntiAffinity"),
+            namespace: namespace.to_owned(),
+            labels,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.affinity.is_empty() && self.anti_affinity.is_empty()
+    }
+
+    /// Whether the pod's own terms allow `node` (with `labels`), given the pods
+    /// bound now and the nodes' labels; the error says which term rules it out.
+    pub fn allows(
+        &self,
+        node_labels: &Labels,
+        neighbours: &Neighbours,
+        nodes: &BTreeMap<&str, &Labels>,
+    ) -> Result<(), String> {
+        let same_domain = |term: &Term, other: &Bound| {
+            let Some(here) = node_labels.get(&term.topology_key) else {
+                return false;
+            };
+            nodes
+                .get(other.node)
+                .and_then(|l| l.get(&term.topology_key))
+                .is_some_and(|there| there == here)
+        };
+        let matching = |term: &Term| -> Vec<&Bound> {
+            neighbours
+                .pods
+                .iter()
+                .filter(|p| term.selects(p.namespace, p.labels, self, neighbours))
+                .collect()
+        };
+        // The first pod of a group: when no pod matches any of its affinity terms
+        // and the pod matches them all itself, the scheduler lets it anywhere.
+        let first_of_group = self.affinity.iter().all(|t| matching(t).is_empty())
+            && self
+                .affinity
+                .iter()
+                .all(|t| t.selects(&self.namespace, &self.labels, self, neighbours));
+        if !first_of_group {
+            for term in &self.affinity {
+                if !matching(term).iter().any(|p| same_domain(term, p)) {
+                    return Err(format!(
+                        "its own pod affinity needs a pod matching {} in the same {}, and none is \
+                         there",
+                        term.words, term.topology_key
+                    ));
+                }
+            }
+        }
+        for term in &self.anti_affinity {
+            if let Some(p) = matching(term).into_iter().find(|p| same_domain(term, p)) {
+                return Err(format!(
+                    "its own pod anti-affinity keeps it out of the {} of a pod matching {} (in {}, \
+                     on {})",
+                    term.topology_key, term.words, p.namespace, p.node
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Term {
+    fn of(term: PodAffinityTerm) -> Option<Term> {
+        let words = term
+            .label_selector
+            .as_ref()
+            .map(selector_words)
+            .unwrap_or_else(|| "no pod (a null labelSelector)".into());
+        let selector = match term.label_selector {
+            Some(s) => Some(Selector::try_from(s).ok()?),
+            None => None,
+        };
+        let namespace_selector = match term.namespace_selector {
+            Some(s) => Some(Selector::try_from(s).ok()?),
+            None => None,
+        };
+        Some(Term {
+            selector,
+            namespaces: term.namespaces.unwrap_or_default(),
+            namespace_selector,
+            topology_key: term.topology_key,
+            words,
+        })
+    }
+
+    /// Whether the term selects a pod in `namespace` with `labels`: its namespaces
+    /// (by default, the incoming pod's own), then its label selector.
+    fn selects(&self, namespace: &str, labels: &Labels, pod: &Required, n: &Neighbours) -> bool {
+        let in_namespace = match (&self.namespace_selector, self.namespaces.is_empty()) {
+            (None, true) => namespace == pod.namespace,
+            (selector, _) => {
+                self.namespaces.iter().any(|ns| ns == namespace)
+                    || selector.as_ref().is_some_and(|s| {
+                        n.namespace_labels
+                            .get(namespace)
+                            .is_some_and(|l| s.matches(l))
+                    })
+            }
+        };
+        in_namespace && self.selector.as_ref().is_some_and(|s| s.matches(labels))
+    }
+}
+
+/// A label selector in words: `k=v, k In [a, b]`.
+fn selector_words(selector: &LabelSelector) -> String {
+    let labels = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={v}"));
+    let expressions =
+        selector
+            .match_expressions
+            .iter()
+            .flatten()
+            .map(|e| match e.values.as_deref() {
+                Some(values) if !values.is_empty() => {
+                    format!("{} {} [{}]", e.key, e.operator, values.join(", "))
+                }
+                _ => format!("{} {}", e.key, e.operator),
+            });
+    let words: Vec<String> = labels.chain(expressions).collect();
+    if words.is_empty() {
+        "any pod".into()
+    } else {
+        words.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn task_pod(affinity: Value) -> Required {
+        Required::of(
+            &json!({"metadata": {"labels": {"app": "task"}}, "spec": {"affinity": affinity}}),
+            "ci",
+        )
+    }
+
+    #[test]
+    fn a_pod_that_must_sit_beside_another_is_allowed_only_on_its_node() {
+        let beside = task_pod(
+            json!({"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "affinity-assistant"}}}]}}),
+        );
+        let node = |n: &str| labels(&[("kubernetes.io/hostname", n)]);
+        let (n1, n2) = (node("node1"), node("node2"));
+        let nodes = BTreeMap::from([("node1", &n1), ("node2", &n2)]);
+        let assistant = labels(&[("app.kubernetes.io/component", "affinity-assistant")]);
+        let mut neighbours = Neighbours::default();
+        neighbours.pods.push(Bound {
+            namespace: "ci",
+            labels: &assistant,
+            node: "node1",
+        });
+        assert!(beside.allows(&n1, &neighbours, &nodes).is_ok());
+        let why = beside.allows(&n2, &neighbours, &nodes).unwrap_err();
+        assert_eq!(
+            why,
+            "its own pod affinity needs a pod matching \
+             app.kubernetes.io/component=affinity-assistant in the same kubernetes.io/hostname, \
+             and none is there"
+        );
+        // In another namespace the assistant is not the term's (namespaces default
+        // to the pod's own): no pod matches, and the pod does not match its own
+        // term, so no node will do.
+        neighbours.pods[0].namespace = "other";
+        assert!(beside.allows(&n1, &neighbours, &nodes).is_err());
+        // With no assistant anywhere, a pod that matches its own term goes first.
+        let own = task_pod(
+            json!({"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "task"}}}]}}),
+        );
+        assert!(own.allows(&n2, &Neighbours::default(), &nodes).is_ok());
+    }
+
+    #[test]
+    fn anti_affinity_rules_out_the_nodes_of_matching_pods_in_its_namespaces() {
+        let apart = task_pod(
+            json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "zone", "namespaceSelector": {},
+                "labelSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["task"]}]}}]}}),
+        );
+        let (a1, a2, b1) = (
+            labels(&[("zone", "a")]),
+            labels(&[("zone", "a")]),
+            labels(&[("zone", "b")]),
+        );
+        let nodes = BTreeMap::from([("a1", &a1), ("a2", &a2), ("b1", &b1)]);
+        let other = labels(&[("app", "task")]);
+        let team = labels(&[]);
+        let neighbours = Neighbours {
+            pods: vec![Bound {
+                namespace: "elsewhere",
+                labels: &other,
+                node: "a1",
+            }],
+            namespace_labels: BTreeMap::from([("elsewhere", &team)]),
+        };
+        let why = apart.allows(&a2, &neighbours, &nodes).unwrap_err();
+        assert!(
+            why.contains("keeps it out of the zone of a pod matching app In [task]"),
+            "{why}"
+        );
+        assert!(apart.allows(&b1, &neighbours, &nodes).is_ok());
+        assert!(Required::of(&json!({}), "ci").is_empty());
+    }
+}
