@@ -233,6 +233,24 @@ async fn without_coscheduled_the_upload_cannot_sit_beside_its_assistant_and_the_
         text.contains("pool cdn: the pod must sit beside pods that may run elsewhere"),
         "{text}"
     );
+    // And berth's controller says so on the pod, where Tekton got the warning.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(berth().cluster.client().await, &ns);
+    let upload_name = upload.metadata.name.clone().unwrap();
+    let note = eventually("berth's RoutedApartFromGroup Event", WAIT, || async {
+        let list = events
+            .list(&ListParams::default().fields("reason=RoutedApartFromGroup"))
+            .await
+            .ok()?;
+        list.items
+            .into_iter()
+            .find(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(upload_name.as_str())
+            })
+            .and_then(|e| e.note)
+    })
+    .await;
+    assert!(note.contains("berth routes it to pool cdn"), "{note}");
     berth().cluster.kubectl_ok(&[
         "delete",
         "pipelinerun",

@@ -385,6 +385,66 @@ async fn requeue_blockers(
     }
 }
 
+/// Tells, with a Warning Event, each pod berth routed to a Required pool that the
+/// scheduler cannot place while its own required pod affinity ties it to other
+/// pods: where the webhook could not know whether those pods run on the pool
+/// (they came later, or their group was routed apart), this says so at once
+/// rather than leave a silent Pending pod (contract, "Co-scheduled pods").
+pub fn report_routing_conflicts(
+    pass: &Pass<'_>,
+    snapshot: &Snapshot,
+    pods: &[std::sync::Arc<PodObject>],
+    reported: &mut super::events::Reported,
+) {
+    for pod in pods {
+        let beside = pod
+            .spec
+            .affinity
+            .read()
+            .flatten()
+            .is_some_and(|a| a.pod_affinity.required);
+        if !beside || pod.spec.node_name.is_some() || !pod.spec.scheduling_gates.is_empty() {
+            continue;
+        }
+        let Some((_, why)) = pod.unschedulable() else {
+            continue;
+        };
+        let entitled = crate::placement::opt_in::pod_entitlements(
+            pod,
+            &snapshot.compiled.set,
+            &snapshot.namespaces,
+        );
+        let pools: Vec<&str> = entitled
+            .iter()
+            .filter(|p| {
+                p.dedicated_pool()
+                    .is_some_and(|pool| pool.placement == crate::policy::crd::Placement::Required)
+            })
+            .map(|p| p.name.as_str())
+            .collect();
+        if pools.is_empty() {
+            continue;
+        }
+        let note = format!(
+            "berth routes it to pool {} and its own required pod affinity ties it to other \
+             pods; the scheduler finds no node for both ({why}): route the group with the \
+             policy's coscheduled",
+            pools.join(", ")
+        );
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: pod.metadata.namespace.clone(),
+            name: pod.metadata.name.clone(),
+            uid: pod.metadata.uid.clone(),
+            ..Default::default()
+        };
+        let key = format!("beside/{}", pod.key());
+        let event = event(EventType::Warning, "RoutedApartFromGroup", "Route", note);
+        reported.publish(pass.events, key, event, &reference);
+    }
+}
+
 /// How many release patches are on their way at once.
 const PATCHES_IN_FLIGHT: usize = 32;
 

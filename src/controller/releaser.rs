@@ -15,7 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::caches::{Changed, Snapshot, Stores};
 use super::events::Reported;
 use super::podgroups::PodGroups;
-use super::release::{PolicyLookups, release_held_pods};
+use super::release::{PolicyLookups, release_held_pods, report_routing_conflicts};
 use super::run::{Context, Pass, leadership_changed, until};
 use crate::names::{GROUP_GATES, is_berth_gate};
 use crate::objects::{PodObject, WorkloadObject};
@@ -105,6 +105,7 @@ pub async fn run(
             &mut reported,
         )
         .await;
+        report_routing_conflicts(&pass, &snapshot, &pods, &mut reported);
         let (timed_out, wake_after) = release_groups(
             &pass,
             stores,
