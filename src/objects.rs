@@ -538,14 +538,22 @@ impl PodObject {
             })
     }
 
-    /// Whether a controller owns the pod (a ReplicaSet, a StatefulSet, a Job...):
-    /// one that makes it again when it is deleted.
-    pub fn has_controller(&self) -> bool {
+    /// Whether the pod's controller makes it again, the same, when it is deleted
+    /// before it runs: a ReplicaSet, a StatefulSet or a ReplicationController. (A
+    /// Job counts a deleted pod against its backoff limit, and Tekton or Argo
+    /// fail the run; they are not.)
+    pub fn is_remade_by_its_controller(&self) -> bool {
         self.metadata
             .owner_references
             .iter()
             .flatten()
-            .any(|o| o.controller == Some(true))
+            .filter(|o| o.controller == Some(true))
+            .any(|o| {
+                matches!(
+                    (o.api_version.as_str(), o.kind.as_str()),
+                    ("apps/v1", "ReplicaSet" | "StatefulSet") | ("v1", "ReplicationController")
+                )
+            })
     }
 
     /// The pod's uid, or its namespace and name: how held pods are told apart.

@@ -390,6 +390,6 @@ fuzz_target!(|data: &[u8]| {
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or("<unnamed>");
-    let text = explain(&input, name, &decision, patch.0.len());
+    let text = explain(&input, name, &decision, patch.0.len(), None);
     assert!(!text.is_empty());
 });

@@ -92,6 +92,8 @@ impl Scene {
         let patch = build_patch(pod, &decision.grants);
         // The pods bound now, other than this one, for its own pod affinity.
         let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        // A pod without labels still counts (`{}` and DoesNotExist select it).
+        let unlabelled = Labels::new();
         let neighbours = Neighbours {
             pods: self
                 .pods
@@ -104,7 +106,7 @@ impl Scene {
                 .filter_map(|p| {
                     Some(Bound {
                         namespace: p.metadata.namespace.as_deref()?,
-                        labels: p.metadata.labels.as_ref()?,
+                        labels: p.metadata.labels.as_ref().unwrap_or(&unlabelled),
                         node: p.spec.node_name.as_deref()?,
                     })
                 })

@@ -19,7 +19,7 @@ use futures::StreamExt;
 
 use crate::names::{AVOID_GATE, FIELD_MANAGER, GANG_GATE, RANK_GATE};
 use crate::objects::{MetaOnly, PodObject};
-use crate::policy::PlacementPolicy;
+use crate::policy::{OptIn, PlacementPolicy, PolicySet};
 use crate::telemetry::GateLabels;
 
 /// The JSON Patch that releases a held pod: the gate must still be where we saw it
@@ -203,6 +203,10 @@ pub async fn release_held_pods(
         .filter_map(|p| ExclusionPod::from_pod(p))
         .collect();
     released.overlay(&mut all);
+    released.note_unplaceable(
+        &mut all,
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
+    );
     let policies = &snapshot.compiled.set;
     let plan = exclusion::plan(&all, policies, &snapshot.namespaces, unseen, rooms);
     // Held now: gated and not released in this pass. (In a block: a set of
@@ -257,7 +261,12 @@ pub async fn release_held_pods(
                 policy,
             } => (
                 policy,
-                "Hold",
+                // Its own series once the scheduler cannot place the pod ahead.
+                if behind.unschedulable.is_some() {
+                    "HoldBehindUnplaceable"
+                } else {
+                    "Hold"
+                },
                 format!(
                     "held by {AVOID_GATE}: a pod it must avoid (policy {policy}, first {}/{}) is still \
                      being placed; it is released once that pod is bound{}",
@@ -299,26 +308,32 @@ pub async fn release_held_pods(
         reported.publish(pass.events, key, event, &reference);
     }
     if let Some(after) = pass.options.requeue_unschedulable {
-        requeue_blockers(pass, &plan, after, now, reported).await;
+        requeue_blockers(pass, snapshot, &plan, (after, now), reported).await;
     }
 }
 
-/// The pods [`requeue_blockers`] evicts: each that a held pod waits behind, owned
-/// by a controller, reported Unschedulable for `after` or longer; with how long
-/// and the scheduler's message.
+/// The pods [`requeue_blockers`] evicts: each that a held pod waits behind (one
+/// whose namespace opts into the policy that holds it: a pod held only through
+/// `anchorNamespaces: All` gets nobody evicted), remade by its controller,
+/// reported Unschedulable for `after` or longer; with how long and the
+/// scheduler's message.
 fn to_requeue<'a>(
     plan: &exclusion::Plan<'a>,
-    after: Duration,
-    now: k8s_openapi::jiff::Timestamp,
+    policies: &PolicySet,
+    opt_in: &dyn OptIn,
+    (after, now): (Duration, k8s_openapi::jiff::Timestamp),
 ) -> Vec<(&'a ExclusionPod, f64, &'a str)> {
     let mut blockers: Vec<&ExclusionPod> = plan
         .waiting
         .iter()
         .filter_map(|w| match &w.reason {
-            Hold::Behind { pod, .. } => Some(*pod),
+            Hold::Behind { pod, policy } => {
+                let policy = policies.get(policy)?;
+                opt_in.opts_in(policy, &w.pod.namespace).then_some(*pod)
+            }
             _ => None,
         })
-        .filter(|pod| pod.controlled)
+        .filter(|pod| pod.remade)
         .collect();
     blockers.sort_by_key(|p| (&p.namespace, &p.name));
     blockers.dedup_by_key(|p| (&p.namespace, &p.name));
@@ -340,12 +355,13 @@ fn to_requeue<'a>(
 /// without a controller would be lost, so it keeps its place.
 async fn requeue_blockers(
     pass: &Pass<'_>,
+    snapshot: &Snapshot,
     plan: &exclusion::Plan<'_>,
-    after: Duration,
-    now: k8s_openapi::jiff::Timestamp,
+    wait: (Duration, k8s_openapi::jiff::Timestamp),
     reported: &mut super::events::Reported,
 ) {
-    for (pod, waited, why) in to_requeue(plan, after, now) {
+    let policies = &snapshot.compiled.set;
+    for (pod, waited, why) in to_requeue(plan, policies, &snapshot.namespaces, wait) {
         let api: Api<Pod> = Api::namespaced(pass.client.clone(), &pod.namespace);
         let unchanged = EvictParams {
             delete_options: Some(DeleteParams {
@@ -406,7 +422,12 @@ pub fn report_routing_conflicts(
         if !beside || pod.spec.node_name.is_some() || !pod.spec.scheduling_gates.is_empty() {
             continue;
         }
-        let Some((_, why)) = pod.unschedulable() else {
+        // Only when the scheduler says the pod affinity is what no node satisfies
+        // (a group waiting for room is not told to route differently).
+        let Some((_, why)) = pod
+            .unschedulable()
+            .filter(|(_, why)| why.contains("pod affinity"))
+        else {
             continue;
         };
         let entitled = crate::placement::opt_in::pod_entitlements(
@@ -550,13 +571,23 @@ pub async fn release_group_pods(
 mod tests {
     use super::*;
     use crate::objects::PodObject;
-    use crate::placement::opt_in::tests::Everyone;
+    use crate::placement::opt_in::tests::{Everyone, Only};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     /// A master of the `masters` policy: held, or released onto node h1 and
-    /// reported Unschedulable since `since`, with or without a controller.
-    fn master(name: &str, held: bool, since: Option<&str>, controlled: bool) -> ExclusionPod {
-        let owner = json!([{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "m",
-            "uid": "s", "controller": controlled}]);
+    /// reported Unschedulable since `since`, controlled by an `owner` of that kind
+    /// (none for "").
+    fn master(name: &str, held: bool, since: Option<&str>, owner: &str) -> ExclusionPod {
+        let version = if owner == "ReplicaSet" {
+            "apps/v1"
+        } else {
+            "example/v1"
+        };
+        let owner = if owner.is_empty() {
+            json!([])
+        } else {
+            json!([{"apiVersion": version, "kind": owner, "name": "m", "uid": "s", "controller": true}])
+        };
         let status = since.map_or(json!({}), |since| {
             json!({"conditions": [
             {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
@@ -581,40 +612,67 @@ mod tests {
     }
 
     #[test]
-    fn a_blocker_the_scheduler_cannot_place_is_requeued_after_the_wait_if_a_controller_owns_it() {
+    fn a_blocker_the_scheduler_cannot_place_is_requeued_after_the_wait_if_its_controller_remakes_it()
+     {
         let policies = crate::policy::test_policies(&[(
             "masters",
             json!({"podSelector": {"matchLabels": {"role": "master"}},
                 "avoid": {"matchLabels": {"role": "master"}}}),
         )]);
-        let now: k8s_openapi::jiff::Timestamp = "2026-11-25T12:10:00Z".parse().unwrap();
-        let requeued = |pods: &[ExclusionPod], after: u64| -> Vec<String> {
-            let plan = exclusion::plan(pods, &policies, &Everyone, &BTreeMap::new(), &Rooms::new());
-            to_requeue(&plan, Duration::from_secs(after), now)
-                .into_iter()
-                .map(|(p, waited, why)| format!("{} {waited:.0} {why}", p.name))
-                .collect()
+        let at = |t: &str| Time(t.parse().unwrap());
+        let now = at("2026-11-25T12:10:00Z");
+        let requeued = |pods: &[ExclusionPod], after: u64, opt_in: &dyn OptIn| -> Vec<String> {
+            let plan = exclusion::plan(pods, &policies, opt_in, &BTreeMap::new(), &Rooms::new());
+            to_requeue(
+                &plan,
+                &policies,
+                opt_in,
+                (Duration::from_secs(after), now.0),
+            )
+            .into_iter()
+            .map(|(p, waited, why)| format!("{} {waited:.0} {why}", p.name))
+            .collect()
         };
-        let stuck = master("m0", false, Some("2026-11-25T12:05:00Z"), true);
-        let behind = master("m1", true, None, true);
+        // The condition says since 12:00 (the gate's SchedulingGated kept its
+        // time); the controller first saw it Unschedulable at 12:05.
+        let mut released = exclusion::Released::default();
+        let mut pods = [
+            master("m0", false, Some("2026-11-25T12:00:00Z"), "ReplicaSet"),
+            master("m1", true, None, "ReplicaSet"),
+        ];
+        released.note_unplaceable(&mut pods, at("2026-11-25T12:05:00Z"));
+        released.note_unplaceable(&mut pods, at("2026-11-25T12:09:00Z"));
         assert_eq!(
-            requeued(&[stuck.clone(), behind.clone()], 120),
+            requeued(&pods, 120, &Everyone),
             ["m0 300 0/3 nodes are available"]
         );
+        assert!(requeued(&pods, 600, &Everyone).is_empty(), "not yet");
         assert!(
-            requeued(&[stuck.clone(), behind.clone()], 600).is_empty(),
-            "not yet"
+            requeued(&pods[..1], 120, &Everyone).is_empty(),
+            "no one waits behind it"
         );
-        assert!(requeued(&[stuck], 120).is_empty(), "no one waits behind it");
-        let bare = master("m0", false, Some("2026-11-25T12:05:00Z"), false);
         assert!(
-            requeued(&[bare, behind.clone()], 120).is_empty(),
-            "it would be lost"
+            requeued(&pods, 120, &Only("elsewhere")).is_empty(),
+            "only a waiter whose namespace opts into the policy counts"
         );
-        let placing = master("m0", false, None, true);
+        for owner in ["Job", "TaskRun", ""] {
+            let mut pods = [
+                master("m0", false, Some("2026-11-25T12:00:00Z"), owner),
+                master("m1", true, None, owner),
+            ];
+            released.note_unplaceable(&mut pods, at("2026-11-25T12:05:00Z"));
+            assert!(
+                requeued(&pods, 120, &Everyone).is_empty(),
+                "{owner}: not remade"
+            );
+        }
+        let placing = [
+            master("m0", false, None, "ReplicaSet"),
+            master("m1", true, None, "ReplicaSet"),
+        ];
         assert!(
-            requeued(&[placing, behind], 120).is_empty(),
-            "not reported Unschedulable"
+            requeued(&placing, 120, &Everyone).is_empty(),
+            "not Unschedulable"
         );
     }
 

@@ -105,11 +105,11 @@ pub struct ExclusionPod {
     pub hosts: Option<BTreeSet<String>>,
     /// Held: what predicting where it fits needs, if the pod can be read.
     pub fit: Option<Fit>,
-    /// Released, unbound, and reported Unschedulable by the scheduler: since when,
-    /// and its message.
+    /// Released, unbound, and reported Unschedulable by the scheduler: since when
+    /// (as the controller saw it, [`Released::note_unplaceable`]), and its message.
     pub unschedulable: Option<(Time, String)>,
-    /// Whether a controller owns it (and makes it again when it is deleted).
-    pub controlled: bool,
+    /// Whether its controller makes it again when it is deleted.
+    pub remade: bool,
     pub resource_version: Option<String>,
 }
 
@@ -152,7 +152,7 @@ impl ExclusionPod {
                 .then(|| pod.unschedulable())
                 .flatten()
                 .map(|(since, message)| (since.clone(), message.to_owned())),
-            controlled: pod.has_controller(),
+            remade: pod.is_remade_by_its_controller(),
             resource_version: meta.resource_version.clone(),
         })
     }
@@ -341,6 +341,8 @@ fn holds_back<'p>(pod: &Entry<'_, 'p>, other: &Entry<'_, 'p>) -> Option<&'p Comp
 #[derive(Debug, Default)]
 pub struct Released {
     uncached: BTreeMap<String, Option<BTreeSet<String>>>,
+    /// When this controller first saw each released pod Unschedulable.
+    unplaceable: BTreeMap<String, Time>,
 }
 
 impl Released {
@@ -348,6 +350,30 @@ impl Released {
     pub fn record(&mut self, pod: &ExclusionPod, hosts: Option<&[String]>) {
         let hosts = hosts.map(|h| h.iter().cloned().collect());
         self.uncached.insert(pod.key(), hosts);
+    }
+
+    /// Dates each released pod's Unschedulable from when this controller first saw
+    /// it so, not from the condition's transition time: a gated pod's PodScheduled
+    /// is already False (SchedulingGated), and the scheduler keeps that time when
+    /// it reports Unschedulable, so the condition would date a pod that has just
+    /// failed once from its creation. (A new leader starts the wait over.)
+    pub fn note_unplaceable(&mut self, pods: &mut [ExclusionPod], now: Time) {
+        let unplaceable: BTreeSet<String> = pods
+            .iter()
+            .filter(|p| p.unschedulable.is_some())
+            .map(ExclusionPod::key)
+            .collect();
+        self.unplaceable.retain(|key, _| unplaceable.contains(key));
+        for pod in pods.iter_mut() {
+            let key = pod.key();
+            if let Some((since, _)) = pod.unschedulable.as_mut() {
+                *since = self
+                    .unplaceable
+                    .entry(key)
+                    .or_insert_with(|| now.clone())
+                    .clone();
+            }
+        }
     }
 
     /// Shows the pods released but still gated in the cache as released, and
@@ -737,7 +763,7 @@ mod tests {
             hosts: None,
             fit: None,
             unschedulable: None,
-            controlled: true,
+            remade: true,
             resource_version: None,
         }
     }

@@ -94,23 +94,49 @@ impl Required {
                 .and_then(|l| l.get(&term.topology_key))
                 .is_some_and(|there| there == here)
         };
-        let matching = |term: &Term| -> Vec<&Bound> {
-            neighbours
-                .pods
-                .iter()
-                .filter(|p| term.selects(p.namespace, p.labels, self, neighbours))
-                .collect()
-        };
-        // The first pod of a group: when no pod matches any of its affinity terms
-        // and the pod matches them all itself, the scheduler lets it anywhere.
-        let first_of_group = self.affinity.iter().all(|t| matching(t).is_empty())
-            && self
+        if !self.affinity.is_empty() {
+            // Every term's topology key must be on the node.
+            if let Some(term) = self
                 .affinity
                 .iter()
-                .all(|t| t.selects(&self.namespace, &self.labels, self, neighbours));
-        if !first_of_group {
-            for term in &self.affinity {
-                if !matching(term).iter().any(|p| same_domain(term, p)) {
+                .find(|t| !node_labels.contains_key(&t.topology_key))
+            {
+                return Err(format!(
+                    "its own pod affinity needs a {} label, and the node has none",
+                    term.topology_key
+                ));
+            }
+            // As the scheduler counts them: the pods that match every term, on
+            // nodes that carry a term's key.
+            let matching: Vec<&Bound> = neighbours
+                .pods
+                .iter()
+                .filter(|p| {
+                    self.affinity
+                        .iter()
+                        .all(|t| t.selects(p.namespace, p.labels, self, neighbours))
+                })
+                .filter(|p| {
+                    nodes.get(p.node).is_some_and(|l| {
+                        self.affinity
+                            .iter()
+                            .any(|t| l.contains_key(&t.topology_key))
+                    })
+                })
+                .collect();
+            let missing = self
+                .affinity
+                .iter()
+                .find(|term| !matching.iter().any(|p| same_domain(term, p)));
+            if let Some(term) = missing {
+                // The first pod of a group: no pod matches its terms anywhere, and
+                // it matches them all itself.
+                let first_of_group = matching.is_empty()
+                    && self
+                        .affinity
+                        .iter()
+                        .all(|t| t.selects(&self.namespace, &self.labels, self, neighbours));
+                if !first_of_group {
                     return Err(format!(
                         "its own pod affinity needs a pod matching {} in the same {}, and none is \
                          there",
@@ -120,7 +146,10 @@ impl Required {
             }
         }
         for term in &self.anti_affinity {
-            if let Some(p) = matching(term).into_iter().find(|p| same_domain(term, p)) {
+            let conflict = neighbours.pods.iter().find(|p| {
+                term.selects(p.namespace, p.labels, self, neighbours) && same_domain(term, p)
+            });
+            if let Some(p) = conflict {
                 return Err(format!(
                     "its own pod anti-affinity keeps it out of the {} of a pod matching {} (in {}, \
                      on {})",
@@ -255,6 +284,48 @@ mod tests {
             {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "task"}}}]}}),
         );
         assert!(own.allows(&n2, &Neighbours::default(), &nodes).is_ok());
+        // But only on a node that carries the term's key.
+        let bare = labels(&[]);
+        let why = own
+            .allows(&bare, &Neighbours::default(), &nodes)
+            .unwrap_err();
+        assert_eq!(
+            why,
+            "its own pod affinity needs a kubernetes.io/hostname label, and the node has none"
+        );
+    }
+
+    #[test]
+    fn only_pods_that_match_every_affinity_term_count() {
+        // Two terms: one pod matching the first and another the second, on one
+        // node, do not satisfy it; the scheduler counts pods that match both.
+        let both = task_pod(
+            json!({"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"a": "1"}}},
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"b": "1"}}}]}}),
+        );
+        let n1 = labels(&[("kubernetes.io/hostname", "n1")]);
+        let nodes = BTreeMap::from([("n1", &n1)]);
+        let (a, b, ab) = (
+            labels(&[("a", "1")]),
+            labels(&[("b", "1")]),
+            labels(&[("a", "1"), ("b", "1")]),
+        );
+        let on_n1 = |labels| Bound {
+            namespace: "ci",
+            labels,
+            node: "n1",
+        };
+        let apart = Neighbours {
+            pods: vec![on_n1(&a), on_n1(&b)],
+            ..Neighbours::default()
+        };
+        assert!(both.allows(&n1, &apart, &nodes).is_err());
+        let together = Neighbours {
+            pods: vec![on_n1(&ab)],
+            ..Neighbours::default()
+        };
+        assert!(both.allows(&n1, &together, &nodes).is_ok());
     }
 
     #[test]
