@@ -112,6 +112,9 @@ async fn pods_created_while_berth_was_down_are_evicted_back_through_it_or_report
     let client = berth.cluster.client().await;
     berth.cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: edge}\nspec:\n  images: ['*edge*']\n  pool: {nodeNames: [node2]}\n  onMissed: Evict\n");
     berth.cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: audit}\nspec:\n  images: ['*audit*']\n  pool: {nodeNames: [node3]}\n");
+    // Cluster-wide: every namespace opts in, kube-system too as far as the policy
+    // says; but the webhook never sees kube-system, so nothing there is missed.
+    berth.cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: sweep}\nspec:\n  namespaceSelector: {}\n  images: ['*sweep*']\n  pool: {nodeNames: [node4]}\n  onMissed: Evict\n");
     let ns = fresh_namespace(&client, "missed").await;
     let probe: Pod = serde_json::from_value(json!({"metadata": {"name": "probe"},
         "spec": {"containers": [{"name": "c", "image": "example/edge:1"}]}}))
@@ -143,6 +146,11 @@ async fn pods_created_while_berth_was_down_are_evicted_back_through_it_or_report
     .await;
     apply(berth, &deployment(&ns, "edge", 4, "example/edge:1"));
     apply(berth, &deployment(&ns, "audit", 2, "example/audit:1"));
+    apply(berth, &deployment(&ns, "sweep", 1, "example/sweep:1"));
+    apply(
+        berth,
+        &deployment("kube-system", "sweep", 1, "example/sweep:1"),
+    );
     let stray: Pod = serde_json::from_value(
         json!({"metadata": {"name": "stray", "labels": {"app": "stray"}},
         "spec": {"containers": [{"name": "c", "image": "example/edge:1"}]}}),
@@ -185,6 +193,9 @@ async fn pods_created_while_berth_was_down_are_evicted_back_through_it_or_report
         "three edge pods were created without berth: {edge:?}"
     );
     let audit_before = pods_of(&api, "audit", "audit").await;
+    let system: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    placed(&client, "kube-system", "app=sweep", 1, WAIT).await;
+    let system_before = pods_of(&system, "sweep", "sweep").await;
     let stray_uid = api.get("stray").await.unwrap().metadata.uid.unwrap();
 
     // berth is back, with the same flags.
@@ -227,12 +238,38 @@ async fn pods_created_while_berth_was_down_are_evicted_back_through_it_or_report
         let uids: BTreeSet<String> = list
             .items
             .into_iter()
-            .filter_map(|e| e.regarding?.uid)
+            .filter_map(|e| e.regarding)
+            .filter(|r| r.name.as_deref().is_some_and(|n| n.starts_with("edge-")))
+            .filter_map(|r| r.uid)
             .collect();
         (uids.len() >= missed_edge.len()).then_some(uids)
     })
     .await;
     assert_eq!(evicted, missed_edge, "exactly the missed pods were evicted");
+
+    // The cluster-wide policy evicts its missed pod in the tenant's namespace and
+    // leaves kube-system's alone (CoreDNS would be evicted every scan otherwise).
+    eventually(
+        "the sweep pod back through berth, on node4",
+        WAIT,
+        || async {
+            let pods = pods_of(&api, "sweep", "sweep").await;
+            (pods.len() == 1
+                && pods
+                    .values()
+                    .all(|s| s.applied && s.node.as_deref() == Some("node4")))
+            .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(pods_of(&system, "sweep", "sweep").await, system_before);
+    let system_events: Api<Event> = Api::namespaced(client.clone(), "kube-system");
+    let evicted = system_events
+        .list(&ListParams::default().fields("reason=EvictedMissed"))
+        .await
+        .unwrap()
+        .items;
+    assert!(evicted.is_empty(), "kube-system pods evicted: {evicted:?}");
 
     // A bare pod has no owner to recreate it: reported, left as it is. So are the
     // tenant's: a record the pod wrote itself is not berth's decision, and an owner

@@ -89,14 +89,24 @@ pub struct ServeArgs {
     pub controller_qps: u32,
     /// How long, in seconds, a released pod of an avoid policy that the scheduler
     /// reports Unschedulable may hold the pods behind it before berth evicts it so
-    /// that its controller makes it again, behind them (pods without a controller
-    /// are never evicted). 0: never.
+    /// that its controller makes it again, behind them (only pods a ReplicaSet,
+    /// StatefulSet or ReplicationController remakes are evicted). 0: never.
     #[arg(
         long,
         env = "BERTH_REQUEUE_UNSCHEDULABLE_SECONDS",
         default_value_t = 120
     )]
     pub requeue_unschedulable_seconds: u64,
+    /// Namespaces the webhook configurations leave out (comma-separated; berth's
+    /// own, --lease-namespace, is added): the webhook never sees their pods, so the
+    /// controller never reports or evicts them as missed.
+    #[arg(
+        long,
+        env = "BERTH_EXEMPT_NAMESPACES",
+        value_delimiter = ',',
+        default_value = "kube-system,kube-node-lease"
+    )]
+    pub exempt_namespaces: Vec<String>,
 }
 
 /// etcd's default request limit: no stored object is larger.
@@ -156,6 +166,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         identity,
         resync_seconds,
         requeue_unschedulable_seconds,
+        exempt_namespaces,
         controller_qps,
     } = args;
     crate::return_freed_memory_in_background();
@@ -167,7 +178,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let metrics_listener = bind(metrics_addr).await?;
 
     let controller_task = (!no_controller).then(|| {
+        let exempt_namespaces = exempt_namespaces
+            .iter()
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty())
+            .chain([lease_namespace.clone()])
+            .collect();
         let options = ControllerOptions {
+            exempt_namespaces,
             lease_namespace,
             identity: identity.unwrap_or_else(default_identity),
             resync: Duration::from_secs(resync_seconds.max(1)),

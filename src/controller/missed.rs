@@ -82,10 +82,19 @@ impl Missed {
     ) -> Option<Duration> {
         // A namespace whose annotations cannot be read gets no grants from the
         // webhook either: its pods are not missed, and evicting them would loop.
+        // Nor are the pods of namespaces the webhook never sees (kube-system's,
+        // berth's own): a cluster-wide policy must not report or evict them.
+        let exempt = &pass.options.exempt_namespaces;
         let namespaces: HashMap<String, (NamespaceInfo, NamespaceConfig)> = stores
             .namespaces
             .state()
             .iter()
+            .filter(|ns| {
+                ns.metadata
+                    .name
+                    .as_ref()
+                    .is_some_and(|n| !exempt.contains(n))
+            })
             .filter_map(|ns| {
                 let info = NamespaceInfo::from_meta(&ns.metadata);
                 let config = NamespaceConfig::parse(&info.annotations).ok()?;

@@ -44,6 +44,10 @@ pub struct ControllerOptions {
     /// How long a released pod of an `avoid` policy that the scheduler cannot place
     /// may hold the others back before it is requeued; `None`: for ever.
     pub requeue_unschedulable: Option<Duration>,
+    /// Namespaces whose pods the webhook never sees (the webhook configurations'
+    /// namespaceSelector leaves them out), berth's own among them: the missed scan
+    /// passes over them.
+    pub exempt_namespaces: std::collections::BTreeSet<String>,
 }
 
 /// What both loops work with.
