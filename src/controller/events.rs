@@ -14,6 +14,8 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
 use tokio::sync::mpsc;
 
+use crate::objects::PodObject;
+
 /// Events waiting to be sent, at most; past that a cause is tried again next pass.
 const QUEUED_EVENTS: usize = 4096;
 
@@ -86,6 +88,28 @@ impl Reported {
             self.current.remove(&key);
         }
     }
+}
+
+/// The reference an Event about a pod names.
+pub fn pod_reference(namespace: &str, name: &str, uid: Option<&str>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(namespace.to_owned()),
+        name: Some(name.to_owned()),
+        uid: uid.map(str::to_owned),
+        ..Default::default()
+    }
+}
+
+/// The reference of an Event about a cached pod.
+pub fn reference_of(pod: &PodObject) -> ObjectReference {
+    let meta = &pod.metadata;
+    pod_reference(
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+        meta.uid.as_deref(),
+    )
 }
 
 /// An Event with the usual fields.

@@ -15,13 +15,13 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, EvictParams};
 use kube::runtime::events::EventType;
 
 use super::caches::Stores;
-use super::events::{Reported, event};
+use super::events::{Reported, event, reference_of};
 use super::run::Pass;
 use crate::objects::PodObject;
 use crate::placement::NamespaceInfo;
@@ -148,7 +148,7 @@ impl Missed {
                 let key = format!("missed/{}/{}", pod.key(), policy.name);
                 let event = event(EventType::Warning, "MissedByWebhook", "Report", note);
                 self.reported
-                    .publish(pass.events, key, event, &reference(pod));
+                    .publish(pass.events, key, event, &reference_of(pod));
             }
             let evict = missed
                 .iter()
@@ -289,7 +289,7 @@ async fn evict_one(
                 pass.events,
                 format!("evicted/{}", pod.key()),
                 event,
-                &reference(pod),
+                &reference_of(pod),
             );
             true
         }
@@ -299,16 +299,5 @@ async fn evict_one(
             tracing::warn!(pod = %name, %namespace, error = %e, "cannot evict a missed pod");
             false
         }
-    }
-}
-
-fn reference(pod: &PodObject) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Pod".into()),
-        namespace: pod.metadata.namespace.clone(),
-        name: pod.metadata.name.clone(),
-        uid: pod.metadata.uid.clone(),
-        ..Default::default()
     }
 }

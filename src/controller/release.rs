@@ -5,13 +5,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::EventType;
 use serde_json::{Value, json};
 
 use super::caches::Snapshot;
-use super::events::event;
+use super::events::{event, pod_reference, reference_of};
 use super::run::Pass;
 use crate::placement::exclusion::{self, ExclusionPod, Hold};
 use crate::placement::rooms::Rooms;
@@ -296,14 +296,7 @@ pub async fn release_held_pods(
             "held/{}/{policy}/{action}",
             pod.uid.as_deref().unwrap_or(&pod.name)
         );
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(pod.namespace.clone()),
-            name: Some(pod.name.clone()),
-            uid: pod.uid.clone(),
-            ..Default::default()
-        };
+        let reference = pod_reference(&pod.namespace, &pod.name, pod.uid.as_deref());
         let event = event(EventType::Normal, "HeldForExclusion", action, note);
         reported.publish(pass.events, key, event, &reference);
     }
@@ -381,14 +374,7 @@ async fn requeue_blockers(
                      pods of its policy waited behind it; its controller makes it again, held \
                      behind them"
                 );
-                let reference = ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    namespace: Some(pod.namespace.clone()),
-                    name: Some(pod.name.clone()),
-                    uid: pod.uid.clone(),
-                    ..Default::default()
-                };
+                let reference = pod_reference(&pod.namespace, &pod.name, pod.uid.as_deref());
                 let key = format!("requeued/{}", pod.key());
                 let event = event(EventType::Warning, "RequeuedUnschedulable", "Evict", note);
                 reported.publish(pass.events, key, event, &reference);
@@ -452,14 +438,7 @@ pub fn report_routing_conflicts(
              policy's coscheduled",
             pools.join(", ")
         );
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: pod.metadata.namespace.clone(),
-            name: pod.metadata.name.clone(),
-            uid: pod.metadata.uid.clone(),
-            ..Default::default()
-        };
+        let reference = reference_of(pod);
         let key = format!("beside/{}", pod.key());
         let event = event(EventType::Warning, "RoutedApartFromGroup", "Route", note);
         reported.publish(pass.events, key, event, &reference);
@@ -549,14 +528,7 @@ pub async fn release_group_pods(
         let meta = &held.pod.metadata;
         let uid = meta.uid.clone().unwrap_or_default();
         let key = format!("group/{uid}/{}/{}", wait.reason, wait.cause);
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: meta.namespace.clone(),
-            name: meta.name.clone(),
-            uid: meta.uid.clone(),
-            ..Default::default()
-        };
+        let reference = reference_of(held.pod);
         let type_ = if wait.reason == "GangTimeout" {
             EventType::Warning
         } else {

@@ -154,13 +154,14 @@ fn explain_nodes(
         return;
     };
     let pod = Placement::after(&pod, &decision.grants);
-    let own = neighbours
-        .map(|n| (Required::of(input.pod, &input.namespace.name), n))
-        .filter(|(required, _)| !required.is_empty());
+    let required = Required::of(input.pod, &input.namespace.name);
     let node_labels: BTreeMap<&str, &Labels> = nodes
         .iter()
         .map(|(name, node)| (name.as_str(), &node.labels))
         .collect();
+    let own = neighbours
+        .filter(|_| !required.is_empty())
+        .map(|n| required.against(n, &node_labels));
     let _ = writeln!(
         out,
         "\nNodes (with berth's pool labels and taints applied{}):",
@@ -175,8 +176,8 @@ fn explain_nodes(
     for (name, node) in nodes {
         let with_pool = with_pool_state(name, node, input.policies);
         let fits = node_fits(&pod, name, &with_pool).and_then(|()| match &own {
-            Some((required, neighbours)) => required
-                .allows(&node.labels, neighbours, &node_labels)
+            Some(judge) => judge
+                .allows(&node.labels)
                 .inspect_err(|_| ruled_out_by_own_terms += 1),
             None => Ok(()),
         });

@@ -77,79 +77,96 @@ impl Required {
         self.affinity.is_empty() && self.anti_affinity.is_empty()
     }
 
-    /// Whether the pod's own terms allow `node` (with `labels`), given the pods
-    /// bound now and the nodes' labels; the error says which term rules it out.
-    pub fn allows(
-        &self,
-        node_labels: &Labels,
-        neighbours: &Neighbours,
-        nodes: &BTreeMap<&str, &Labels>,
-    ) -> Result<(), String> {
+    /// The pod's terms against the pods bound now: which pods each term counts is
+    /// worked out once here, so judging every node costs a look at those pods,
+    /// not at every pod in the cluster again.
+    pub fn against<'j>(
+        &'j self,
+        neighbours: &'j Neighbours<'j>,
+        nodes: &'j BTreeMap<&'j str, &'j Labels>,
+    ) -> Judge<'j> {
+        let selects = |t: &Term, p: &Bound| t.selects(p.namespace, p.labels, self, neighbours);
+        // As the scheduler counts them: the pods that match every affinity term,
+        // on nodes that carry a term's key.
+        let affinity_pods: Vec<&Bound> = neighbours
+            .pods
+            .iter()
+            .filter(|p| self.affinity.iter().all(|t| selects(t, p)))
+            .filter(|p| {
+                nodes.get(p.node).is_some_and(|l| {
+                    self.affinity
+                        .iter()
+                        .any(|t| l.contains_key(&t.topology_key))
+                })
+            })
+            .collect();
+        // The first pod of a group: no pod matches its terms anywhere, and it
+        // matches them all itself.
+        let first_of_group = affinity_pods.is_empty()
+            && self
+                .affinity
+                .iter()
+                .all(|t| t.selects(&self.namespace, &self.labels, self, neighbours));
+        let anti_pods = self
+            .anti_affinity
+            .iter()
+            .map(|t| neighbours.pods.iter().filter(|p| selects(t, p)).collect())
+            .collect();
+        Judge {
+            required: self,
+            nodes,
+            affinity_pods,
+            first_of_group,
+            anti_pods,
+        }
+    }
+}
+
+/// A pod's required terms with the pods each counts ([`Required::against`]).
+pub struct Judge<'j> {
+    required: &'j Required,
+    nodes: &'j BTreeMap<&'j str, &'j Labels>,
+    affinity_pods: Vec<&'j Bound<'j>>,
+    first_of_group: bool,
+    /// For each anti-affinity term, the pods it selects.
+    anti_pods: Vec<Vec<&'j Bound<'j>>>,
+}
+
+impl Judge<'_> {
+    /// Whether the pod's own terms allow a node with `node_labels`; the error says
+    /// which term rules it out.
+    pub fn allows(&self, node_labels: &Labels) -> Result<(), String> {
         let same_domain = |term: &Term, other: &Bound| {
             let Some(here) = node_labels.get(&term.topology_key) else {
                 return false;
             };
-            nodes
+            self.nodes
                 .get(other.node)
                 .and_then(|l| l.get(&term.topology_key))
                 .is_some_and(|there| there == here)
         };
-        if !self.affinity.is_empty() {
-            // Every term's topology key must be on the node.
-            if let Some(term) = self
-                .affinity
-                .iter()
-                .find(|t| !node_labels.contains_key(&t.topology_key))
-            {
-                return Err(format!(
-                    "its own pod affinity needs a {} label, and the node has none",
-                    term.topology_key
-                ));
-            }
-            // As the scheduler counts them: the pods that match every term, on
-            // nodes that carry a term's key.
-            let matching: Vec<&Bound> = neighbours
-                .pods
-                .iter()
-                .filter(|p| {
-                    self.affinity
-                        .iter()
-                        .all(|t| t.selects(p.namespace, p.labels, self, neighbours))
-                })
-                .filter(|p| {
-                    nodes.get(p.node).is_some_and(|l| {
-                        self.affinity
-                            .iter()
-                            .any(|t| l.contains_key(&t.topology_key))
-                    })
-                })
-                .collect();
-            let missing = self
-                .affinity
-                .iter()
-                .find(|term| !matching.iter().any(|p| same_domain(term, p)));
-            if let Some(term) = missing {
-                // The first pod of a group: no pod matches its terms anywhere, and
-                // it matches them all itself.
-                let first_of_group = matching.is_empty()
-                    && self
-                        .affinity
-                        .iter()
-                        .all(|t| t.selects(&self.namespace, &self.labels, self, neighbours));
-                if !first_of_group {
-                    return Err(format!(
-                        "its own pod affinity needs a pod matching {} in the same {}, and none is \
-                         there",
-                        term.words, term.topology_key
-                    ));
-                }
-            }
+        let affinity = &self.required.affinity;
+        // Every term's topology key must be on the node.
+        if let Some(term) = affinity
+            .iter()
+            .find(|t| !node_labels.contains_key(&t.topology_key))
+        {
+            return Err(format!(
+                "its own pod affinity needs a {} label, and the node has none",
+                term.topology_key
+            ));
         }
-        for term in &self.anti_affinity {
-            let conflict = neighbours.pods.iter().find(|p| {
-                term.selects(p.namespace, p.labels, self, neighbours) && same_domain(term, p)
-            });
-            if let Some(p) = conflict {
+        let missing = affinity
+            .iter()
+            .find(|term| !self.affinity_pods.iter().any(|p| same_domain(term, p)));
+        if let Some(term) = missing.filter(|_| !self.first_of_group) {
+            return Err(format!(
+                "its own pod affinity needs a pod matching {} in the same {}, and none is there",
+                term.words, term.topology_key
+            ));
+        }
+        for (term, pods) in self.required.anti_affinity.iter().zip(&self.anti_pods) {
+            if let Some(p) = pods.iter().find(|p| same_domain(term, p)) {
                 return Err(format!(
                     "its own pod anti-affinity keeps it out of the {} of a pod matching {} (in {}, \
                      on {})",
@@ -265,8 +282,8 @@ mod tests {
             labels: &assistant,
             node: "node1",
         });
-        assert!(beside.allows(&n1, &neighbours, &nodes).is_ok());
-        let why = beside.allows(&n2, &neighbours, &nodes).unwrap_err();
+        assert!(beside.against(&neighbours, &nodes).allows(&n1).is_ok());
+        let why = beside.against(&neighbours, &nodes).allows(&n2).unwrap_err();
         assert_eq!(
             why,
             "its own pod affinity needs a pod matching \
@@ -277,18 +294,17 @@ mod tests {
         // to the pod's own): no pod matches, and the pod does not match its own
         // term, so no node will do.
         neighbours.pods[0].namespace = "other";
-        assert!(beside.allows(&n1, &neighbours, &nodes).is_err());
+        assert!(beside.against(&neighbours, &nodes).allows(&n1).is_err());
         // With no assistant anywhere, a pod that matches its own term goes first.
         let own = task_pod(
             json!({"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "task"}}}]}}),
         );
-        assert!(own.allows(&n2, &Neighbours::default(), &nodes).is_ok());
+        let nobody = Neighbours::default();
+        assert!(own.against(&nobody, &nodes).allows(&n2).is_ok());
         // But only on a node that carries the term's key.
         let bare = labels(&[]);
-        let why = own
-            .allows(&bare, &Neighbours::default(), &nodes)
-            .unwrap_err();
+        let why = own.against(&nobody, &nodes).allows(&bare).unwrap_err();
         assert_eq!(
             why,
             "its own pod affinity needs a kubernetes.io/hostname label, and the node has none"
@@ -320,12 +336,12 @@ mod tests {
             pods: vec![on_n1(&a), on_n1(&b)],
             ..Neighbours::default()
         };
-        assert!(both.allows(&n1, &apart, &nodes).is_err());
+        assert!(both.against(&apart, &nodes).allows(&n1).is_err());
         let together = Neighbours {
             pods: vec![on_n1(&ab)],
             ..Neighbours::default()
         };
-        assert!(both.allows(&n1, &together, &nodes).is_ok());
+        assert!(both.against(&together, &nodes).allows(&n1).is_ok());
     }
 
     #[test]
@@ -351,12 +367,12 @@ mod tests {
             }],
             namespace_labels: BTreeMap::from([("elsewhere", &team)]),
         };
-        let why = apart.allows(&a2, &neighbours, &nodes).unwrap_err();
+        let why = apart.against(&neighbours, &nodes).allows(&a2).unwrap_err();
         assert!(
             why.contains("keeps it out of the zone of a pod matching app In [task]"),
             "{why}"
         );
-        assert!(apart.allows(&b1, &neighbours, &nodes).is_ok());
+        assert!(apart.against(&neighbours, &nodes).allows(&b1).is_ok());
         assert!(Required::of(&json!({}), "ci").is_empty());
     }
 }
