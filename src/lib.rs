@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod certs;
 pub mod cli;
+pub mod cluster;
 pub mod controller;
 pub mod names;
 pub mod objects;

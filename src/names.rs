@@ -78,8 +78,6 @@ pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 /// Namespaces whose DaemonSets a pool takes when it names none
 /// (`daemonSetNamespaces` absent): the system's node agents (kube-proxy, the CNI).
 pub const SYSTEM_DAEMONSET_NAMESPACES: [&str; 1] = ["kube-system"];
-/// Namespaces the shipped admission configurations never look at.
-pub const EXEMPT_NAMESPACES: [&str; 3] = ["kube-system", "kube-node-lease", "berth-system"];
 /// Field manager for every write berth makes.
 pub const FIELD_MANAGER: &str = "berth";
 /// Policy names feed label keys, whose name part is at most 63 characters

@@ -714,22 +714,17 @@ impl<K> WorkloadObject<K> {
             && self.status.updated_replicas.unwrap_or(0) >= self.desired()
     }
 
-    /// The pod template as a pod, for policy matching.
-    pub fn template_pod(&self) -> Value {
+    /// The pod template as policy matching reads a pod.
+    pub fn template_pod(&self) -> crate::placement::pod::PodView {
         let template = &self.spec.template;
-        let images = |list: &[ImageOnly]| -> Vec<Value> {
-            list.iter()
-                .map(|c| serde_json::json!({"name": c.name, "image": c.image}))
-                .collect()
-        };
-        serde_json::json!({
-            "kind": "Pod",
-            "metadata": {"labels": template.metadata.labels},
-            "spec": {
-                "containers": images(&template.spec.containers),
-                "initContainers": images(&template.spec.init_containers),
-            }
-        })
+        fn images(list: &[ImageOnly]) -> impl Iterator<Item = (&str, Option<&str>)> {
+            list.iter().map(|c| (c.name.as_str(), c.image.as_deref()))
+        }
+        crate::placement::pod::PodView::of_template(
+            template.metadata.labels.clone().unwrap_or_default(),
+            images(&template.spec.containers),
+            images(&template.spec.init_containers),
+        )
     }
 }
 

@@ -88,6 +88,25 @@ pub struct Metrics {
     pub gated_oldest_age_seconds: Family<GateLabels, Gauge>,
     /// DaemonSet templates the controller brought in line with the pools.
     pub daemonset_updates: Counter,
+    /// Passes of the releases loop.
+    pub release_passes: Counter,
+    /// Times the policies in force were compiled (once per change of a policy's
+    /// spec or finalizers, never for a status write).
+    pub policy_compiles: Counter,
+    /// The controller's writes, by kind and outcome.
+    pub controller_writes: Family<WriteLabels, Counter>,
+    /// How long each of the controller's writes took, by kind.
+    pub controller_write_seconds: Family<KindLabels, Histogram>,
+}
+
+/// A controller write: what it wrote (`node`, `policy_status`, `finalizer`,
+/// `daemonset`, `release`, `eviction`, `pod_group`, `priority_class`, `sweep`)
+/// and how it ended (`ok`, `conflict`, `not_found`, `error`, `timeout`,
+/// `not_leader`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    pub kind: String,
+    pub outcome: String,
 }
 
 impl Default for Metrics {
@@ -191,8 +210,38 @@ impl Default for Metrics {
             "Seconds until the serving certificate expires",
             certificate_expiry_seconds.clone(),
         );
+        let release_passes = Counter::default();
+        registry.register(
+            "release_passes",
+            "Passes of the controller's releases loop",
+            release_passes.clone(),
+        );
+        let policy_compiles = Counter::default();
+        registry.register(
+            "policy_compiles",
+            "Times the policies in force were compiled (a change of a policy's spec or finalizers)",
+            policy_compiles.clone(),
+        );
+        let controller_writes = Family::<WriteLabels, Counter>::default();
+        registry.register(
+            "controller_writes",
+            "The controller's writes to the apiserver, by kind and outcome",
+            controller_writes.clone(),
+        );
+        let controller_write_seconds = Family::<KindLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.001, 2.0, 14))) as fn() -> Histogram,
+        );
+        registry.register(
+            "controller_write_seconds",
+            "How long the controller's writes took, by kind",
+            controller_write_seconds.clone(),
+        );
         Metrics {
             registry,
+            release_passes,
+            policy_compiles,
+            controller_writes,
+            controller_write_seconds,
             latency,
             decisions,
             warnings,

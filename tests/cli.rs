@@ -324,6 +324,17 @@ fn berth_crd_matches_the_checked_in_manifest() {
 }
 
 #[test]
+fn berth_webhooks_matches_the_checked_in_manifest() {
+    let out = berth(&["webhooks"], None);
+    assert!(out.status.success());
+    let checked_in = std::fs::read_to_string(repo("manifests/webhooks.yaml")).unwrap();
+    assert!(
+        stdout(&out) == checked_in,
+        "manifests/webhooks.yaml is stale: run `berth webhooks > manifests/webhooks.yaml`"
+    );
+}
+
+#[test]
 fn berth_admission_policy_matches_the_checked_in_manifest() {
     let out = berth(&["admission-policy"], None);
     assert!(out.status.success());

@@ -37,14 +37,15 @@
 use serde_json::{Value, json};
 
 use crate::names::{
-    APPLIED_ANNOTATION, AVOID_GATE, DAEMONSET_CONTROLLER_USERS, EXEMPT_NAMESPACES, GATE_PREFIX,
-    GROUP, POD_GROUP_PREFIX, POLICIES_ANNOTATION, POOL_LABEL, POOL_TAINT, QUEUE_CLASS_PREFIX,
+    APPLIED_ANNOTATION, AVOID_GATE, DAEMONSET_CONTROLLER_USERS, GATE_PREFIX, GROUP,
+    POD_GROUP_PREFIX, POLICIES_ANNOTATION, POOL_LABEL, POOL_TAINT, QUEUE_CLASS_PREFIX,
     SYSTEM_DAEMONSET_NAMESPACES,
 };
 use crate::placement::bounds::{
     Bound, CONTAINERS, LABELS, OWNER_REFERENCES, PREFERRED_TERMS, REQUIRED_TERMS, SCHEDULING_GATES,
     TERM_REQUIREMENTS, TOLERATIONS,
 };
+use crate::policy::exempt::{BERTH_NAMESPACE, Exempt, SYSTEM_NAMESPACES};
 
 /// A CEL list of string literals.
 fn list(items: &[&str]) -> String {
@@ -268,11 +269,8 @@ fn namespace_selector(berth_user: &str) -> Value {
     let own = berth_user
         .strip_prefix("system:serviceaccount:")
         .and_then(|rest| rest.split(':').next())
-        .unwrap_or(EXEMPT_NAMESPACES[2]);
-    let mut exempt: Vec<&str> = EXEMPT_NAMESPACES[..2].to_vec();
-    exempt.push(own);
-    json!({"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
-        "values": exempt}]})
+        .unwrap_or(BERTH_NAMESPACE);
+    Exempt::new(SYSTEM_NAMESPACES, own).pod_selector()
 }
 
 /// Skips requests from nodes (the kubelets' mirror pods), told by identity: the

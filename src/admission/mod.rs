@@ -10,3 +10,4 @@ pub mod server;
 pub mod service;
 pub mod state;
 pub mod tls;
+pub mod webhooks;

@@ -10,6 +10,7 @@ use serde_json::Value;
 use super::review::{AdmissionRequest, AdmissionResponse};
 use super::state::GroupState;
 use crate::names::is_owned_node_key;
+use crate::placement::canonical::{RequirementKey, requirement_key};
 use crate::placement::entitlement::breaches_in_words;
 use crate::placement::groups::GroupContext;
 use crate::placement::pod::PodView;
@@ -227,16 +228,15 @@ fn entitlement_violations(
     decision.denial.into_iter().collect()
 }
 
-/// berth's own required node expressions on a pod, as JSON.
-fn owned_expressions(object: &Value) -> BTreeSet<String> {
-    object
-        .pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
-        .and_then(Value::as_array)
+/// berth's own required node expressions on a pod, by meaning (the order of
+/// their values, and an empty list the apiserver drops, mean nothing).
+fn owned_expressions(pod: &PodView) -> BTreeSet<RequirementKey> {
+    pod.required_affinity()
         .into_iter()
         .flatten()
-        .flat_map(|t| t.get("matchExpressions").and_then(Value::as_array).into_iter().flatten())
-        .filter(|e| e.get("key").and_then(Value::as_str).is_some_and(is_owned_node_key))
-        .map(Value::to_string)
+        .flat_map(|term| term.match_expressions.iter().flatten())
+        .filter(|e| is_owned_node_key(&e.key))
+        .map(requirement_key)
         .collect()
 }
 
@@ -258,10 +258,10 @@ fn pod_problems(request: &AdmissionRequest, object: &Value, snapshot: &Snapshot)
     {
         let before = entitlement_violations(old, request, snapshot);
         violations.retain(|v| !before.contains(v));
-        if !owned_expressions(old).is_subset(&owned_expressions(object)) {
-            violations.push("berth's node affinity on a pod may not be removed".into());
-        }
         if let (Ok(old), Ok(new)) = (PodView::read(old), PodView::read(object)) {
+            if !owned_expressions(&old).is_subset(&owned_expressions(&new)) {
+                violations.push("berth's node affinity on a pod may not be removed".into());
+            }
             violations.extend(forbidden_changes(
                 &old,
                 &new,

@@ -201,6 +201,7 @@ async fn read_scene(client: &Client, namespace: &str) -> Result<Scene, String> {
     let policies = PolicyCompiler::default()
         .compile(policies.iter().map(PolicyObject::source))
         .set;
+    let policies = std::sync::Arc::unwrap_or_clone(policies);
     let node_objects = Api::<NodeObject>::all(client.clone())
         .list(&list)
         .await

@@ -84,6 +84,9 @@ enum Command {
     },
     /// Print the PlacementPolicy CustomResourceDefinition, generated from the Rust types.
     Crd,
+    /// Print the webhook configurations (manifests/webhooks.yaml), generated from
+    /// the namespaces berth never sees.
+    Webhooks,
     /// Print the ValidatingAdmissionPolicies that keep berth's structural rules with
     /// berth down (manifests/admission-policy.yaml), generated from berth's rules.
     AdmissionPolicy {
@@ -186,6 +189,10 @@ pub fn run() -> ExitCode {
         ),
         Command::Crd => {
             print!("{}", crate::policy::crd::crd_yaml());
+            Ok(Ending::Done)
+        }
+        Command::Webhooks => {
+            print!("{}", crate::admission::webhooks::manifests());
             Ok(Ending::Done)
         }
         Command::AdmissionPolicy { berth_user } => {

@@ -12,9 +12,10 @@ use tokio_util::sync::CancellationToken;
 use crate::admission::body::BodyLimits;
 use crate::admission::handlers::{AppState, router};
 use crate::admission::server::{bind, serve_plain, serve_tls};
-use crate::admission::state::WatchedCluster;
 use crate::admission::tls::ReloadingCert;
-use crate::controller::{self, run::ControllerOptions};
+use crate::cluster::Cluster;
+use crate::controller::{self, ControllerOptions};
+use crate::policy::exempt::Exempt;
 use crate::telemetry::Metrics;
 
 /// Flags of `berth serve`; each can also be set by its `BERTH_*` variable.
@@ -104,7 +105,7 @@ pub struct ServeArgs {
         long,
         env = "BERTH_EXEMPT_NAMESPACES",
         value_delimiter = ',',
-        default_value = "kube-system,kube-node-lease"
+        default_values = crate::policy::exempt::SYSTEM_NAMESPACES
     )]
     pub exempt_namespaces: Vec<String>,
 }
@@ -176,16 +177,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         .map_err(ServeError::Kubeconfig)?;
     let shutdown = CancellationToken::new();
     let metrics_listener = bind(metrics_addr).await?;
+    // One model of the cluster for the webhook and the controller alike.
+    let cluster = Cluster::start(client.clone(), metrics.clone(), !no_controller);
 
     let controller_task = (!no_controller).then(|| {
-        let exempt_namespaces = exempt_namespaces
-            .iter()
-            .map(|n| n.trim().to_owned())
-            .filter(|n| !n.is_empty())
-            .chain([lease_namespace.clone()])
-            .collect();
         let options = ControllerOptions {
-            exempt_namespaces,
+            exempt: Exempt::new(&exempt_namespaces, &lease_namespace),
             lease_namespace,
             identity: identity.unwrap_or_else(default_identity),
             resync: Duration::from_secs(resync_seconds.max(1)),
@@ -194,7 +191,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
                 .then(|| Duration::from_secs(requeue_unschedulable_seconds)),
         };
         tokio::spawn(controller::run(
-            client.clone(),
+            cluster.clone(),
             metrics.clone(),
             options,
             shutdown.clone(),
@@ -223,9 +220,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         let cert = Arc::new(ReloadingCert::load(&tls_cert, &tls_key)?);
         let tls = cert.clone().server_config(client_ca.as_deref())?;
         let berth_user = whoami(&client).await;
-        let view = WatchedCluster::start(client, state_metrics.clone());
         let state = Arc::new(AppState {
-            view,
+            view: cluster,
             metrics: state_metrics.clone(),
             tls_ready: Default::default(),
             limits: BodyLimits::new(

@@ -19,19 +19,19 @@ use crate::objects::{DaemonSetObject, NamespaceMeta};
 use crate::placement::NamespaceInfo;
 use crate::placement::daemonset::template_drift;
 use crate::policy::PolicySet;
-
-/// Namespaces whose DaemonSets berth leaves alone, as the shipped webhook does.
-const LEFT_ALONE: [&str; 2] = ["kube-node-lease", "berth-system"];
+use crate::policy::exempt::Exempt;
 
 /// The patch for `daemonset`, with a `resourceVersion` test first: a template
-/// changed since the cache saw it is left for the next pass.
+/// changed since the cache saw it is left for the next pass. The DaemonSets of
+/// namespaces berth never sees are left alone, as the webhook leaves them.
 pub fn daemonset_patch(
     daemonset: &DaemonSetObject,
     namespaces: &[std::sync::Arc<NamespaceMeta>],
     policies: &PolicySet,
+    exempt: &Exempt,
 ) -> Option<Value> {
     let namespace = daemonset.namespace()?;
-    if LEFT_ALONE.contains(&namespace.as_str()) {
+    if exempt.daemonsets_of(&namespace) {
         return None;
     }
     let meta = namespaces

@@ -20,9 +20,9 @@ use kube::ResourceExt;
 use kube::api::{Api, EvictParams};
 use kube::runtime::events::EventType;
 
-use super::caches::Stores;
+use super::context::Pass;
 use super::events::{Reported, event, reference_of};
-use super::run::Pass;
+use crate::cluster::Stores;
 use crate::objects::PodObject;
 use crate::placement::NamespaceInfo;
 use crate::placement::missed::{is_candidate, missed_by, recreating_owner};
@@ -84,7 +84,7 @@ impl Missed {
         // webhook either: its pods are not missed, and evicting them would loop.
         // Nor are the pods of namespaces the webhook never sees (kube-system's,
         // berth's own): a cluster-wide policy must not report or evict them.
-        let exempt = &pass.options.exempt_namespaces;
+        let exempt = &pass.options.exempt;
         let namespaces: HashMap<String, (NamespaceInfo, NamespaceConfig)> = stores
             .namespaces
             .state()
@@ -93,7 +93,7 @@ impl Missed {
                 ns.metadata
                     .name
                     .as_ref()
-                    .is_some_and(|n| !exempt.contains(n))
+                    .is_some_and(|n| !exempt.pods_of(n))
             })
             .filter_map(|ns| {
                 let info = NamespaceInfo::from_meta(&ns.metadata);

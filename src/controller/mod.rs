@@ -2,11 +2,9 @@
 //! scheduler enforces pools and co-location, and releases pods held for exact
 //! exclusion.
 
-pub mod caches;
+pub mod context;
 pub mod daemonsets;
-pub mod desired;
 pub mod events;
-pub mod groups;
 pub mod limit;
 pub mod missed;
 pub mod nodes;
@@ -19,4 +17,5 @@ pub mod status;
 pub mod sweep;
 pub mod writer;
 
+pub use context::ControllerOptions;
 pub use run::run;

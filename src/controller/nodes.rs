@@ -16,22 +16,20 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::caches::{Changed, Snapshot, Stores};
+use super::context::{Context, DEBOUNCE, Pass, Snapshot, leadership_changed, until};
 use super::daemonsets::{daemonset_patch, write_daemonset};
-use super::desired::{BoundPod, DesiredNode, desired_node_state};
 use super::events::Reported;
 use super::limit::RateLimit;
 use super::missed::Missed;
-use super::podgroups::discover_gang_mode;
 use super::queues::{self, QueueClasses};
-use super::run::{Context, DEBOUNCE, Pass, leadership_changed, until};
 use super::status::Findings;
 use super::sweep::Sweeper;
 use super::writer::{Written, in_sync, write_node};
+use crate::cluster::{Changed, Stores};
 use crate::objects::NodeObject;
+use crate::placement::desired::{BoundPod, DesiredNode, desired_node_state};
 use crate::placement::groups::GangMode;
 use crate::policy::OptIn;
-use crate::policy::compile::PolicyCompiler;
 use crate::telemetry::KindLabels;
 
 /// Node writes in flight at once.
@@ -58,12 +56,12 @@ pub async fn run(
         stores,
         options,
         shared,
+        cluster,
         ..
     } = &context;
     let mut resync = tokio::time::interval(options.resync);
     let limit = Arc::new(RateLimit::new(options.writes_per_second));
     let mut reported = Reported::default();
-    let mut compiler = PolicyCompiler::default();
     let mut sweeper = Sweeper::default();
     let mut sweep = false;
     let mut queue_classes = QueueClasses::default();
@@ -100,8 +98,6 @@ pub async fn run(
                 scan = true;
             }
             _ = resync.tick() => {
-                let mode = discover_gang_mode(client, shared.gang_mode()).await;
-                shared.set_gang_mode(mode);
                 sweep = true;
                 queue_classes.forget();
                 wakes.everything();
@@ -114,7 +110,7 @@ pub async fn run(
         // Taken before the caches are read: a change after this is in the next pass.
         let changed = wakes.take();
         let pass = context.pass();
-        let snapshot = Snapshot::take(stores, &mut compiler);
+        let snapshot = Snapshot::take(cluster);
         let wanted_classes = queues::wanted(&snapshot.compiled.set);
         if matches!(changed, Changed::Everything) {
             queue_classes.keep(client, &wanted_classes, &limit).await;
@@ -124,7 +120,7 @@ pub async fn run(
             rescan = again.map(|after| tokio::time::Instant::now() + after);
         }
         let groups = Findings {
-            gang_mode: shared.gang_mode(),
+            gang_mode: cluster.groups().gang_mode,
             timed_out: shared.timed_out(),
             missed: missed.by_policy.clone(),
         };
@@ -149,7 +145,7 @@ pub async fn run(
         if std::mem::take(&mut sweep) {
             let pod_groups = groups.gang_mode == GangMode::PodGroup;
             let opt_in = (
-                &snapshot.compiled.set,
+                &*snapshot.compiled.set,
                 &snapshot.namespaces as &(dyn OptIn + Sync),
             );
             sweeper
@@ -197,6 +193,9 @@ pub async fn reconcile(
         .iter()
         .filter_map(|d| Some((d.namespace()?, d.uid()?)))
         .collect();
+    // DaemonSet templates depend only on the policies, the namespaces and the
+    // DaemonSets, whose changes (and a resync) are changes of everything.
+    let templates = changed == Changed::Everything;
     let nodes: Vec<Arc<NodeObject>> = match changed {
         Changed::Everything => {
             let nodes = stores.nodes.state();
@@ -275,7 +274,9 @@ pub async fn reconcile(
 
     super::status::update_statuses(pass, snapshot, desired, groups, reported).await;
     super::status::release_deleted(pass, snapshot, stores, &failed).await;
-    bring_daemonsets_in_line(pass, stores, snapshot, limit).await;
+    if templates {
+        bring_daemonsets_in_line(pass, stores, snapshot, limit).await;
+    }
     failed
 }
 
@@ -288,7 +289,12 @@ async fn bring_daemonsets_in_line(
 ) {
     let namespaces = stores.namespaces.state();
     for daemonset in stores.daemonsets.state() {
-        let Some(patch) = daemonset_patch(&daemonset, &namespaces, &snapshot.compiled.set) else {
+        let Some(patch) = daemonset_patch(
+            &daemonset,
+            &namespaces,
+            &snapshot.compiled.set,
+            &pass.options.exempt,
+        ) else {
             continue;
         };
         limit.acquire().await;
@@ -297,7 +303,7 @@ async fn bring_daemonsets_in_line(
                 pass.metrics.daemonset_updates.inc();
             }
             Err(e) => {
-                tracing::warn!(daemonset = %daemonset.name_any(), error = %e, "DaemonSet update failed; retrying on the next pass")
+                tracing::warn!(daemonset = %daemonset.name_any(), error = %e, "DaemonSet update failed; retrying at the next resync or change of the pools")
             }
         }
     }

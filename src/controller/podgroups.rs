@@ -10,36 +10,19 @@ use std::sync::Arc;
 use k8s_openapi::api::scheduling::v1beta1::{
     GangSchedulingPolicy, PodGroup, PodGroupSchedulingPolicy, PodGroupSpec,
 };
+use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
-use kube::{Client, Resource};
 use serde_json::json;
 
-use super::caches::Snapshot;
+use super::context::Pass;
+use super::context::Snapshot;
 use super::events::{Reported, event};
-use super::run::Pass;
 use crate::names::{FIELD_MANAGER, owned_metadata};
 use crate::objects::PodObject;
-use crate::placement::groups::GangMode;
 use crate::placement::opt_in::pod_entitlements;
 
-/// The API the PodGroups of native gang scheduling are served under.
-pub const POD_GROUP_API: &str = "scheduling.k8s.io/v1beta1";
-
-/// Which gang mode the cluster gets, by API discovery: `PodGroup` when the
-/// apiserver serves `podgroups` in [`POD_GROUP_API`], else `Gate`. An error other
-/// than "not served" keeps `previous`, so a blip never flips the mode.
-pub async fn discover_gang_mode(client: &Client, previous: GangMode) -> GangMode {
-    match client.list_api_group_resources(POD_GROUP_API).await {
-        Ok(list) if list.resources.iter().any(|r| r.name == "podgroups") => GangMode::PodGroup,
-        Ok(_) => GangMode::Gate,
-        Err(kube::Error::Api(status)) if status.code == 404 => GangMode::Gate,
-        Err(e) => {
-            tracing::warn!(error = %e, "API discovery of PodGroups failed; keeping the gang mode");
-            previous
-        }
-    }
-}
+pub use crate::cluster::groups::POD_GROUP_API;
 
 /// The PodGroups this controller has made sure of since the last resync: each is
 /// checked once, not on every pass; a resync checks them all again.

@@ -10,9 +10,9 @@ use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, 
 use kube::runtime::events::EventType;
 use serde_json::{Value, json};
 
-use super::caches::Snapshot;
+use super::context::Pass;
+use super::context::Snapshot;
 use super::events::{event, pod_reference, reference_of};
-use super::run::Pass;
 use crate::placement::exclusion::{self, ExclusionPod, Hold};
 use crate::placement::rooms::Rooms;
 use futures::StreamExt;
@@ -494,7 +494,7 @@ fn gate_patch(name: &str, index: usize) -> Value {
 /// others what they wait for with an Event (one per pod and cause).
 pub async fn release_group_pods(
     pass: &Pass<'_>,
-    plan: &super::groups::GroupPlan<'_>,
+    plan: &crate::placement::group_plan::GroupPlan<'_>,
     reported: &mut super::events::Reported,
 ) {
     let now = k8s_openapi::jiff::Timestamp::now();

@@ -12,11 +12,11 @@ use tokio_util::sync::CancellationToken;
 
 use kube::runtime::reflector::ObjectRef;
 
-use super::caches::{Changed, Snapshot, Stores};
+use super::context::{Context, Pass, Snapshot, leadership_changed, until};
 use super::events::Reported;
 use super::podgroups::PodGroups;
 use super::release::{PolicyLookups, release_held_pods, report_routing_conflicts};
-use super::run::{Context, Pass, leadership_changed, until};
+use crate::cluster::{Changed, Stores};
 use crate::names::{GROUP_GATES, is_berth_gate};
 use crate::objects::{PodObject, WorkloadObject};
 use crate::placement::NamespaceInfo;
@@ -24,9 +24,7 @@ use crate::placement::exclusion;
 use crate::placement::groups::GangMode;
 use crate::placement::matching::match_policies;
 use crate::placement::opt_in::applied_policies;
-use crate::placement::pod::PodView;
 use crate::placement::rooms::{RoomCache, Rooms};
-use crate::policy::compile::PolicyCompiler;
 
 /// Changes within this window are handled in one release pass: shorter than the
 /// nodes loop's, since a held pod waits for it, and a pass with nothing held is
@@ -44,13 +42,13 @@ pub async fn run(
         stores,
         options,
         shared,
+        cluster,
         ..
     } = &context;
     let mut resync = tokio::time::interval(options.resync);
     let mut reported = Reported::default();
     let mut released = exclusion::Released::default();
     let mut lookups = PolicyLookups::default();
-    let mut compiler = PolicyCompiler::default();
     let mut pod_groups = PodGroups::default();
     let mut room_cache = RoomCache::default();
     let no_rooms = Rooms::new();
@@ -70,12 +68,13 @@ pub async fn run(
         if !*leadership.borrow() {
             continue;
         }
+        context.metrics.release_passes.inc();
         let pass = context.pass();
         // The policies are read after the pods, never before: a policy the webhook
         // applied to a pod in the cache must not look deleted because the snapshot
         // predates it (that would release every pod of it at once).
         let pods = stores.pods.state();
-        let snapshot = Snapshot::take(stores, &mut compiler);
+        let snapshot = Snapshot::take(cluster);
         let held: Vec<(String, Vec<String>)> = pods
             .iter()
             .filter(|p| {
@@ -121,7 +120,7 @@ pub async fn run(
             // The policies' status reports timed-out gangs.
             context.wakes.nodes.notify_one();
         }
-        if shared.gang_mode() == GangMode::PodGroup {
+        if cluster.groups().gang_mode == GangMode::PodGroup {
             pod_groups
                 .keep(&pass, &pods, &snapshot, &mut reported)
                 .await;
@@ -148,7 +147,7 @@ fn update_rooms(cache: &mut RoomCache, changed: Changed, stores: &Stores) {
 }
 
 /// Releases the pods held by `berth.io/rank` and `berth.io/gang` that may go (see
-/// [`super::groups`]); returns the gangs held past their timeout, by policy,
+/// [`crate::placement::group_plan`]); returns the gangs held past their timeout, by policy,
 /// and how soon time alone changes what may go.
 async fn release_groups(
     pass: &Pass<'_>,
@@ -175,7 +174,7 @@ async fn release_groups(
         snapshot,
     ));
     let waiting_for_policy = |pod: &PodObject| unseen.contains_key(&pod.key());
-    let plan = super::groups::plan(
+    let plan = crate::placement::group_plan::plan(
         pods,
         &workloads,
         policies,
@@ -195,7 +194,7 @@ fn ranked_workloads<K>(
     workloads: &[Arc<WorkloadObject<K>>],
     kind: &str,
     snapshot: &Snapshot,
-) -> Vec<super::groups::RankedWorkload> {
+) -> Vec<crate::placement::group_plan::RankedWorkload> {
     let policies = &snapshot.compiled.set;
     if !policies.iter().any(|p| p.spec.start_order.is_some()) {
         return Vec::new();
@@ -206,9 +205,7 @@ fn ranked_workloads<K>(
         let Some((config, labels)) = snapshot.namespaces.get(&namespace) else {
             continue;
         };
-        let Ok(view) = PodView::read(&workload.template_pod()) else {
-            continue;
-        };
+        let view = workload.template_pod();
         let info = NamespaceInfo {
             name: namespace.clone(),
             labels: labels.clone(),
@@ -225,7 +222,7 @@ fn ranked_workloads<K>(
         let Ok(Some(rank)) = order.rank(view.labels()) else {
             continue;
         };
-        ranked.push(super::groups::RankedWorkload {
+        ranked.push(crate::placement::group_plan::RankedWorkload {
             namespace,
             name: format!(
                 "{kind}/{}",

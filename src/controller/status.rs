@@ -12,10 +12,11 @@ use kube::{Resource, ResourceExt};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::caches::{Snapshot, Stores};
+use super::context::Pass;
+use super::context::Snapshot;
 use super::events::{Reported, event};
 use super::nodes::DesiredNodes;
-use super::run::Pass;
+use crate::cluster::Stores;
 use crate::names::{FIELD_MANAGER, POOL_LABEL, POOL_TAINT, policy_of_node_label};
 use crate::objects::{NodeObject, PolicyObject};
 use crate::policy::crd::PlacementPolicyStatus;

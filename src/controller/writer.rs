@@ -19,9 +19,9 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Map, Value, json};
 
-use super::desired::DesiredNode;
 use crate::names::{FIELD_MANAGER, POOL_TAINT, is_owned_node_key};
 use crate::objects::NodeObject;
+use crate::placement::desired::DesiredNode;
 
 /// How often a write is retried after a conflict.
 const CONFLICT_RETRIES: usize = 5;

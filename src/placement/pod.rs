@@ -204,6 +204,30 @@ impl PodView {
         }
     }
 
+    /// A pod template as policy matching reads it, its labels and its containers'
+    /// (name, image), init containers apart: built directly, without a JSON pod to
+    /// read again.
+    pub fn of_template<'a>(
+        labels: Labels,
+        containers: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+        init_containers: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+    ) -> PodView {
+        let list = |items: &mut dyn Iterator<Item = (&'a str, Option<&'a str>)>| {
+            items
+                .map(|(name, image)| Container {
+                    name: name.to_owned(),
+                    image: image.map(str::to_owned),
+                    resources: Resources::default(),
+                })
+                .collect()
+        };
+        let mut fields = Fields::default();
+        fields.metadata.labels = labels;
+        fields.spec.containers = list(&mut containers.into_iter());
+        fields.spec.init_containers = list(&mut init_containers.into_iter());
+        PodView { fields }
+    }
+
     /// The length of each list [`super::bounds`] bounds.
     fn counts(&self) -> Vec<(super::bounds::Bound, usize)> {
         use super::bounds::*;

@@ -261,7 +261,8 @@ impl From<&PlacementPolicy> for PolicySource {
 /// The policies in force, and the ones that do not compile now.
 #[derive(Debug, Clone, Default)]
 pub struct Compiled {
-    pub set: PolicySet,
+    /// Shared, so every review reads it without a copy.
+    pub set: std::sync::Arc<PolicySet>,
     /// Policies that do not compile, by name; those with a last good version
     /// keep it in force (`kept`).
     pub errors: BTreeMap<String, Invalid>,
@@ -290,7 +291,8 @@ pub struct PolicyCompiler {
 
 impl PolicyCompiler {
     pub fn compile(&mut self, sources: impl IntoIterator<Item = PolicySource>) -> Compiled {
-        let mut compiled = Compiled::default();
+        let mut set = PolicySet::default();
+        let mut errors = BTreeMap::new();
         let mut seen = BTreeMap::new();
         for source in sources {
             let key = source.uid.clone().unwrap_or_else(|| source.name.clone());
@@ -308,7 +310,7 @@ impl PolicyCompiler {
             match result {
                 Ok(policy) => {
                     seen.insert(key, policy.clone());
-                    compiled.set.policies.insert(policy.name.clone(), policy);
+                    set.policies.insert(policy.name.clone(), policy);
                 }
                 Err(error) => {
                     let last = self
@@ -316,7 +318,7 @@ impl PolicyCompiler {
                         .get(&key)
                         .cloned()
                         .or_else(|| recorded.and_then(|p| CompiledPolicy::compile(&p).ok()));
-                    compiled.errors.insert(
+                    errors.insert(
                         source.name.clone(),
                         Invalid {
                             error,
@@ -324,10 +326,7 @@ impl PolicyCompiler {
                         },
                     );
                     if let Some(last) = last {
-                        compiled
-                            .set
-                            .policies
-                            .insert(last.name.clone(), last.clone());
+                        set.policies.insert(last.name.clone(), last.clone());
                         seen.insert(key, last);
                     }
                 }
@@ -335,7 +334,10 @@ impl PolicyCompiler {
         }
         // Policies that are gone (or being deleted) are forgotten.
         self.last_good = seen;
-        compiled
+        Compiled {
+            set: std::sync::Arc::new(set),
+            errors,
+        }
     }
 }
 

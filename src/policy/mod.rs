@@ -4,6 +4,7 @@
 pub mod annotations;
 pub mod compile;
 pub mod crd;
+pub mod exempt;
 pub mod groups;
 pub mod image;
 pub mod opt_in;

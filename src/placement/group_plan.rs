@@ -24,7 +24,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::names::{GANG_GATE, RANK_GATE};
 use crate::objects::PodObject;
 use crate::placement::feasibility::node_fits;
-use crate::placement::opt_in::pod_entitlements;
+use crate::placement::opt_in::{anchors, pod_entitlements};
 use crate::placement::rooms::Rooms;
 use crate::policy::compile::Labels;
 use crate::policy::groups::GangMember;
@@ -457,12 +457,15 @@ fn fit(
 }
 
 /// Whether two pods must not share a node: an avoid policy that applies to one
-/// (its namespace opting in) names the other.
+/// (its namespace opting in) anchors the other (its labels match, and its
+/// namespace counts under the policy's `anchorNamespaces`), as exclusion and the
+/// node labels judge it.
 fn must_avoid(a: &PodObject, b: &PodObject, policies: &PolicySet, opt_in: &dyn OptIn) -> bool {
     let one_way = |x: &PodObject, y: &PodObject| {
+        let namespace = y.metadata.namespace.as_deref().unwrap_or_default();
         pod_entitlements(x, policies, opt_in)
             .iter()
-            .any(|p| p.spec.avoid.is_some() && p.is_anchor_pod(labels(y)))
+            .any(|p| p.spec.avoid.is_some() && anchors(p, labels(y), namespace, opt_in))
     };
     one_way(a, b) || one_way(b, a)
 }
@@ -717,6 +720,34 @@ mod tests {
         let bigger = rooms(&[("n1", "4"), ("n2", "2")]);
         let plan = super::plan(&three, &[], &gang(), &Everyone, &bigger, &never, late);
         assert_eq!(plan.release.len(), 3, "a node more: all go");
+    }
+
+    #[test]
+    fn a_pod_avoided_across_namespaces_counts_only_as_anchor_namespaces_says() {
+        let avoid = |anchor_namespaces: &str| {
+            policies(&[(
+                "release",
+                json!({"avoid": {"matchLabels": {"app": "db"}},
+                       "anchorNamespaces": anchor_namespaces}),
+            )])
+        };
+        let subject = pod("a", json!({}), &[], json!({}));
+        let db = |namespace: &str| {
+            pod(
+                "db",
+                json!({"app": "db"}),
+                &[],
+                json!({"metadata": {"namespace": namespace}}),
+            )
+        };
+        let apps = Only("apps");
+        let same = avoid("Same");
+        assert!(must_avoid(&subject, &db("apps"), &same, &apps));
+        assert!(
+            !must_avoid(&subject, &db("other"), &same, &apps),
+            "Same: a pod whose namespace does not opt in is not avoided"
+        );
+        assert!(must_avoid(&db("other"), &subject, &avoid("All"), &apps));
     }
 
     #[test]

@@ -1,0 +1,275 @@
+//! Pods as the cluster room keeps them: stripped to what berth reads, and indexed
+//! by the node they are bound to.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher::Event;
+
+use super::Wakes;
+
+use crate::names::APPLIED_ANNOTATION;
+use crate::objects::PodObject;
+use crate::placement::bounds;
+
+/// What a pod event changes: the index of bound pods, the node the pod is bound
+/// to (and the one it left), and the held pods.
+pub(super) fn changes(
+    wakes: &Arc<Wakes>,
+    index: &PodsByNode,
+) -> impl FnMut(&Store<PodObject>, &Event<PodObject>) + Send + 'static {
+    let (wakes, index) = (wakes.clone(), index.clone());
+    move |_, event| {
+        match event {
+            Event::Apply(pod) => {
+                if let Some(node) = index.apply(pod) {
+                    wakes.node(&node);
+                }
+                if let Some(node) = &pod.spec.node_name {
+                    wakes.node(node);
+                }
+            }
+            Event::Delete(pod) => {
+                if let Some(node) = index.delete(pod) {
+                    wakes.node(&node);
+                }
+            }
+            Event::Init => index.relist(),
+            Event::InitApply(pod) => index.relisted(pod),
+            Event::InitDone => {
+                index.relist_done();
+                wakes.relisted();
+            }
+        }
+        wakes.releases.notify_one();
+    }
+}
+
+/// Bound pods by node: a pass over the nodes that changed finds their pods
+/// without a look at every pod in the cluster.
+#[derive(Clone, Default)]
+pub struct PodsByNode(Arc<Mutex<PodIndex>>);
+
+#[derive(Default)]
+struct PodIndex {
+    pods: HashMap<String, HashSet<ObjectRef<PodObject>>>,
+    node_of: HashMap<ObjectRef<PodObject>, String>,
+    /// The index being built from a new list, which replaces it once whole.
+    relisting: Option<Box<PodIndex>>,
+}
+
+/// A pod's key in the index: its namespace and name, nothing more to hold.
+fn key(pod: &PodObject) -> ObjectRef<PodObject> {
+    let meta = &pod.metadata;
+    let name = meta.name.as_deref().unwrap_or_default();
+    ObjectRef::new(name).within(meta.namespace.as_deref().unwrap_or_default())
+}
+
+impl PodIndex {
+    /// Puts `pod` on its node; returns the node it was on before, if another.
+    fn put(&mut self, pod: &PodObject) -> Option<String> {
+        let pod_key = key(pod);
+        let before = match &pod.spec.node_name {
+            Some(node) => {
+                let pods = self.pods.entry(node.clone()).or_default();
+                pods.insert(pod_key.clone());
+                self.node_of.insert(pod_key.clone(), node.clone())
+            }
+            None => self.node_of.remove(&pod_key),
+        };
+        let moved = before.filter(|b| Some(b) != pod.spec.node_name.as_ref())?;
+        self.take_off(&moved, &pod_key);
+        Some(moved)
+    }
+
+    fn take_off(&mut self, node: &str, pod: &ObjectRef<PodObject>) {
+        if let Some(pods) = self.pods.get_mut(node) {
+            pods.remove(pod);
+            if pods.is_empty() {
+                self.pods.remove(node);
+            }
+        }
+    }
+}
+
+impl PodsByNode {
+    fn index(&self) -> std::sync::MutexGuard<'_, PodIndex> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A pod created or changed; the node it left, if it was on another.
+    fn apply(&self, pod: &PodObject) -> Option<String> {
+        self.index().put(pod)
+    }
+
+    /// A pod gone; the node it was on.
+    fn delete(&self, pod: &PodObject) -> Option<String> {
+        let mut index = self.index();
+        let key = key(pod);
+        let node = index.node_of.remove(&key)?;
+        index.take_off(&node, &key);
+        Some(node)
+    }
+
+    fn relist(&self) {
+        self.index().relisting = Some(Box::default());
+    }
+
+    fn relisted(&self, pod: &PodObject) {
+        if let Some(building) = self.index().relisting.as_mut() {
+            building.put(pod);
+        }
+    }
+
+    fn relist_done(&self) {
+        let mut index = self.index();
+        if let Some(built) = index.relisting.take() {
+            *index = *built;
+        }
+    }
+
+    /// The pods bound to `node`.
+    pub fn pods_on(&self, node: &str) -> Vec<ObjectRef<PodObject>> {
+        self.index()
+            .pods
+            .get(node)
+            .map(|pods| pods.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Keeps only what anchors, entitlement and exclusion need of a pod, so the cache
+/// of every pod in a large cluster stays small.
+pub(super) fn strip_pod(pod: &mut PodObject) {
+    if let Some(annotations) = pod.metadata.annotations.as_mut() {
+        annotations.retain(|k, _| k == APPLIED_ANNOTATION);
+        if let Some(record) = annotations.get_mut(APPLIED_ANNOTATION) {
+            *record = bounded_record(record);
+        }
+    }
+    // A held pod's fit is predicted and its node affinity narrowed when it is
+    // released; a released pod's affinity says which nodes it may still take
+    // until it is bound.
+    let spec = &mut pod.spec;
+    if spec.scheduling_gates.is_empty() {
+        // The missed scan checks a pod's record against berth's marks on it.
+        spec.keep_berths_marks(spec.node_name.is_some());
+    }
+    // Ordered start waits for lower ranks to be Ready; exclusion stops waiting for
+    // a released pod the scheduler cannot place, and says why (its message, cut).
+    pod.status
+        .conditions
+        .retain(|c| c.type_ == "Ready" || c.type_ == "PodScheduled");
+    for condition in &mut pod.status.conditions {
+        condition.message = condition
+            .message
+            .take()
+            .filter(|_| condition.type_ == "PodScheduled")
+            .map(|m| m.chars().take(SCHEDULER_MESSAGE_CHARS).collect());
+    }
+}
+
+/// A `berth.io/applied` record as the cache keeps it: its first
+/// [`bounds::RECORD_NAMES`] names that could be a policy's (a record a tenant made
+/// may be 256 KiB of names, read on every pass).
+fn bounded_record(record: &str) -> String {
+    let names = record
+        .split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty() && name.len() <= MAX_POLICY_NAME)
+        .take(bounds::RECORD_NAMES);
+    names.collect::<Vec<_>>().join(",")
+}
+
+/// How much of the scheduler's message on a pod it cannot place the cache keeps.
+const SCHEDULER_MESSAGE_CHARS: usize = 200;
+
+/// The longest name a PlacementPolicy (a cluster-scoped object) may have.
+const MAX_POLICY_NAME: usize = 253;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, node: Option<&str>) -> PodObject {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"nodeName": node}}))
+        .unwrap()
+    }
+
+    fn names(index: &PodsByNode, node: &str) -> Vec<String> {
+        let mut names: Vec<String> = index.pods_on(node).into_iter().map(|r| r.name).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn the_cache_keeps_a_bounded_record_and_bounded_images_of_a_pod() {
+        let names: Vec<String> = (0..100_000).map(|i| format!("p{i}")).collect();
+        let long = "x".repeat(300);
+        let record = format!("edge, ,{long},{}", names.join(","));
+        let mut pod: PodObject = serde_json::from_value(json!({
+            "metadata": {"name": "p", "annotations": {APPLIED_ANNOTATION: record, "other": "x"}},
+            "spec": {"containers": [
+                {"name": "a", "image": "nginx:1.27"},
+                {"name": "b", "image": "cdn/".repeat(1000)}]}}))
+        .unwrap();
+        strip_pod(&mut pod);
+        let kept = &pod.metadata.annotations.as_ref().unwrap()[APPLIED_ANNOTATION];
+        let kept: Vec<&str> = kept.split(',').collect();
+        assert_eq!(kept.len(), bounds::RECORD_NAMES);
+        assert_eq!(
+            kept[..3],
+            ["edge", "p0", "p1"],
+            "no empty or overlong names"
+        );
+        assert_eq!(pod.metadata.annotations.as_ref().unwrap().len(), 1);
+        let images: Vec<Option<&str>> = pod
+            .spec
+            .containers
+            .iter()
+            .map(|c| c.image.as_deref())
+            .collect();
+        assert_eq!(
+            images,
+            [Some("nginx:1.27"), None],
+            "4 KB of image is no image"
+        );
+    }
+
+    #[test]
+    fn the_index_follows_pods_onto_their_nodes_and_off_them() {
+        let index = PodsByNode::default();
+        assert_eq!(index.apply(&pod("a", None)), None, "unbound: on no node");
+        assert_eq!(index.apply(&pod("a", Some("n1"))), None, "bound");
+        assert_eq!(index.apply(&pod("b", Some("n1"))), None);
+        assert_eq!(names(&index, "n1"), ["a", "b"]);
+        // The same name again on another node (deleted and made again between two
+        // events): it leaves the first.
+        assert_eq!(index.apply(&pod("a", Some("n2"))), Some("n1".into()));
+        assert_eq!(names(&index, "n1"), ["b"]);
+        assert_eq!(index.delete(&pod("b", Some("n1"))), Some("n1".into()));
+        assert!(names(&index, "n1").is_empty());
+        assert_eq!(index.delete(&pod("never-bound", None)), None);
+        assert_eq!(index.index().pods.len(), 1, "an emptied node is forgotten");
+    }
+
+    #[test]
+    fn a_new_list_replaces_the_index_once_whole() {
+        let index = PodsByNode::default();
+        index.apply(&pod("gone", Some("n1")));
+        index.relist();
+        index.relisted(&pod("kept", Some("n2")));
+        assert_eq!(
+            names(&index, "n1"),
+            ["gone"],
+            "the old index serves until then"
+        );
+        index.relist_done();
+        assert!(names(&index, "n1").is_empty());
+        assert_eq!(names(&index, "n2"), ["kept"]);
+    }
+}

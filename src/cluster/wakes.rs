@@ -1,0 +1,128 @@
+//! Which loops a change wakes, and what it touched.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use tokio::sync::Notify;
+
+/// What changed since a loop last looked: some nodes (the node itself, or a pod
+/// bound to it), or everything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Changed {
+    Everything,
+    Nodes(HashSet<String>),
+}
+
+/// Changes gathered for one reader until it takes them; at first, everything.
+struct Changes(Mutex<Changed>);
+
+impl Default for Changes {
+    fn default() -> Self {
+        Changes(Mutex::new(Changed::Everything))
+    }
+}
+
+impl Changes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Changed> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn node(&self, name: &str) {
+        if let Changed::Nodes(nodes) = &mut *self.lock() {
+            nodes.insert(name.to_owned());
+        }
+    }
+
+    fn everything(&self) {
+        *self.lock() = Changed::Everything;
+    }
+
+    fn take(&self) -> Changed {
+        std::mem::replace(&mut *self.lock(), Changed::Nodes(HashSet::new()))
+    }
+}
+
+/// Which loops a change wakes, and which nodes it touched: the releases (held
+/// pods) and the nodes (labels, taints, status). Both work only on what changed,
+/// so a pod event costs one node, not the cluster: the nodes loop recomputes the
+/// nodes it touched (or all of them, after a policy, namespace or DaemonSet
+/// change, a relist, a resync or a new leader), the releases loop the room left
+/// on them (or all of it, after a relist of nodes or pods).
+#[derive(Default)]
+pub struct Wakes {
+    pub releases: Notify,
+    pub nodes: Notify,
+    for_nodes: Changes,
+    for_rooms: Changes,
+}
+
+impl Wakes {
+    /// The node `name` changed, or a pod bound to it did: wakes the nodes loop.
+    pub fn node(&self, name: &str) {
+        self.for_nodes.node(name);
+        self.for_rooms.node(name);
+        self.nodes.notify_one();
+    }
+
+    /// Something every node's desired state depends on changed: wakes the nodes
+    /// loop. The room on nodes depends only on the nodes and their pods.
+    pub fn everything(&self) {
+        self.for_nodes.everything();
+        self.nodes.notify_one();
+    }
+
+    /// A watch on nodes or pods listed again: anything may have changed.
+    pub(super) fn relisted(&self) {
+        self.for_rooms.everything();
+        self.everything();
+    }
+
+    /// What changed for the nodes loop since it last took it.
+    pub fn take(&self) -> Changed {
+        self.for_nodes.take()
+    }
+
+    /// What changed for the room on nodes since the releases loop last took it.
+    pub fn take_for_rooms(&self) -> Changed {
+        self.for_rooms.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wakes_gather_the_nodes_that_changed_until_everything_did() {
+        let wakes = Wakes::default();
+        assert_eq!(wakes.take(), Changed::Everything, "the first pass sees all");
+        wakes.node("n1");
+        wakes.node("n2");
+        wakes.node("n1");
+        assert_eq!(
+            wakes.take(),
+            Changed::Nodes(HashSet::from(["n1".into(), "n2".into()]))
+        );
+        assert_eq!(wakes.take(), Changed::Nodes(HashSet::new()));
+        wakes.node("n1");
+        wakes.everything();
+        wakes.node("n3");
+        assert_eq!(wakes.take(), Changed::Everything);
+    }
+
+    #[test]
+    fn rooms_change_with_nodes_and_relists_not_with_policies() {
+        let wakes = Wakes::default();
+        assert_eq!(wakes.take_for_rooms(), Changed::Everything, "at first");
+        wakes.everything();
+        wakes.node("n1");
+        assert_eq!(
+            wakes.take_for_rooms(),
+            Changed::Nodes(HashSet::from(["n1".into()]))
+        );
+        assert_eq!(wakes.take(), Changed::Everything, "each reader its own");
+        wakes.relisted();
+        assert_eq!(wakes.take_for_rooms(), Changed::Everything);
+        assert_eq!(wakes.take(), Changed::Everything);
+    }
+}

@@ -1,0 +1,143 @@
+//! What the controller's loops work with: the options, the cluster room, the
+//! metrics and Events, and what one loop learns that the other needs. The bottom
+//! of the controller: every worker imports it, it imports no worker.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::{Client, ResourceExt};
+use tokio::sync::watch;
+
+use super::events::Events;
+use crate::cluster::{Cluster, Stores, Wakes};
+use crate::objects::PolicyObject;
+use crate::policy::NamespaceOptIn;
+use crate::policy::compile::Compiled;
+use crate::telemetry::Metrics;
+
+/// Changes within this window are handled in one pass.
+pub const DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// How the controller runs.
+#[derive(Debug, Clone)]
+pub struct ControllerOptions {
+    /// Namespace of the Lease `berth-controller`.
+    pub lease_namespace: String,
+    /// This replica's name in the Lease.
+    pub identity: String,
+    /// A full pass at least this often, even without changes.
+    pub resync: Duration,
+    /// Node writes per second at most, so a large change cannot flood the apiserver.
+    pub writes_per_second: u32,
+    /// How long a released pod of an `avoid` policy that the scheduler cannot place
+    /// may hold the others back before it is requeued; `None`: for ever.
+    pub requeue_unschedulable: Option<Duration>,
+    /// Namespaces whose pods the webhook never sees (the webhook configurations'
+    /// namespaceSelector leaves them out), berth's own among them: the missed scan
+    /// passes over them.
+    pub exempt: crate::policy::exempt::Exempt,
+}
+
+/// What both loops work with.
+#[derive(Clone)]
+pub struct Context {
+    pub client: Client,
+    pub metrics: Arc<Metrics>,
+    pub events: Events,
+    /// The process's one model of the cluster (shared with the webhook).
+    pub cluster: Arc<Cluster>,
+    pub stores: Stores,
+    pub wakes: Arc<Wakes>,
+    pub options: ControllerOptions,
+    pub shared: Arc<Shared>,
+}
+
+impl Context {
+    pub fn pass(&self) -> Pass<'_> {
+        Pass {
+            client: &self.client,
+            metrics: &self.metrics,
+            events: &self.events,
+            options: &self.options,
+        }
+    }
+}
+
+/// What one loop learns that the other needs.
+#[derive(Debug, Default)]
+pub struct Shared {
+    /// Gangs held past their timeout, by policy (the releases find them, the
+    /// policies' status reports them).
+    timed_out: Mutex<BTreeMap<String, Vec<String>>>,
+}
+
+/// The value behind `mutex`; a loop that panicked holding it left a whole value.
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    pub fn timed_out(&self) -> BTreeMap<String, Vec<String>> {
+        locked(&self.timed_out).clone()
+    }
+
+    /// Replaces the timed-out gangs; true when they changed.
+    pub fn set_timed_out(&self, timed_out: BTreeMap<String, Vec<String>>) -> bool {
+        let mut current = locked(&self.timed_out);
+        let changed = *current != timed_out;
+        *current = timed_out;
+        changed
+    }
+}
+
+/// Sleeps until `deadline`; without one, forever.
+pub async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits for the next change of leadership; `None` once election has stopped.
+pub async fn leadership_changed(leadership: &mut watch::Receiver<bool>) -> Option<bool> {
+    leadership.changed().await.ok()?;
+    Some(*leadership.borrow_and_update())
+}
+
+/// What one pass works with.
+pub struct Pass<'a> {
+    pub client: &'a Client,
+    pub metrics: &'a Metrics,
+    pub events: &'a Events,
+    pub options: &'a ControllerOptions,
+}
+
+/// Policies and namespaces as the cluster room holds them at one instant.
+pub struct Snapshot {
+    /// Every cached policy object, deleted ones included (the finalizer needs them).
+    pub objects: Vec<Arc<PolicyObject>>,
+    /// The policies in force: deleted ones left out, ones that stopped compiling
+    /// at their last good version.
+    pub compiled: Arc<Compiled>,
+    pub namespaces: NamespaceOptIn,
+}
+
+impl Snapshot {
+    pub fn take(cluster: &Cluster) -> Snapshot {
+        let objects = cluster.stores.policies.state();
+        let compiled = cluster.in_force();
+        let namespaces = cluster.stores.namespaces.state();
+        let namespaces = NamespaceOptIn::new(namespaces.iter().map(|ns| &ns.metadata));
+        Snapshot {
+            objects,
+            compiled,
+            namespaces,
+        }
+    }
+
+    /// Whether the cache holds a policy named `policy`.
+    pub fn has(&self, policy: &str) -> bool {
+        self.objects.iter().any(|p| p.name_any() == policy)
+    }
+}
