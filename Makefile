@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo demo-down test test-semantics test-faults soak lint bench bench-admission bench-cluster bench-missed fuzz static control-plane helm oracle tekton
+.PHONY: demo demo-down test test-semantics test-faults soak lint bench bench-admission bench-cluster bench-room bench-missed fuzz static control-plane helm oracle tekton
 
 ## demo: start a local control plane with four nodes and show berth at work; leaves it running
 demo: control-plane
@@ -59,6 +59,9 @@ bench-cluster: control-plane
 
 ## bench-missed: a CDN Deployment scaled while berth is killed, with onMissed Report
 ## and Evict: how many of its pods end up on the pool, and how soon
+bench-room: control-plane
+	scripts/bench-room $(BASELINE_REV)
+
 bench-missed: control-plane
 	cargo build --quiet --bin berth
 	scripts/bench-missed

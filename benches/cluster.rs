@@ -18,7 +18,8 @@
 //! - a dedicated pool over every node, until each has berth's label and taint;
 //!   then an idle resync, which must write nothing.
 //!
-//! `BENCH_ROWS=mutate` runs only the `/mutate` row, in a few minutes rather than
+//! `BENCH_ROWS=room` runs only what berth's model of the cluster costs (see
+//! `common/room.rs`). `BENCH_ROWS=mutate` runs only the `/mutate` row, in a few minutes rather than
 //! many (the cluster still has its `BENCH_NODES` nodes, but is otherwise idle);
 //! `BENCH_ROWS=exclusion` only the exclusion row.
 //!
@@ -37,6 +38,8 @@ mod common;
 mod load;
 #[path = "floor/minimal_webhook.rs"]
 mod minimal_webhook;
+#[path = "common/room.rs"]
+mod room;
 #[path = "../tests/support/mod.rs"]
 mod support;
 #[path = "common/typical_pod.rs"]
@@ -542,6 +545,15 @@ async fn main() {
     // Node Leases renewed at a kubelet's pace would take the 2 cores from 2,000
     // nodes on: the same 200 renewals a second at most.
     let lease = (node_count / 25).max(40).to_string();
+    if std::env::var("BENCH_ROWS").as_deref() == Ok("room") {
+        let up = ["--node-lease-seconds", lease.as_str()];
+        let cluster = support::TestCluster::shared_with(nodes, &up);
+        room::run(cluster, || {
+            Berth::shared_with(nodes, &up, &["--resync-seconds", &resync])
+        })
+        .await;
+        return;
+    }
     let berth = Berth::shared_with(
         nodes,
         &["--node-lease-seconds", &lease],

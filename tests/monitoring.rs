@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use berth::telemetry::{GateLabels, KindLabels, Metrics, PolicyLabels, RequestLabels};
+use berth::telemetry::{GateLabels, KindLabels, Metrics, PolicyLabels, RequestLabels, WriteLabels};
 use promql_parser::label::{MatchOp, Matchers};
 use promql_parser::parser::{self, Expr, VectorSelector};
 use promql_parser::util::{ExprVisitor, parse_duration, walk_expr};
@@ -73,6 +73,15 @@ impl Exported {
         metrics.denials.get_or_create(&kind).inc();
         metrics.errors.get_or_create(&kind).inc();
         metrics.node_writes.get_or_create(&kind).inc();
+        let write = WriteLabels {
+            kind: "node".into(),
+            outcome: "ok".into(),
+        };
+        metrics.controller_writes.get_or_create(&write).inc();
+        metrics
+            .controller_write_seconds
+            .get_or_create(&kind)
+            .observe(0.01);
         metrics.set_held(
             "berth.io/avoid",
             std::iter::empty(),

@@ -1,5 +1,12 @@
-//! Pods as the cluster room keeps them: stripped to what berth reads, and indexed
-//! by the node they are bound to.
+//! Pods as the cluster room keeps them: stripped to what berth reads, indexed by
+//! the node they are bound to, with the pods berth holds counted.
+//!
+//! A pod event wakes only what it concerns: the nodes loop when something the
+//! node's labels and taints depend on changed ([`for_nodes`]: not a container
+//! restart or a Ready flip), the room on its node always (the releases read it
+//! only while a pod is held), and the releases loop when a pod is held, or this
+//! pod is not bound (a new pod, one the scheduler cannot place) or belongs to a
+//! native PodGroup. A bound pod's status churn with nothing held wakes nothing.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -8,8 +15,9 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
 
 use super::Wakes;
+use super::seen::{Hashes, Seen};
 
-use crate::names::APPLIED_ANNOTATION;
+use crate::names::{APPLIED_ANNOTATION, is_berth_gate};
 use crate::objects::PodObject;
 use crate::placement::bounds;
 
@@ -20,30 +28,78 @@ pub(super) fn changes(
     index: &PodsByNode,
 ) -> impl FnMut(&Store<PodObject>, &Event<PodObject>) + Send + 'static {
     let (wakes, index) = (wakes.clone(), index.clone());
+    let mut hashes = Hashes::new(for_nodes);
     move |_, event| {
-        match event {
+        let seen = hashes.changed(event);
+        let held_before = index.holds_any();
+        let releases = match event {
             Event::Apply(pod) => {
                 if let Some(node) = index.apply(pod) {
                     wakes.node(&node);
                 }
                 if let Some(node) = &pod.spec.node_name {
-                    wakes.node(node);
+                    match seen {
+                        Seen::Nothing => wakes.room(node),
+                        _ => wakes.node(node),
+                    }
                 }
+                pod.spec.node_name.is_none() || pod.pod_group_name().is_some()
             }
             Event::Delete(pod) => {
                 if let Some(node) = index.delete(pod) {
                     wakes.node(&node);
                 }
+                pod.spec.node_name.is_none() || pod.pod_group_name().is_some()
             }
-            Event::Init => index.relist(),
-            Event::InitApply(pod) => index.relisted(pod),
+            Event::Init => {
+                index.relist();
+                false
+            }
+            Event::InitApply(pod) => {
+                index.relisted(pod);
+                false
+            }
             Event::InitDone => {
                 index.relist_done();
                 wakes.relisted();
+                true
             }
+        };
+        if releases || held_before || index.holds_any() {
+            wakes.releases.notify_one();
         }
-        wakes.releases.notify_one();
     }
+}
+
+/// What the nodes loop reads of a pod, hashed: its labels, its record, its
+/// owners, its node, whether it is being deleted and whether it has ended.
+fn for_nodes(pod: &PodObject) -> Option<u64> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut hasher = DefaultHasher::new();
+    let meta = &pod.metadata;
+    meta.labels.hash(&mut hasher);
+    meta.annotations.hash(&mut hasher);
+    for owner in meta.owner_references.iter().flatten() {
+        (
+            &owner.api_version,
+            &owner.kind,
+            &owner.uid,
+            owner.controller,
+        )
+            .hash(&mut hasher);
+    }
+    pod.spec.node_name.hash(&mut hasher);
+    pod.is_terminating().hash(&mut hasher);
+    pod.is_terminated().hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// Whether berth holds `pod` by one of its scheduling gates.
+fn held(pod: &PodObject) -> bool {
+    pod.spec
+        .scheduling_gates
+        .iter()
+        .any(|g| is_berth_gate(&g.name))
 }
 
 /// Bound pods by node: a pass over the nodes that changed finds their pods
@@ -55,6 +111,8 @@ pub struct PodsByNode(Arc<Mutex<PodIndex>>);
 struct PodIndex {
     pods: HashMap<String, HashSet<ObjectRef<PodObject>>>,
     node_of: HashMap<ObjectRef<PodObject>, String>,
+    /// The pods berth holds by a gate.
+    held: HashSet<ObjectRef<PodObject>>,
     /// The index being built from a new list, which replaces it once whole.
     relisting: Option<Box<PodIndex>>,
 }
@@ -70,6 +128,11 @@ impl PodIndex {
     /// Puts `pod` on its node; returns the node it was on before, if another.
     fn put(&mut self, pod: &PodObject) -> Option<String> {
         let pod_key = key(pod);
+        if held(pod) {
+            self.held.insert(pod_key.clone());
+        } else {
+            self.held.remove(&pod_key);
+        }
         let before = match &pod.spec.node_name {
             Some(node) => {
                 let pods = self.pods.entry(node.clone()).or_default();
@@ -107,9 +170,15 @@ impl PodsByNode {
     fn delete(&self, pod: &PodObject) -> Option<String> {
         let mut index = self.index();
         let key = key(pod);
+        index.held.remove(&key);
         let node = index.node_of.remove(&key)?;
         index.take_off(&node, &key);
         Some(node)
+    }
+
+    /// Whether berth holds any pod now.
+    pub fn holds_any(&self) -> bool {
+        !self.index().held.is_empty()
     }
 
     fn relist(&self) {
@@ -255,6 +324,54 @@ mod tests {
         assert!(names(&index, "n1").is_empty());
         assert_eq!(index.delete(&pod("never-bound", None)), None);
         assert_eq!(index.index().pods.len(), 1, "an emptied node is forgotten");
+    }
+
+    #[test]
+    fn a_status_change_is_nothing_the_nodes_read_a_label_or_deletion_is() {
+        let pod = |labels: serde_json::Value, status: serde_json::Value| -> PodObject {
+            serde_json::from_value(json!({
+                "metadata": {"name": "p", "namespace": "ns", "labels": labels},
+                "spec": {"nodeName": "n1"}, "status": status}))
+            .unwrap()
+        };
+        let running = for_nodes(&pod(json!({"app": "a"}), json!({"phase": "Running"})));
+        let ready =
+            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+        assert_eq!(
+            running,
+            for_nodes(&pod(json!({"app": "a"}), ready)),
+            "Ready"
+        );
+        assert_ne!(
+            running,
+            for_nodes(&pod(json!({"app": "b"}), json!({"phase": "Running"})))
+        );
+        assert_ne!(
+            running,
+            for_nodes(&pod(json!({"app": "a"}), json!({"phase": "Succeeded"})))
+        );
+    }
+
+    #[test]
+    fn the_index_counts_the_pods_berth_holds() {
+        let index = PodsByNode::default();
+        let gated: PodObject = serde_json::from_value(json!({
+            "metadata": {"name": "g", "namespace": "ns"},
+            "spec": {"schedulingGates": [{"name": "berth.io/avoid"}]}}))
+        .unwrap();
+        let other: PodObject = serde_json::from_value(json!({
+            "metadata": {"name": "o", "namespace": "ns"},
+            "spec": {"schedulingGates": [{"name": "example.com/wait"}]}}))
+        .unwrap();
+        index.apply(&other);
+        assert!(!index.holds_any(), "another's gate");
+        index.apply(&gated);
+        assert!(index.holds_any());
+        index.apply(&pod("g", Some("n1")));
+        assert!(!index.holds_any(), "released and bound");
+        index.apply(&gated);
+        index.delete(&gated);
+        assert!(!index.holds_any(), "deleted while held");
     }
 
     #[test]

@@ -64,6 +64,12 @@ impl Wakes {
         self.nodes.notify_one();
     }
 
+    /// A pod bound to `name` changed, but nothing of it the node's labels and
+    /// taints depend on: only the room on the node (what it runs, and how much).
+    pub fn room(&self, name: &str) {
+        self.for_rooms.node(name);
+    }
+
     /// Something every node's desired state depends on changed: wakes the nodes
     /// loop. The room on nodes depends only on the nodes and their pods.
     pub fn everything(&self) {

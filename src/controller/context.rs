@@ -10,6 +10,7 @@ use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 
 use super::events::Events;
+use super::writes::Writes;
 use crate::cluster::{Cluster, Stores, Wakes};
 use crate::objects::PolicyObject;
 use crate::policy::NamespaceOptIn;
@@ -51,6 +52,8 @@ pub struct Context {
     pub wakes: Arc<Wakes>,
     pub options: ControllerOptions,
     pub shared: Arc<Shared>,
+    /// The door every write goes through.
+    pub writes: Writes,
 }
 
 impl Context {
@@ -60,6 +63,7 @@ impl Context {
             metrics: &self.metrics,
             events: &self.events,
             options: &self.options,
+            writes: &self.writes,
         }
     }
 }
@@ -111,6 +115,7 @@ pub struct Pass<'a> {
     pub metrics: &'a Metrics,
     pub events: &'a Events,
     pub options: &'a ControllerOptions,
+    pub writes: &'a Writes,
 }
 
 /// Policies and namespaces as the cluster room holds them at one instant.

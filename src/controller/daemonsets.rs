@@ -14,6 +14,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
+use super::writes::{Error, Kind, Writes};
 use crate::names::FIELD_MANAGER;
 use crate::objects::{DaemonSetObject, NamespaceMeta};
 use crate::placement::NamespaceInfo;
@@ -53,10 +54,11 @@ pub fn daemonset_patch(
 
 /// Applies `patch` to `daemonset`.
 pub async fn write_daemonset(
+    writes: &Writes,
     client: &Client,
     daemonset: &DaemonSetObject,
     patch: Value,
-) -> kube::Result<()> {
+) -> Result<(), Error> {
     let namespace = daemonset.namespace().unwrap_or_default();
     let api: Api<DaemonSetObject> = Api::namespaced(client.clone(), &namespace);
     let patch: json_patch::Patch =
@@ -65,7 +67,11 @@ pub async fn write_daemonset(
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
-    api.patch(&daemonset.name_any(), &params, &Patch::<()>::Json(patch))
+    writes
+        .make(
+            Kind::DaemonSet,
+            api.patch(&daemonset.name_any(), &params, &Patch::<()>::Json(patch)),
+        )
         .await?;
     tracing::info!(daemonset = %daemonset.name_any(), %namespace, "brought the DaemonSet's template in line with the pools");
     Ok(())

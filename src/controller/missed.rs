@@ -22,6 +22,7 @@ use kube::runtime::events::EventType;
 
 use super::context::Pass;
 use super::events::{Reported, event, reference_of};
+use super::writes::Kind;
 use crate::cluster::Stores;
 use crate::objects::PodObject;
 use crate::placement::NamespaceInfo;
@@ -271,7 +272,11 @@ async fn evict_one(
         return false;
     };
     let api: Api<Pod> = Api::namespaced(pass.client.clone(), namespace);
-    match api.evict(name, &EvictParams::default()).await {
+    match pass
+        .writes
+        .make(Kind::Eviction, api.evict(name, &EvictParams::default()))
+        .await
+    {
         Ok(_) => {
             tracing::info!(pod = %name, %namespace, %policy, "evicted a missed pod; its owner recreates it through the webhook");
             pass.metrics
@@ -294,7 +299,7 @@ async fn evict_one(
             true
         }
         // A PodDisruptionBudget that allows no disruption now: the next scan.
-        Err(kube::Error::Api(e)) if e.code == 429 => false,
+        Err(e) if e.status() == Some(429) => false,
         Err(e) => {
             tracing::warn!(pod = %name, %namespace, error = %e, "cannot evict a missed pod");
             false

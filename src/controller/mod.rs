@@ -16,6 +16,7 @@ pub mod run;
 pub mod status;
 pub mod sweep;
 pub mod writer;
+pub mod writes;
 
 pub use context::ControllerOptions;
 pub use run::run;

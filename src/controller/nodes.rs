@@ -25,6 +25,7 @@ use super::queues::{self, QueueClasses};
 use super::status::Findings;
 use super::sweep::Sweeper;
 use super::writer::{Written, in_sync, write_node};
+use super::writes;
 use crate::cluster::{Changed, Stores};
 use crate::objects::NodeObject;
 use crate::placement::desired::{BoundPod, DesiredNode, desired_node_state};
@@ -68,6 +69,7 @@ pub async fn run(
     let mut pause = DEBOUNCE;
     let mut desired = DesiredNodes::new();
     let mut retry: Option<tokio::time::Instant> = None;
+    let mut retry_everything = false;
     // Pods the policies missed are looked for on full passes, and again soon
     // while evicting them.
     let mut missed = Missed::default();
@@ -92,7 +94,14 @@ pub async fn run(
                 tracing::info!(leading, identity = %options.identity, "controller leadership changed");
             }
             () = wakes.nodes.notified() => tokio::time::sleep(pause).await,
-            () = until(retry) => retry = None,
+            () = until(retry) => {
+                retry = None;
+                // A write other than a node's failed (a status, a finalizer, a
+                // DaemonSet): those are looked at on passes over everything.
+                if std::mem::take(&mut retry_everything) {
+                    wakes.everything();
+                }
+            }
             () = until(rescan) => {
                 rescan = None;
                 scan = true;
@@ -109,11 +118,14 @@ pub async fn run(
         let started = std::time::Instant::now();
         // Taken before the caches are read: a change after this is in the next pass.
         let changed = wakes.take();
+        let failures = context.writes.failures();
         let pass = context.pass();
         let snapshot = Snapshot::take(cluster);
         let wanted_classes = queues::wanted(&snapshot.compiled.set);
         if matches!(changed, Changed::Everything) {
-            queue_classes.keep(client, &wanted_classes, &limit).await;
+            queue_classes
+                .keep(&context.writes, client, &wanted_classes, &limit)
+                .await;
         }
         if std::mem::take(&mut scan) || matches!(changed, Changed::Everything) {
             let again = missed.scan(&pass, stores, &snapshot.compiled.set).await;
@@ -139,7 +151,10 @@ pub async fn run(
         for node in &failed {
             wakes.node(node);
         }
-        if !failed.is_empty() {
+        if context.writes.failures() > failures {
+            retry = Some(tokio::time::Instant::now() + RETRY_FAILED);
+            retry_everything = true;
+        } else if !failed.is_empty() {
             retry = Some(tokio::time::Instant::now() + RETRY_FAILED);
         }
         if std::mem::take(&mut sweep) {
@@ -150,6 +165,7 @@ pub async fn run(
             );
             sweeper
                 .sweep(
+                    &context.writes,
                     client,
                     &stores.pods.state(),
                     pod_groups,
@@ -239,13 +255,15 @@ pub async fn reconcile(
             (!in_sync(node, wanted)).then(|| (node.clone(), wanted.clone()))
         })
         .collect();
-    let results: Vec<(String, kube::Result<Written>)> = stream::iter(work)
+    let results: Vec<(String, Result<Written, writes::Error>)> = stream::iter(work)
         .map(|(node, desired)| {
             let client = client.clone();
             let limit = limit.clone();
+            let writes = pass.writes.clone();
             async move {
                 limit.acquire().await;
-                (node.name_any(), write_node(&client, &node, &desired).await)
+                let written = write_node(&writes, &client, &node, &desired).await;
+                (node.name_any(), written)
             }
         })
         .buffer_unordered(WRITE_CONCURRENCY)
@@ -298,7 +316,7 @@ async fn bring_daemonsets_in_line(
             continue;
         };
         limit.acquire().await;
-        match write_daemonset(pass.client, &daemonset, patch).await {
+        match write_daemonset(pass.writes, pass.client, &daemonset, patch).await {
             Ok(()) => {
                 pass.metrics.daemonset_updates.inc();
             }

@@ -18,6 +18,7 @@ use serde_json::json;
 use super::context::Pass;
 use super::context::Snapshot;
 use super::events::{Reported, event};
+use super::writes::{self, Kind};
 use crate::names::{FIELD_MANAGER, owned_metadata};
 use crate::objects::PodObject;
 use crate::placement::opt_in::pod_entitlements;
@@ -103,12 +104,12 @@ impl PodGroups {
             }
             let api: Api<PodGroup> = Api::namespaced(pass.client.clone(), &namespace);
             let result = match api.get_opt(&name).await {
-                Ok(None) => create(&api, &name, min_count, class).await,
+                Ok(None) => create(pass, &api, &name, min_count, class).await,
                 Ok(Some(found)) => {
                     let verdict = compare(&found.spec, min_count, class.as_deref());
                     put_right(pass, &api, &found, verdict, min_count, reported).await
                 }
-                Err(e) => Err(e),
+                Err(e) => Err(e.into()),
             };
             match result {
                 Ok(true) => {
@@ -152,17 +153,22 @@ fn wanted(
 
 /// Creates a PodGroup; true once it exists.
 async fn create(
+    pass: &Pass<'_>,
     api: &Api<PodGroup>,
     name: &str,
     min_count: u32,
     class: Option<String>,
-) -> kube::Result<bool> {
+) -> Result<bool, writes::Error> {
     let params = PostParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PostParams::default()
     };
-    match api
-        .create(&params, &pod_group(name, min_count, class))
+    match pass
+        .writes
+        .make(
+            Kind::PodGroup,
+            api.create(&params, &pod_group(name, min_count, class)),
+        )
         .await
     {
         Ok(_) => {
@@ -170,7 +176,7 @@ async fn create(
             Ok(true)
         }
         // Made meanwhile: checked on the next pass.
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Err(e) if e.status() == Some(409) => Ok(false),
         Err(e) => Err(e),
     }
 }
@@ -183,7 +189,7 @@ async fn put_right(
     verdict: Found,
     min_count: u32,
     reported: &mut Reported,
-) -> kube::Result<bool> {
+) -> Result<bool, writes::Error> {
     let name = found.metadata.name.clone().unwrap_or_default();
     let (note, kept) = match verdict {
         Found::Kept => return Ok(true),
@@ -192,14 +198,21 @@ async fn put_right(
         Found::MinCount => {
             let patch = json!({"spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}}});
             let params = PatchParams::apply(FIELD_MANAGER);
-            api.patch(&name, &params, &Patch::Merge(&patch)).await?;
+            pass.writes
+                .make(
+                    Kind::PodGroup,
+                    api.patch(&name, &params, &Patch::Merge(&patch)),
+                )
+                .await?;
             (
                 format!("minCount was changed by someone else; set back to {min_count}"),
                 true,
             )
         }
         Found::Foreign(why) => {
-            api.delete(&name, &DeleteParams::default()).await?;
+            pass.writes
+                .make(Kind::PodGroup, api.delete(&name, &DeleteParams::default()))
+                .await?;
             (
                 format!(
                     "{why}: not as berth made it, so deleted; berth makes it again once it is gone"

@@ -5,6 +5,7 @@
 //! classes no policy allows once no pod of a namespace that opts into the class's
 //! policy uses them.
 
+use super::writes::{Kind, Writes};
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::scheduling::v1::PriorityClass;
@@ -55,6 +56,7 @@ impl QueueClasses {
     /// class that fails is tried again at the next pass.
     pub async fn keep(
         &mut self,
+        writes: &Writes,
         client: &Client,
         wanted: &BTreeMap<String, i32>,
         limit: &RateLimit,
@@ -70,9 +72,15 @@ impl QueueClasses {
             .collect();
         for (class, value) in missing {
             limit.acquire().await;
-            match api.create(&params, &class_object(class, *value)).await {
+            match writes
+                .make(
+                    Kind::PriorityClass,
+                    api.create(&params, &class_object(class, *value)),
+                )
+                .await
+            {
                 Ok(_) => tracing::info!(%class, value, "made queue PriorityClass"),
-                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Err(e) if e.status() == Some(409) => {}
                 Err(e) => {
                     tracing::warn!(%class, error = %e, "cannot make queue PriorityClass; trying at the next pass");
                     continue;

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use super::context::Pass;
 use super::context::Snapshot;
 use super::events::{event, pod_reference, reference_of};
+use super::writes::Kind;
 use crate::placement::exclusion::{self, ExclusionPod, Hold};
 use crate::placement::rooms::Rooms;
 use futures::StreamExt;
@@ -366,7 +367,11 @@ async fn requeue_blockers(
             }),
             ..EvictParams::default()
         };
-        match api.evict(&pod.name, &unchanged).await {
+        match pass
+            .writes
+            .make(Kind::Eviction, api.evict(&pod.name, &unchanged))
+            .await
+        {
             Ok(_) => {
                 tracing::info!(pod = %pod.name, namespace = %pod.namespace, "requeued a pod the scheduler cannot place");
                 let note = format!(
@@ -463,10 +468,14 @@ async fn send_patches<T: Send>(
     for (item, namespace, name, patch) in items {
         let api: Api<PodObject> = Api::namespaced(pass.client.clone(), &namespace);
         let params = params.clone();
+        let writes = pass.writes;
         requests.push(async move {
             let result = match serde_json::from_value::<json_patch::Patch>(patch) {
-                Ok(patch) => api
-                    .patch(&name, &params, &Patch::<()>::Json(patch))
+                Ok(patch) => writes
+                    .make(
+                        Kind::Release,
+                        api.patch(&name, &params, &Patch::<()>::Json(patch)),
+                    )
                     .await
                     .map(drop)
                     .map_err(|e| e.to_string()),

@@ -31,6 +31,9 @@ use crate::placement::rooms::{RoomCache, Rooms};
 /// only a look at each pod.
 const DEBOUNCE: Duration = Duration::from_millis(25);
 
+/// How soon a pass whose write failed is followed by another.
+const RETRY_FAILED: Duration = Duration::from_secs(5);
+
 /// The releases loop; see the module.
 pub async fn run(
     context: Context,
@@ -69,6 +72,7 @@ pub async fn run(
             continue;
         }
         context.metrics.release_passes.inc();
+        let failures = context.writes.failures();
         let pass = context.pass();
         // The policies are read after the pods, never before: a policy the webhook
         // applied to a pod in the cache must not look deleted because the snapshot
@@ -115,7 +119,14 @@ pub async fn run(
             &mut reported,
         )
         .await;
-        wake_at = wake_after.map(|d| tokio::time::Instant::now() + d);
+        // A write that failed (a release, an eviction, a PodGroup) is tried again
+        // soon, whatever else wakes the loop.
+        let retry = (context.writes.failures() > failures).then_some(RETRY_FAILED);
+        wake_at = wake_after
+            .into_iter()
+            .chain(retry)
+            .min()
+            .map(|d| tokio::time::Instant::now() + d);
         if shared.set_timed_out(timed_out) {
             // The policies' status reports timed-out gangs.
             context.wakes.nodes.notify_one();

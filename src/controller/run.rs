@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::context::{Context, ControllerOptions, Shared};
 use super::events::Events;
+use super::writes::Writes;
 use crate::cluster::Cluster;
 use crate::telemetry::Metrics;
 
@@ -75,6 +76,7 @@ pub async fn run(
         cluster,
         options,
         shared: Arc::new(Shared::default()),
+        writes: Writes::new(metrics.clone(), leadership.clone()),
     };
     let releases = tokio::spawn(super::releaser::run(
         context.clone(),

@@ -16,6 +16,7 @@ use super::context::Pass;
 use super::context::Snapshot;
 use super::events::{Reported, event};
 use super::nodes::DesiredNodes;
+use super::writes::{self, Kind};
 use crate::cluster::Stores;
 use crate::names::{FIELD_MANAGER, POOL_LABEL, POOL_TAINT, policy_of_node_label};
 use crate::objects::{NodeObject, PolicyObject};
@@ -33,14 +34,19 @@ fn params() -> PatchParams {
 
 /// Sets `policy`'s finalizers to `finalizers`, if its resourceVersion still holds.
 async fn set_finalizers(
+    pass: &Pass<'_>,
     api: &Api<PolicyObject>,
     policy: &PolicyObject,
     finalizers: Vec<&String>,
-) -> kube::Result<()> {
+) -> Result<(), writes::Error> {
     let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": policy.resource_version()}});
-    api.patch(&policy.name_any(), &params(), &Patch::Merge(&patch))
+    pass.writes
+        .make(
+            Kind::Finalizer,
+            api.patch(&policy.name_any(), &params(), &Patch::Merge(&patch)),
+        )
         .await
-        .map(|_| ())
+        .map(drop)
 }
 
 /// Live policies get the finalizer before they have any effect on nodes. Returns
@@ -58,7 +64,7 @@ pub async fn add_finalizers(pass: &Pass<'_>, snapshot: &Snapshot) -> BTreeSet<St
             let mut finalizers: Vec<&String> = policy.finalizers().iter().collect();
             let ours = FINALIZER.to_string();
             finalizers.push(&ours);
-            if let Err(e) = set_finalizers(&api, policy, finalizers).await {
+            if let Err(e) = set_finalizers(pass, &api, policy, finalizers).await {
                 tracing::warn!(policy = %policy.name_any(), error = %e, "cannot add the finalizer; retrying on the next pass");
                 continue;
             }
@@ -112,7 +118,7 @@ pub async fn release_deleted(
                 .iter()
                 .filter(|f| *f != FINALIZER)
                 .collect();
-            if let Err(e) = set_finalizers(&api, policy, rest).await {
+            if let Err(e) = set_finalizers(pass, &api, policy, rest).await {
                 tracing::warn!(policy = %name, error = %e, "cannot remove the finalizer; retrying on the next pass");
             }
         }
@@ -376,8 +382,12 @@ pub async fn update_statuses(
         };
         if current.as_ref() != Some(&status) {
             let patch = json!({"status": status});
-            if let Err(e) = api
-                .patch_status(&name, &params(), &Patch::Merge(&patch))
+            if let Err(e) = pass
+                .writes
+                .make(
+                    Kind::PolicyStatus,
+                    api.patch_status(&name, &params(), &Patch::Merge(&patch)),
+                )
                 .await
             {
                 tracing::warn!(policy = %name, error = %e, "cannot write the status; retrying on the next pass");

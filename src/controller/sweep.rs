@@ -10,6 +10,7 @@
 //! this sweep or the one before: a class the webhook just made, or a group whose
 //! pods are being replaced, survives.
 
+use super::writes::{Kind, Writes};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,7 @@ impl Sweeper {
     /// `pod_groups`, the PodGroups no live pod joins.
     pub async fn sweep(
         &mut self,
+        writes: &Writes,
         client: &Client,
         pods: &[Arc<PodObject>],
         pod_groups: bool,
@@ -67,7 +69,7 @@ impl Sweeper {
         let api_for = |_: &PriorityClass| api.clone();
         let name = |c: &PriorityClass| c.name_any();
         self.unused_classes =
-            delete_unused(found, &classes, &self.unused_classes, name, api_for).await;
+            delete_unused(writes, found, &classes, &self.unused_classes, name, api_for).await;
 
         if !pod_groups {
             self.unused_groups.clear();
@@ -86,7 +88,8 @@ impl Sweeper {
         let namespace = |g: &PodGroup| g.namespace().unwrap_or_default();
         let api_for = |g: &PodGroup| Api::namespaced(client.clone(), &namespace(g));
         let key = |g: &PodGroup| format!("{}/{}", namespace(g), g.name_any());
-        self.unused_groups = delete_unused(found, &groups, &self.unused_groups, key, api_for).await;
+        self.unused_groups =
+            delete_unused(writes, found, &groups, &self.unused_groups, key, api_for).await;
     }
 }
 
@@ -109,6 +112,7 @@ where
 /// keys unused now. Each delete is bound to the object's uid, so a namesake made in
 /// the meantime stays.
 async fn delete_unused<K>(
+    writes: &Writes,
     found: impl IntoIterator<Item = K>,
     used: &BTreeSet<String>,
     unused_before: &BTreeSet<String>,
@@ -134,9 +138,15 @@ where
             }),
             ..DeleteParams::default()
         };
-        match api_for(object).delete(&object.name_any(), &params).await {
+        match writes
+            .make(
+                Kind::Sweep,
+                api_for(object).delete(&object.name_any(), &params),
+            )
+            .await
+        {
             Ok(_) => tracing::info!(object = %key, "deleted, unused"),
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
+            Err(e) if matches!(e.status(), Some(404 | 409)) => {}
             Err(e) => tracing::warn!(object = %key, error = %e, "cannot delete an unused object"),
         }
     }

@@ -19,6 +19,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Map, Value, json};
 
+use super::writes::{Error, Kind, Writes};
 use crate::names::{FIELD_MANAGER, POOL_TAINT, is_owned_node_key};
 use crate::objects::NodeObject;
 use crate::placement::desired::DesiredNode;
@@ -122,10 +123,11 @@ fn node_patch(node: &NodeObject, desired: &DesiredNode) -> Option<(Value, Writte
 
 /// Brings `node` to `desired` in one write, retried on conflict with fresh data.
 pub async fn write_node(
+    writes: &Writes,
     client: &Client,
     node: &NodeObject,
     desired: &DesiredNode,
-) -> kube::Result<Written> {
+) -> Result<Written, Error> {
     let api: Api<NodeObject> = Api::all(client.clone());
     let name = node.name_any();
     let params = PatchParams {
@@ -141,16 +143,20 @@ pub async fn write_node(
                 ..Written::default()
             });
         };
-        match api.patch(&name, &params, &Patch::Merge(&patch)).await {
+        let patch = Patch::Merge(&patch);
+        match writes
+            .make(Kind::Node, api.patch(&name, &params, &patch))
+            .await
+        {
             Ok(_) => {
                 return Ok(Written {
                     conflicts,
                     ..written
                 });
             }
-            Err(kube::Error::Api(e)) if e.code == 409 && conflicts < CONFLICT_RETRIES => {
+            Err(e) if e.status() == Some(409) && conflicts < CONFLICT_RETRIES => {
                 conflicts += 1;
-                current = api.get(&name).await?;
+                current = writes.make(Kind::Node, api.get(&name)).await?;
             }
             Err(e) => return Err(e),
         }

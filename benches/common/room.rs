@@ -1,0 +1,135 @@
+//! What berth's model of the cluster costs (`BENCH_ROWS=room`; `scripts/bench-room`
+//! runs it for the previous release and this one and prints both):
+//!
+//! - watch connections: the apiserver's own count of WATCH requests in flight
+//!   (`apiserver_longrunning_requests`), before berth starts and once it is ready;
+//! - an idle minute: node passes, release passes and berth's CPU;
+//! - unrelated pod events: `BENCH_ROOM_EVENTS` (1,000) annotation changes on bound
+//!   pods of a namespace that opts into nothing; node passes, release passes and
+//!   CPU while berth takes them in;
+//! - berth's RSS with the nodes and `BENCH_ROOM_PODS` (2,000) bound pods cached.
+//!
+//! The release passes are `-` for a berth that does not count them.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use super::support::{Berth, TestCluster, fresh_namespace};
+use super::{cpu_seconds, env_number, memory_mib, pods, time_to_bind};
+
+/// WATCH requests the apiserver serves now, from its own metrics.
+fn apiserver_watches(cluster: &TestCluster) -> f64 {
+    let metrics = cluster.kubectl_ok(&["get", "--raw", "/metrics"]);
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\"")
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until the apiserver's count of watches has held still for 5 s.
+async fn settled_watches(cluster: &TestCluster) -> f64 {
+    let mut last = apiserver_watches(cluster);
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let now = apiserver_watches(cluster);
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// Node passes, release passes (if berth counts them) and CPU seconds so far.
+struct Mark {
+    nodes: f64,
+    releases: Option<f64>,
+    cpu: f64,
+}
+
+impl Mark {
+    fn now(berth: &Berth) -> Mark {
+        Mark {
+            nodes: berth.metric("berth_reconciles_total").unwrap_or(0.0),
+            releases: berth.metric("berth_release_passes_total"),
+            cpu: cpu_seconds(berth.pid()),
+        }
+    }
+
+    /// What happened since `self`, as a table's cells.
+    fn since(&self, berth: &Berth) -> String {
+        let now = Mark::now(berth);
+        let releases = match (self.releases, now.releases) {
+            (Some(before), Some(after)) => format!("{:.0}", after - before),
+            _ => "-".into(),
+        };
+        format!(
+            "{:.0} | {releases} | {:.2}",
+            now.nodes - self.nodes,
+            now.cpu - self.cpu
+        )
+    }
+}
+
+pub async fn run(cluster: &'static TestCluster, start_berth: impl FnOnce() -> &'static Berth) {
+    let before = settled_watches(cluster).await;
+    let berth = start_berth();
+    let watches = settled_watches(cluster).await - before;
+    let client = cluster.client().await;
+    let which = std::env::var("BENCH_LABEL").unwrap_or_else(|_| "this build".into());
+
+    let idle = Mark::now(berth);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let idle = idle.since(berth);
+
+    let count = env_number("BENCH_ROOM_PODS", 2000);
+    let ns = fresh_namespace(&client, "bench-room").await;
+    let bound = time_to_bind(&client, &ns, pods("room", count, &json!({}))).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let rss = memory_mib(berth.pid(), "VmRSS");
+
+    let events = env_number("BENCH_ROOM_EVENTS", 1000);
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let touched = Mark::now(berth);
+    let started = Instant::now();
+    futures::stream::iter(0..events)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let patch = json!({"metadata": {"annotations": {"bench.example.com/touch": i.to_string()}}});
+                let name = format!("room-{}", i % count);
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .expect("annotate a pod");
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<()>()
+        .await;
+    let took = started.elapsed();
+    // The last events reach berth moments after the last answer.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let touched = touched.since(berth);
+
+    println!();
+    println!(
+        "berth: {which}; {} nodes, {count} bound pods (bound in {:.0} s)",
+        cluster.node_names().len(),
+        bound.as_secs_f64()
+    );
+    println!("| what | node passes | release passes | berth CPU s |");
+    println!("|---|---:|---:|---:|");
+    println!("| an idle minute | {idle} |");
+    println!(
+        "| {events} annotation changes on bound pods nothing selects ({:.1} s) | {touched} |",
+        took.as_secs_f64()
+    );
+    println!("berth's watch connections (the apiserver's WATCH requests): {watches:.0}");
+    println!("berth's RSS with the nodes and {count} pods cached: {rss:.0} MiB");
+}

@@ -1,0 +1,232 @@
+//! Every write the controller makes passes through [`Writes::make`]:
+//!
+//! - the Lease is checked before each write, not once per pass: a replica that
+//!   lost it mid-pass makes no further write;
+//! - each call is bounded by [`WRITE_TIMEOUT`], so one stuck connection cannot
+//!   hold a loop;
+//! - each is counted by kind and outcome (`berth_controller_writes_total`) with
+//!   its latency (`berth_controller_write_seconds`), so the alert on the failure
+//!   rate sees a loop whose every write fails, which the stall alert cannot.
+//!
+//! A failed write is logged by its caller, which knows what it was for; the loops
+//! look at [`Writes::failures`] after a pass to schedule the retry.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::telemetry::{KindLabels, Metrics, WriteLabels};
+
+/// The longest a single write may take.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a write is for: the `kind` label of its metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A node's berth labels and taints (and the read after a conflict).
+    Node,
+    /// A policy's finalizer, added or removed.
+    Finalizer,
+    /// A policy's status.
+    PolicyStatus,
+    /// A DaemonSet template brought in line with the pools.
+    DaemonSet,
+    /// A held pod's gate removed (and its affinity narrowed).
+    Release,
+    /// A pod evicted: missed by its policies, or blocking those behind it.
+    Eviction,
+    /// A gang's PodGroup made, changed or deleted.
+    PodGroup,
+    /// A `berth-queue-` PriorityClass made.
+    PriorityClass,
+    /// An object berth made and no longer needs, deleted.
+    Sweep,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Node => "node",
+            Kind::Finalizer => "finalizer",
+            Kind::PolicyStatus => "policy_status",
+            Kind::DaemonSet => "daemonset",
+            Kind::Release => "release",
+            Kind::Eviction => "eviction",
+            Kind::PodGroup => "pod_group",
+            Kind::PriorityClass => "priority_class",
+            Kind::Sweep => "sweep",
+        }
+    }
+}
+
+/// Why a write was not made, or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// This replica does not hold the Lease: the write was not sent.
+    #[error("this replica does not hold the Lease")]
+    NotLeader,
+    /// The apiserver did not answer in time; the write may or may not have landed.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+}
+
+impl Error {
+    /// The HTTP status the apiserver answered with, if it answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Error::Kube(kube::Error::Api(status)) => Some(status.code),
+            _ => None,
+        }
+    }
+
+    /// The `outcome` label of a write that ended so.
+    pub fn outcome(&self) -> &'static str {
+        match (self, self.status()) {
+            (Error::NotLeader, _) => "not_leader",
+            (Error::Timeout(_), _) => "timeout",
+            (_, Some(409)) => "conflict",
+            (_, Some(404)) => "not_found",
+            (_, Some(429)) => "too_many_requests",
+            _ => "error",
+        }
+    }
+}
+
+/// The controller's door to the apiserver; cheap to clone.
+#[derive(Clone)]
+pub struct Writes {
+    metrics: Arc<Metrics>,
+    leading: watch::Receiver<bool>,
+    failures: Arc<AtomicU64>,
+}
+
+impl Writes {
+    pub fn new(metrics: Arc<Metrics>, leading: watch::Receiver<bool>) -> Writes {
+        Writes {
+            metrics,
+            leading,
+            failures: Arc::default(),
+        }
+    }
+
+    /// Makes the write `call` of `kind` if this replica leads; see the module.
+    pub async fn make<T>(
+        &self,
+        kind: Kind,
+        call: impl Future<Output = kube::Result<T>>,
+    ) -> Result<T, Error> {
+        let result = if *self.leading.borrow() {
+            let started = Instant::now();
+            let result = match tokio::time::timeout(WRITE_TIMEOUT, call).await {
+                Ok(result) => result.map_err(Error::from),
+                Err(_) => Err(Error::Timeout(WRITE_TIMEOUT)),
+            };
+            self.metrics
+                .controller_write_seconds
+                .get_or_create(&KindLabels {
+                    kind: kind.as_str().into(),
+                })
+                .observe(started.elapsed().as_secs_f64());
+            result
+        } else {
+            Err(Error::NotLeader)
+        };
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(e) => {
+                // A write refused as stale (409) or for a thing gone (404) is the
+                // world having moved on, not a failure to retry.
+                if !matches!(e.status(), Some(409 | 404)) {
+                    self.failures.fetch_add(1, Ordering::Relaxed);
+                }
+                e.outcome()
+            }
+        };
+        self.metrics
+            .controller_writes
+            .get_or_create(&WriteLabels {
+                kind: kind.as_str().into(),
+                outcome: outcome.into(),
+            })
+            .inc();
+        result
+    }
+
+    /// How many writes have failed so far (not counting conflicts and objects
+    /// gone): a loop compares it before and after a pass to schedule a retry.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(metrics: &Metrics, kind: &str, outcome: &str) -> u64 {
+        metrics
+            .controller_writes
+            .get_or_create(&WriteLabels {
+                kind: kind.into(),
+                outcome: outcome.into(),
+            })
+            .get()
+    }
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("no", "Reason")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[tokio::test]
+    async fn writes_are_counted_by_kind_and_outcome_and_only_a_leader_writes() {
+        let metrics = Arc::new(Metrics::default());
+        let (leading, receiver) = watch::channel(true);
+        let writes = Writes::new(metrics.clone(), receiver);
+        assert_eq!(writes.make(Kind::Node, async { Ok(1) }).await.unwrap(), 1);
+        let conflict = writes.make(Kind::Node, async { Err::<(), _>(api_error(409)) });
+        assert_eq!(conflict.await.unwrap_err().outcome(), "conflict");
+        let refused = writes.make(Kind::Release, async { Err::<(), _>(api_error(500)) });
+        assert_eq!(refused.await.unwrap_err().outcome(), "error");
+        assert_eq!(sample(&metrics, "node", "ok"), 1);
+        assert_eq!(sample(&metrics, "node", "conflict"), 1);
+        assert_eq!(sample(&metrics, "release", "error"), 1);
+        assert_eq!(writes.failures(), 1, "a conflict is no failure to retry");
+
+        leading.send_replace(false);
+        let sent = std::sync::atomic::AtomicBool::new(false);
+        let result = writes
+            .make(Kind::Eviction, async {
+                sent.store(true, Ordering::Relaxed);
+                Ok(())
+            })
+            .await;
+        assert!(matches!(result, Err(Error::NotLeader)));
+        assert!(
+            !sent.load(Ordering::Relaxed),
+            "nothing sent without the Lease"
+        );
+        assert_eq!(sample(&metrics, "eviction", "not_leader"), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_with_no_answer_times_out() {
+        let metrics = Arc::new(Metrics::default());
+        let (_leading, receiver) = watch::channel(true);
+        let writes = Writes::new(metrics.clone(), receiver);
+        let stuck = writes.make(
+            Kind::PolicyStatus,
+            std::future::pending::<kube::Result<()>>(),
+        );
+        assert!(matches!(stuck.await, Err(Error::Timeout(_))));
+        assert_eq!(sample(&metrics, "policy_status", "timeout"), 1);
+    }
+}
