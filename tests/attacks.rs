@@ -459,12 +459,19 @@ async fn a_review_sent_by_anyone_but_the_apiserver_is_refused() {
     let allowed: BTreeSet<i32> = berth::policy::crd::Queue::default()
         .class_values()
         .collect();
+    // Once the controller has made every class the policies allow, the values are
+    // exactly those: a class made for the forged review would be one more.
     let classes: Api<PriorityClass> = Api::all(client.clone());
-    let berths = classes
-        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=berth"))
-        .await
-        .unwrap();
-    for class in berths.items {
+    let made = eventually("berth's queue classes", WAIT, || async {
+        let berths = classes
+            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=berth"))
+            .await
+            .ok()?;
+        let values: BTreeSet<i32> = berths.items.iter().filter_map(|c| c.value).collect();
+        allowed.is_subset(&values).then_some(berths.items)
+    })
+    .await;
+    for class in made {
         assert!(
             class.value.is_some_and(|v| allowed.contains(&v)),
             "PriorityClass {} of value {:?} is none the policies allow",

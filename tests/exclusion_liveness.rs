@@ -109,15 +109,18 @@ async fn a_pod_that_can_never_be_placed_holds_the_others_only_for_a_bounded_wait
     .await;
     assert!(note.contains("the scheduler cannot place it"), "{note}");
     // Its controller made it again: one stuck pod, not the evicted one.
-    let again = pods
-        .list(&ListParams::default().labels("role=stuck"))
-        .await
-        .unwrap()
-        .items;
-    assert!(
-        again
+    eventually("the stuck pod made again", WAIT, || async {
+        let again = pods
+            .list(&ListParams::default().labels("role=stuck"))
+            .await
+            .ok()?
+            .items;
+        let live: Vec<&str> = again
             .iter()
-            .all(|p| p.metadata.name.as_deref() != Some(first.as_str())),
-        "the evicted pod is gone"
-    );
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| p.metadata.name.as_deref())
+            .collect();
+        (live.len() == 1 && live[0] != first).then_some(())
+    })
+    .await;
 }

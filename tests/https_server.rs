@@ -127,11 +127,19 @@ impl Drop for Served {
 
 #[tokio::test]
 async fn an_in_flight_request_finishes_and_the_connection_closes() {
+    // The handler says when it has the request, so the shutdown comes while it is
+    // in flight, however busy the machine.
+    let started = Arc::new(Notify::new());
+    let handler_started = started.clone();
     let app = Router::new().route(
         "/slow",
-        get(|| async {
-            tokio::time::sleep(Duration::from_millis(800)).await;
-            "finished"
+        get(move || {
+            let started = handler_started.clone();
+            async move {
+                started.notify_one();
+                tokio::time::sleep(Duration::from_millis(800)).await;
+                "finished"
+            }
         }),
     );
     let mut served = Served::start("graceful", app, &[]).await;
@@ -140,7 +148,7 @@ async fn an_in_flight_request_finishes_and_the_connection_closes() {
         .await
         .unwrap();
 
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    started.notified().await;
     served.shutdown.cancel();
     let mut response = String::new();
     tokio::time::timeout(Duration::from_secs(5), tls.read_to_string(&mut response))

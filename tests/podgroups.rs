@@ -165,10 +165,27 @@ async fn a_native_gang_waits_for_its_last_member_then_goes_at_once() {
             .list(&ListParams::default().labels("app=pg-count"))
             .await
             .ok()?;
-        (bound_count(&all.items) == 3).then_some(())
+        (bound_count(&all.items) == 3).then_some(all.items)
     })
     .await;
-    assert_eq!(all, ());
+    // At once: no member was scheduled before the last one existed.
+    let created = |pod: &Pod| pod.metadata.creation_timestamp.clone().expect("created").0;
+    let last = all.iter().map(created).max().expect("three pods");
+    for pod in &all {
+        let scheduled = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"))
+            .and_then(|c| c.last_transition_time.clone())
+            .expect("a PodScheduled time")
+            .0;
+        assert!(
+            scheduled >= last,
+            "{:?} was scheduled at {scheduled}, before the last member was made at {last}",
+            pod.metadata.name
+        );
+    }
 }
 
 #[tokio::test]

@@ -191,9 +191,13 @@ async fn a_certificate_rotated_during_a_request_stream_loses_no_request() {
     // certificate has been renewed three times and once replaced by a broken pair;
     // each step waits until berth has seen it, so no two coalesce.
     let done = std::sync::atomic::AtomicBool::new(false);
+    // Answers so far, of all workers: each step waits for more of them, so
+    // requests are in flight across every reload.
+    let answered = std::sync::atomic::AtomicUsize::new(0);
     let stream = |worker: usize| {
         let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
         let done = &done;
+        let answered = &answered;
         async move {
             let params = PostParams {
                 dry_run: true,
@@ -218,6 +222,7 @@ async fn a_certificate_rotated_during_a_request_stream_loses_no_request() {
                     "request {mutated} of worker {worker} was not mutated"
                 );
                 mutated += 1;
+                answered.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             }
             mutated
         }
@@ -234,10 +239,17 @@ async fn a_certificate_rotated_during_a_request_stream_loses_no_request() {
     };
     let reloaded = "serving certificate reloaded";
     let rejected = "new serving certificate rejected; the old one keeps serving";
+    let more_answers = || async {
+        let mark = answered.load(std::sync::atomic::Ordering::Acquire);
+        support::eventually("8 more answers", Duration::from_secs(30), || async {
+            (answered.load(std::sync::atomic::Ordering::Acquire) >= mark + 8).then_some(())
+        })
+        .await
+    };
     let rotate = async {
         let before = berth.log().matches(reloaded).count();
         for round in 0..3 {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            more_answers().await;
             if round == 1 {
                 // A broken pair: berth must keep serving the old one.
                 let rejections = berth.log().matches(rejected).count();
@@ -252,7 +264,7 @@ async fn a_certificate_rotated_during_a_request_stream_loses_no_request() {
             assert!(out.status.success(), "{}", text(&out.stderr));
             logged(reloaded, before + round + 1).await;
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        more_answers().await;
         done.store(true, std::sync::atomic::Ordering::Release);
     };
     let (counts, ()) = tokio::join!(futures::future::join_all((0..4).map(stream)), rotate);

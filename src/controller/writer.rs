@@ -166,6 +166,8 @@ pub async fn write_node(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hyper::{Request, Response};
+    use kube::client::Body;
 
     fn node(labels: Value, taints: Value) -> NodeObject {
         serde_json::from_value(
@@ -227,5 +229,96 @@ mod tests {
         let wanted = desired(&[(POOL, "cdn")], Some("cdn"));
         assert!(in_sync(&current, &wanted));
         assert!(node_patch(&current, &wanted).is_none());
+    }
+
+    /// A client whose apiserver is the test: each request it sends comes out of
+    /// the handle, and the test answers it.
+    fn mock_apiserver() -> (
+        Client,
+        tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    ) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        (Client::new(service, "default"), handle)
+    }
+
+    fn answer(status: u16, body: Value) -> Response<Body> {
+        Response::builder()
+            .status(status)
+            .body(Body::from(serde_json::to_vec(&body).unwrap()))
+            .unwrap()
+    }
+
+    async fn body(request: Request<Body>) -> Value {
+        let bytes = request.into_body().collect_bytes().await.unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_node_write_is_one_merge_patch_by_berth_retried_on_fresh_data_after_a_conflict() {
+        let (client, mut apiserver) = mock_apiserver();
+        let (_leading, leader) = tokio::sync::watch::channel(true);
+        let writes = Writes::new(std::sync::Arc::default(), leader);
+        let current = node(json!({}), json!([]));
+        let wanted = desired(&[(POOL, "cdn")], Some("cdn"));
+        let server = tokio::spawn(async move {
+            let (request, send) = apiserver.next_request().await.expect("a patch");
+            assert_eq!(request.method(), "PATCH");
+            assert_eq!(request.uri().path(), "/api/v1/nodes/n");
+            assert_eq!(request.uri().query(), Some("&fieldManager=berth"));
+            assert_eq!(
+                request.headers()["content-type"],
+                "application/merge-patch+json"
+            );
+            let patch = body(request).await;
+            assert_eq!(patch["metadata"]["resourceVersion"], "7");
+            assert_eq!(patch["metadata"]["labels"], json!({POOL: "cdn"}));
+            let conflict = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "reason": "Conflict", "code": 409, "message": "the object has been modified"});
+            send.send_response(answer(409, conflict));
+
+            let (request, send) = apiserver.next_request().await.expect("a read");
+            assert_eq!(request.method(), "GET");
+            assert_eq!(request.uri().path(), "/api/v1/nodes/n");
+            let taint = json!({"key": "gpu", "effect": "NoSchedule"});
+            send.send_response(answer(
+                200,
+                json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "n", "resourceVersion": "8"},
+                "spec": {"taints": [taint]}}),
+            ));
+
+            let (request, send) = apiserver.next_request().await.expect("a patch again");
+            let patch = body(request).await;
+            assert_eq!(patch["metadata"]["resourceVersion"], "8", "on fresh data");
+            assert_eq!(
+                patch["spec"]["taints"],
+                json!([taint, {"key": "berth.io/pool", "value": "cdn", "effect": "NoSchedule"}]),
+                "the taint added meanwhile is kept"
+            );
+            send.send_response(answer(
+                200,
+                json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "n", "resourceVersion": "9"}}),
+            ));
+        });
+        let written = write_node(&writes, &client, &current, &wanted)
+            .await
+            .unwrap();
+        server.await.unwrap();
+        assert!(written.labels && written.taints);
+        assert_eq!(written.conflicts, 1);
+    }
+
+    #[tokio::test]
+    async fn a_replica_without_the_lease_sends_nothing() {
+        let (client, mut apiserver) = mock_apiserver();
+        let (_leading, follower) = tokio::sync::watch::channel(false);
+        let writes = Writes::new(std::sync::Arc::default(), follower);
+        let current = node(json!({}), json!([]));
+        let wanted = desired(&[(POOL, "cdn")], None);
+        let result = write_node(&writes, &client, &current, &wanted).await;
+        assert!(matches!(result, Err(Error::NotLeader)));
+        drop(client);
+        assert!(apiserver.next_request().await.is_none(), "no request sent");
     }
 }

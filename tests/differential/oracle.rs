@@ -98,10 +98,14 @@ impl Oracle {
     }
 
     /// Each pod judged by the apiserver's validation and kube-scheduler's filters
-    /// and scoring against `nodes`.
+    /// and scoring against `nodes`: one answer per pod, in order (the callers pair
+    /// them with `zip`, which would stop short silently).
     pub fn evaluate(&mut self, pods: &[Value], nodes: &[Value]) -> Vec<PodAnswer> {
         let answer = self.ask(&json!({"op": "evaluate", "pods": pods, "nodes": nodes}));
-        serde_json::from_value(answer["pods"].clone()).expect("pod answers")
+        let answers: Vec<PodAnswer> =
+            serde_json::from_value(answer["pods"].clone()).expect("pod answers");
+        assert_eq!(answers.len(), pods.len(), "one answer per pod");
+        answers
     }
 
     pub fn seeds(&mut self) -> Vec<Seed> {
@@ -109,10 +113,14 @@ impl Oracle {
         serde_json::from_value(answer["seeds"].clone()).expect("seeds")
     }
 
-    /// The ValidatingAdmissionPolicy `policy` run on each case.
+    /// The ValidatingAdmissionPolicy `policy` run on each case: one answer per
+    /// case, in order.
     pub fn admission_policy(&mut self, policy: &Value, cases: &[Value]) -> Vec<PolicyAnswer> {
         let answer = self.ask(&json!({"op": "vap", "policy": policy, "cases": cases}));
-        serde_json::from_value(answer["results"].clone()).expect("policy answers")
+        let answers: Vec<PolicyAnswer> =
+            serde_json::from_value(answer["results"].clone()).expect("policy answers");
+        assert_eq!(answers.len(), cases.len(), "one answer per case");
+        answers
     }
 }
 
