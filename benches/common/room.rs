@@ -7,15 +7,18 @@
 //! - unrelated pod events: `BENCH_ROOM_EVENTS` (1,000) annotation changes on bound
 //!   pods of a namespace that opts into nothing; node passes, release passes and
 //!   CPU while berth takes them in;
-//! - berth's RSS with the nodes and `BENCH_ROOM_PODS` (2,000) bound pods cached.
+//! - berth's RSS with the nodes and `BENCH_ROOM_PODS` (2,000) bound pods cached;
+//! - one policy change at a time (a pool moved to another node), until the node
+//!   carries the pool's label: p50 and p99 over 40 changes.
 //!
 //! The release passes are `-` for a berth that does not count them.
 
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::json;
 
 use super::support::{Berth, TestCluster, fresh_namespace};
@@ -117,6 +120,9 @@ pub async fn run(cluster: &'static TestCluster, start_berth: impl FnOnce() -> &'
     tokio::time::sleep(Duration::from_secs(3)).await;
     let touched = touched.since(berth);
 
+    let changes = policy_changes(berth, &client, cluster.node_names().len()).await;
+    let at = |q: usize| changes[(changes.len() * q).div_ceil(100) - 1].as_millis();
+
     println!();
     println!(
         "berth: {which}; {} nodes, {count} bound pods (bound in {:.0} s)",
@@ -132,4 +138,52 @@ pub async fn run(cluster: &'static TestCluster, start_berth: impl FnOnce() -> &'
     );
     println!("berth's watch connections (the apiserver's WATCH requests): {watches:.0}");
     println!("berth's RSS with the nodes and {count} pods cached: {rss:.0} MiB");
+    println!(
+        "a policy's pool moved to another node, until that node is labelled ({} changes): p50 {} ms, p99 {} ms",
+        changes.len(),
+        at(50),
+        at(99)
+    );
+}
+
+/// A pool moved from node to node, one change at a time: how long until the
+/// node it moved to carries the pool's label, each time, sorted.
+async fn policy_changes(berth: &Berth, client: &kube::Client, nodes: usize) -> Vec<Duration> {
+    let api: Api<Node> = Api::all(client.clone());
+    let gvk = GroupVersionKind::gvk("berth.io", "v1alpha1", "PlacementPolicy");
+    let policies: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
+    berth.cluster.apply(
+        &json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+            "metadata": {"name": "room-moves"},
+            "spec": {"podSelector": {"matchLabels": {"app": "room-moves"}},
+                "pool": {"nodeNames": ["node1"], "dedicated": false}}})
+        .to_string(),
+    );
+    let mut took = Vec::new();
+    for i in 0..40 {
+        let node = format!("node{}", nodes - i % nodes.min(40));
+        let moved = json!({"spec": {"pool": {"nodeNames": [node]}}});
+        let started = Instant::now();
+        policies
+            .patch("room-moves", &PatchParams::default(), &Patch::Merge(&moved))
+            .await
+            .expect("move the pool");
+        loop {
+            let labels = api.get(&node).await.expect("node").metadata.labels;
+            let pool = labels
+                .as_ref()
+                .and_then(|l| l.get(berth::names::POOL_LABEL));
+            if pool.map(String::as_str) == Some("room-moves") {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "{node} never labelled"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        took.push(started.elapsed());
+    }
+    took.sort();
+    took
 }

@@ -85,7 +85,8 @@ pub struct ServeArgs {
     /// A full controller pass at least this often, in seconds, even without changes.
     #[arg(long, env = "BERTH_RESYNC_SECONDS", default_value_t = 60)]
     pub resync_seconds: u64,
-    /// Node and DaemonSet writes per second on average (bursts of twice that).
+    /// Controller writes of each kind (node, DaemonSet, release, eviction, ...) per
+    /// second on average (bursts of twice that).
     #[arg(long, env = "BERTH_CONTROLLER_QPS", default_value_t = 100)]
     pub controller_qps: u32,
     /// How long, in seconds, a released pod of an avoid policy that the scheduler

@@ -78,7 +78,12 @@ fn for_nodes(pod: &PodObject) -> Option<u64> {
     let mut hasher = DefaultHasher::new();
     let meta = &pod.metadata;
     meta.labels.hash(&mut hasher);
-    meta.annotations.hash(&mut hasher);
+    // The record alone: the cache keeps no other annotation, and a pod's first
+    // other annotation must not read as a change.
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(APPLIED_ANNOTATION))
+        .hash(&mut hasher);
     for owner in meta.owner_references.iter().flatten() {
         (
             &owner.api_version,
@@ -350,6 +355,15 @@ mod tests {
             running,
             for_nodes(&pod(json!({"app": "a"}), json!({"phase": "Succeeded"})))
         );
+        let mut annotated = pod(json!({"app": "a"}), json!({"phase": "Running"}));
+        annotated.metadata.annotations = Some(Default::default());
+        assert_eq!(
+            running,
+            for_nodes(&annotated),
+            "an annotation the cache dropped"
+        );
+        annotated.metadata.annotations = Some([(APPLIED_ANNOTATION.into(), "cdn".into())].into());
+        assert_ne!(running, for_nodes(&annotated), "berth's record");
     }
 
     #[test]

@@ -1,9 +1,9 @@
-//! The controller's write rate: node and DaemonSet writes go through one token
-//! bucket, so that a large change cannot flood the apiserver.
+//! The controller's write rate: each kind of write goes through a token bucket of
+//! its own ([`super::writes`]), so that a large change cannot flood the apiserver.
 
 use std::time::Duration;
 
-/// A token bucket for node and DaemonSet writes: `per_second` on average, with
+/// A token bucket for one kind of write: `per_second` on average, with
 /// bursts of up to two seconds' worth, so that a new pool over a thousand nodes is
 /// written in seconds while a steady trickle stays at the rate.
 pub struct RateLimit {

@@ -1,7 +1,7 @@
 //! Nodes: a pass computes the desired berth labels and taints (a pure function of
 //! the node, the policies and the pods bound there) of the nodes that changed, or
 //! of every node when something they all depend on did, writes the differences
-//! through the rate limit, then the policies' status, finalizers, and DaemonSet
+//! through the door ([`super::writes`]), then the policies' status, finalizers, and DaemonSet
 //! templates that predate a pool. A pod bound or deleted costs its node, not the
 //! cluster; the status is counted from every node's last desired state, kept from
 //! pass to pass.
@@ -19,7 +19,6 @@ use tokio_util::sync::CancellationToken;
 use super::context::{Context, DEBOUNCE, Pass, Snapshot, leadership_changed, until};
 use super::daemonsets::{daemonset_patch, write_daemonset};
 use super::events::Reported;
-use super::limit::RateLimit;
 use super::missed::Missed;
 use super::queues::{self, QueueClasses};
 use super::status::Findings;
@@ -61,7 +60,6 @@ pub async fn run(
         ..
     } = &context;
     let mut resync = tokio::time::interval(options.resync);
-    let limit = Arc::new(RateLimit::new(options.writes_per_second));
     let mut reported = Reported::default();
     let mut sweeper = Sweeper::default();
     let mut sweep = false;
@@ -124,7 +122,7 @@ pub async fn run(
         let wanted_classes = queues::wanted(&snapshot.compiled.set);
         if matches!(changed, Changed::Everything) {
             queue_classes
-                .keep(&context.writes, client, &wanted_classes, &limit)
+                .keep(&context.writes, client, &wanted_classes)
                 .await;
         }
         if std::mem::take(&mut scan) || matches!(changed, Changed::Everything) {
@@ -140,7 +138,6 @@ pub async fn run(
             &pass,
             stores,
             &snapshot,
-            &limit,
             &groups,
             &mut reported,
             changed,
@@ -191,7 +188,6 @@ pub async fn reconcile(
     pass: &Pass<'_>,
     stores: &Stores,
     snapshot: &Snapshot,
-    limit: &Arc<RateLimit>,
     groups: &Findings,
     reported: &mut Reported,
     changed: Changed,
@@ -258,10 +254,8 @@ pub async fn reconcile(
     let results: Vec<(String, Result<Written, writes::Error>)> = stream::iter(work)
         .map(|(node, desired)| {
             let client = client.clone();
-            let limit = limit.clone();
             let writes = pass.writes.clone();
             async move {
-                limit.acquire().await;
                 let written = write_node(&writes, &client, &node, &desired).await;
                 (node.name_any(), written)
             }
@@ -293,18 +287,13 @@ pub async fn reconcile(
     super::status::update_statuses(pass, snapshot, desired, groups, reported).await;
     super::status::release_deleted(pass, snapshot, stores, &failed).await;
     if templates {
-        bring_daemonsets_in_line(pass, stores, snapshot, limit).await;
+        bring_daemonsets_in_line(pass, stores, snapshot).await;
     }
     failed
 }
 
 /// Patches the templates of DaemonSets that miss a pool's toleration or exclusion.
-async fn bring_daemonsets_in_line(
-    pass: &Pass<'_>,
-    stores: &Stores,
-    snapshot: &Snapshot,
-    limit: &RateLimit,
-) {
+async fn bring_daemonsets_in_line(pass: &Pass<'_>, stores: &Stores, snapshot: &Snapshot) {
     let namespaces = stores.namespaces.state();
     for daemonset in stores.daemonsets.state() {
         let Some(patch) = daemonset_patch(
@@ -315,7 +304,6 @@ async fn bring_daemonsets_in_line(
         ) else {
             continue;
         };
-        limit.acquire().await;
         match write_daemonset(pass.writes, pass.client, &daemonset, patch).await {
             Ok(()) => {
                 pass.metrics.daemonset_updates.inc();

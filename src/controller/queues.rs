@@ -12,7 +12,6 @@ use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::Client;
 use kube::api::{Api, PostParams};
 
-use super::limit::RateLimit;
 use crate::names::{FIELD_MANAGER, owned_metadata, queue_class};
 use crate::policy::PolicySet;
 
@@ -54,13 +53,7 @@ pub struct QueueClasses {
 impl QueueClasses {
     /// Makes every class of `wanted` not known to exist, within the write rate. A
     /// class that fails is tried again at the next pass.
-    pub async fn keep(
-        &mut self,
-        writes: &Writes,
-        client: &Client,
-        wanted: &BTreeMap<String, i32>,
-        limit: &RateLimit,
-    ) {
+    pub async fn keep(&mut self, writes: &Writes, client: &Client, wanted: &BTreeMap<String, i32>) {
         let api: Api<PriorityClass> = Api::all(client.clone());
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
@@ -71,7 +64,6 @@ impl QueueClasses {
             .filter(|(c, _)| !self.known.contains(*c))
             .collect();
         for (class, value) in missing {
-            limit.acquire().await;
             match writes
                 .make(
                     Kind::PriorityClass,

@@ -67,6 +67,11 @@ pub async fn run(
     }
     tracing::info!("controller caches synced");
     let (leadership, lease_task) = manager.watch().await;
+    let writes = Writes::new(
+        metrics.clone(),
+        leadership.clone(),
+        options.writes_per_second,
+    );
     let context = Context {
         client,
         metrics: metrics.clone(),
@@ -76,7 +81,7 @@ pub async fn run(
         cluster,
         options,
         shared: Arc::new(Shared::default()),
-        writes: Writes::new(metrics.clone(), leadership.clone()),
+        writes,
     };
     let releases = tokio::spawn(super::releaser::run(
         context.clone(),

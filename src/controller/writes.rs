@@ -1,7 +1,10 @@
 //! Every write the controller makes passes through [`Writes::make`]:
 //!
-//! - the Lease is checked before each write, not once per pass: a replica that
-//!   lost it mid-pass makes no further write;
+//! - each kind of write has its own rate limit (`--controller-qps` a second on
+//!   average, bursts of twice that), so a new pool over a thousand nodes never
+//!   delays a release, and a burst of releases never delays a node;
+//! - the Lease is checked before each write (after its turn), not once per pass: a
+//!   replica that lost it mid-pass makes no further write;
 //! - each call is bounded by [`WRITE_TIMEOUT`], so one stuck connection cannot
 //!   hold a loop;
 //! - each is counted by kind and outcome (`berth_controller_writes_total`) with
@@ -18,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use super::limit::RateLimit;
 use crate::telemetry::{KindLabels, Metrics, WriteLabels};
 
 /// The longest a single write may take.
@@ -25,6 +29,7 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a write is for: the `kind` label of its metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
 pub enum Kind {
     /// A node's berth labels and taints (and the read after a conflict).
     Node,
@@ -47,6 +52,18 @@ pub enum Kind {
 }
 
 impl Kind {
+    const ALL: [Kind; 9] = [
+        Kind::Node,
+        Kind::Finalizer,
+        Kind::PolicyStatus,
+        Kind::DaemonSet,
+        Kind::Release,
+        Kind::Eviction,
+        Kind::PodGroup,
+        Kind::PriorityClass,
+        Kind::Sweep,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Node => "node",
@@ -103,14 +120,18 @@ pub struct Writes {
     metrics: Arc<Metrics>,
     leading: watch::Receiver<bool>,
     failures: Arc<AtomicU64>,
+    /// One per [`Kind`], in the order of [`Kind::ALL`].
+    limits: Arc<[RateLimit; Kind::ALL.len()]>,
 }
 
 impl Writes {
-    pub fn new(metrics: Arc<Metrics>, leading: watch::Receiver<bool>) -> Writes {
+    /// Writes of each kind at `per_second` on average.
+    pub fn new(metrics: Arc<Metrics>, leading: watch::Receiver<bool>, per_second: u32) -> Writes {
         Writes {
             metrics,
             leading,
             failures: Arc::default(),
+            limits: Arc::new(Kind::ALL.map(|_| RateLimit::new(per_second))),
         }
     }
 
@@ -120,6 +141,7 @@ impl Writes {
         kind: Kind,
         call: impl Future<Output = kube::Result<T>>,
     ) -> Result<T, Error> {
+        self.limits[kind as usize].acquire().await;
         let result = if *self.leading.borrow() {
             let started = Instant::now();
             let result = match tokio::time::timeout(WRITE_TIMEOUT, call).await {
@@ -190,7 +212,7 @@ mod tests {
     async fn writes_are_counted_by_kind_and_outcome_and_only_a_leader_writes() {
         let metrics = Arc::new(Metrics::default());
         let (leading, receiver) = watch::channel(true);
-        let writes = Writes::new(metrics.clone(), receiver);
+        let writes = Writes::new(metrics.clone(), receiver, 100);
         assert_eq!(writes.make(Kind::Node, async { Ok(1) }).await.unwrap(), 1);
         let conflict = writes.make(Kind::Node, async { Err::<(), _>(api_error(409)) });
         assert_eq!(conflict.await.unwrap_err().outcome(), "conflict");
@@ -218,10 +240,31 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn each_kind_waits_for_its_own_turns_only() {
+        let (_leading, receiver) = watch::channel(true);
+        let writes = Writes::new(Arc::default(), receiver, 10);
+        let start = tokio::time::Instant::now();
+        for _ in 0..25 {
+            writes.make(Kind::Node, async { Ok(()) }).await.unwrap();
+        }
+        assert!(
+            start.elapsed() >= Duration::from_millis(500),
+            "past the burst of 20"
+        );
+        let before = tokio::time::Instant::now();
+        writes.make(Kind::Release, async { Ok(()) }).await.unwrap();
+        assert_eq!(
+            before.elapsed(),
+            Duration::ZERO,
+            "a release does not queue behind nodes"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_write_with_no_answer_times_out() {
         let metrics = Arc::new(Metrics::default());
         let (_leading, receiver) = watch::channel(true);
-        let writes = Writes::new(metrics.clone(), receiver);
+        let writes = Writes::new(metrics.clone(), receiver, 100);
         let stuck = writes.make(
             Kind::PolicyStatus,
             std::future::pending::<kube::Result<()>>(),
