@@ -576,7 +576,18 @@ fn daemonset(name: &str, tolerations: Value) -> String {
 /// The nodes the DaemonSet controller made pods of `name` for, once it has.
 async fn daemonset_nodes(client: &Client, ns: &str, name: &str, at_least: &str) -> Vec<String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet> =
+        Api::namespaced(client.clone(), ns);
     eventually(&format!("{name}'s pod for {at_least}"), WAIT, || async {
+        // Every pod the DaemonSet controller means to make exists: the list below
+        // is whole, not the first of its batches.
+        let daemonset = daemonsets.get(name).await.ok()?;
+        let status = daemonset.status.as_ref()?;
+        let settled = status.observed_generation == daemonset.metadata.generation
+            && status.current_number_scheduled == status.desired_number_scheduled;
+        if !settled {
+            return None;
+        }
         let list = pods
             .list(&ListParams::default().labels(&format!("app={name}")))
             .await
@@ -607,7 +618,8 @@ async fn daemonset_nodes(client: &Client, ns: &str, name: &str, at_least: &str) 
                     .cloned()
             })
             .collect();
-        nodes.iter().any(|n| n == at_least).then_some(nodes)
+        let whole = nodes.len() == status.desired_number_scheduled as usize;
+        (whole && nodes.iter().any(|n| n == at_least)).then_some(nodes)
     })
     .await
 }
