@@ -347,8 +347,7 @@ fn policy_changes(
         metrics.policy_compiles.inc();
         write(&published.in_force, Arc::new(compiled));
         published.policies_synced.send_replace(true);
-        wakes.everything();
-        wakes.releases.notify_one();
+        wakes.all();
     }
 }
 
@@ -365,8 +364,7 @@ fn namespace_changes(
             if seen == Seen::Relisted {
                 published.namespaces_synced.send_replace(true);
             }
-            wakes.everything();
-            wakes.releases.notify_one();
+            wakes.all();
         }
     }
 }

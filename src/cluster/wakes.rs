@@ -77,6 +77,13 @@ impl Wakes {
         self.nodes.notify_one();
     }
 
+    /// Something every node and every held pod depend on changed (a policy, a
+    /// namespace): wakes both loops.
+    pub fn all(&self) {
+        self.everything();
+        self.releases.notify_one();
+    }
+
     /// A watch on nodes or pods listed again: anything may have changed.
     pub(super) fn relisted(&self) {
         self.for_rooms.everything();
