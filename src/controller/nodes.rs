@@ -24,7 +24,7 @@ use super::queues::{self, QueueClasses};
 use super::status::Findings;
 use super::sweep::Sweeper;
 use super::writer::{Written, in_sync, write_node};
-use super::writes;
+use super::writes::{self, Kind};
 use crate::cluster::{Changed, Stores};
 use crate::objects::NodeObject;
 use crate::placement::desired::{BoundPod, DesiredNode, desired_node_state};
@@ -38,6 +38,16 @@ const WRITE_CONCURRENCY: usize = 4;
 /// How long after a failed write its node is looked at again (a quiet cluster
 /// might otherwise wait for the resync).
 const RETRY_FAILED: Duration = Duration::from_secs(5);
+
+/// What a pass over everything writes besides nodes (whose failures are looked at
+/// again node by node): a failed one is retried by another such pass. The missed
+/// scan's evictions have their own rescan, the sweep its resync.
+const RETRIED_BY_EVERYTHING: [Kind; 4] = [
+    Kind::Finalizer,
+    Kind::PolicyStatus,
+    Kind::DaemonSet,
+    Kind::PriorityClass,
+];
 
 /// Every node's desired state as last computed, by name: what the policies'
 /// status counts.
@@ -53,12 +63,12 @@ pub async fn run(
     let Context {
         client,
         metrics,
-        stores,
         options,
         shared,
         cluster,
         ..
     } = &context;
+    let stores = &cluster.stores;
     let mut resync = tokio::time::interval(options.resync);
     let mut reported = Reported::default();
     let mut sweeper = Sweeper::default();
@@ -73,7 +83,7 @@ pub async fn run(
     let mut missed = Missed::default();
     let mut rescan: Option<tokio::time::Instant> = None;
     let mut scan = false;
-    let wakes = &context.wakes;
+    let wakes = &cluster.wakes;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -116,7 +126,7 @@ pub async fn run(
         let started = std::time::Instant::now();
         // Taken before the caches are read: a change after this is in the next pass.
         let changed = wakes.take();
-        let failures = context.writes.failures();
+        let failures = context.writes.failures(&RETRIED_BY_EVERYTHING);
         let pass = context.pass();
         let snapshot = Snapshot::take(cluster);
         let wanted_classes = queues::wanted(&snapshot.compiled.set);
@@ -148,7 +158,7 @@ pub async fn run(
         for node in &failed {
             wakes.node(node);
         }
-        if context.writes.failures() > failures {
+        if context.writes.failures(&RETRIED_BY_EVERYTHING) > failures {
             retry = Some(tokio::time::Instant::now() + RETRY_FAILED);
             retry_everything = true;
         } else if !failed.is_empty() {

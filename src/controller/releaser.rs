@@ -16,6 +16,7 @@ use super::context::{Context, Pass, Snapshot, leadership_changed, until};
 use super::events::Reported;
 use super::podgroups::PodGroups;
 use super::release::{PolicyLookups, release_held_pods, report_routing_conflicts};
+use super::writes::Kind;
 use crate::cluster::{Changed, Stores};
 use crate::names::{GROUP_GATES, is_berth_gate};
 use crate::objects::{PodObject, WorkloadObject};
@@ -31,6 +32,10 @@ use crate::placement::rooms::{RoomCache, Rooms};
 /// only a look at each pod.
 const DEBOUNCE: Duration = Duration::from_millis(25);
 
+/// What this loop writes: a failure of one, and of nothing the nodes loop
+/// writes, is retried by its next pass.
+const RELEASES_WRITE: [Kind; 3] = [Kind::Release, Kind::Eviction, Kind::PodGroup];
+
 /// How soon a pass whose write failed is followed by another.
 const RETRY_FAILED: Duration = Duration::from_secs(5);
 
@@ -42,12 +47,12 @@ pub async fn run(
 ) {
     let Context {
         client,
-        stores,
         options,
         shared,
         cluster,
         ..
     } = &context;
+    let (stores, wakes) = (&cluster.stores, &cluster.wakes);
     let mut resync = tokio::time::interval(options.resync);
     let mut reported = Reported::default();
     let mut released = exclusion::Released::default();
@@ -62,7 +67,7 @@ pub async fn run(
             changed = leadership_changed(&mut leadership) => if changed.is_none() {
                 break;
             },
-            () = context.wakes.releases.notified() => tokio::time::sleep(DEBOUNCE).await,
+            () = wakes.releases.notified() => tokio::time::sleep(DEBOUNCE).await,
             // A held gang reaches its timeoutSeconds (reported on time), or a
             // ranked pod has waited long enough for lower ranks to show.
             () = until(wake_at) => wake_at = None,
@@ -72,7 +77,7 @@ pub async fn run(
             continue;
         }
         context.metrics.release_passes.inc();
-        let failures = context.writes.failures();
+        let failures = context.writes.failures(&RELEASES_WRITE);
         let pass = context.pass();
         // The policies are read after the pods, never before: a policy the webhook
         // applied to a pod in the cache must not look deleted because the snapshot
@@ -95,7 +100,7 @@ pub async fn run(
         let rooms = if held.is_empty() {
             &no_rooms
         } else {
-            update_rooms(&mut room_cache, context.wakes.take_for_rooms(), stores);
+            update_rooms(&mut room_cache, wakes.take_for_rooms(), stores);
             room_cache.rooms()
         };
         release_held_pods(
@@ -121,7 +126,7 @@ pub async fn run(
         .await;
         // A write that failed (a release, an eviction, a PodGroup) is tried again
         // soon, whatever else wakes the loop.
-        let retry = (context.writes.failures() > failures).then_some(RETRY_FAILED);
+        let retry = (context.writes.failures(&RELEASES_WRITE) > failures).then_some(RETRY_FAILED);
         wake_at = wake_after
             .into_iter()
             .chain(retry)
@@ -129,7 +134,7 @@ pub async fn run(
             .map(|d| tokio::time::Instant::now() + d);
         if shared.set_timed_out(timed_out) {
             // The policies' status reports timed-out gangs.
-            context.wakes.nodes.notify_one();
+            wakes.nodes.notify_one();
         }
         if cluster.groups().gang_mode == GangMode::PodGroup {
             pod_groups

@@ -11,8 +11,9 @@
 //!   its latency (`berth_controller_write_seconds`), so the alert on the failure
 //!   rate sees a loop whose every write fails, which the stall alert cannot.
 //!
-//! A failed write is logged by its caller, which knows what it was for; the loops
-//! look at [`Writes::failures`] after a pass to schedule the retry.
+//! A failed write is logged by its caller, which knows what it was for; each loop
+//! looks at [`Writes::failures`] of the kinds it writes after a pass to schedule
+//! the retry.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -51,19 +52,11 @@ pub enum Kind {
     Sweep,
 }
 
-impl Kind {
-    const ALL: [Kind; 9] = [
-        Kind::Node,
-        Kind::Finalizer,
-        Kind::PolicyStatus,
-        Kind::DaemonSet,
-        Kind::Release,
-        Kind::Eviction,
-        Kind::PodGroup,
-        Kind::PriorityClass,
-        Kind::Sweep,
-    ];
+/// How many kinds there are: one rate limit and one failure count each, indexed
+/// by `kind as usize`.
+const KINDS: usize = Kind::Sweep as usize + 1;
 
+impl Kind {
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Node => "node",
@@ -119,9 +112,9 @@ impl Error {
 pub struct Writes {
     metrics: Arc<Metrics>,
     leading: watch::Receiver<bool>,
-    failures: Arc<AtomicU64>,
-    /// One per [`Kind`], in the order of [`Kind::ALL`].
-    limits: Arc<[RateLimit; Kind::ALL.len()]>,
+    /// Failed writes so far, by kind.
+    failures: Arc<[AtomicU64; KINDS]>,
+    limits: Arc<[RateLimit; KINDS]>,
 }
 
 impl Writes {
@@ -131,7 +124,7 @@ impl Writes {
             metrics,
             leading,
             failures: Arc::default(),
-            limits: Arc::new(Kind::ALL.map(|_| RateLimit::new(per_second))),
+            limits: Arc::new(std::array::from_fn(|_| RateLimit::new(per_second))),
         }
     }
 
@@ -164,7 +157,7 @@ impl Writes {
                 // A write refused as stale (409) or for a thing gone (404) is the
                 // world having moved on, not a failure to retry.
                 if !matches!(e.status(), Some(409 | 404)) {
-                    self.failures.fetch_add(1, Ordering::Relaxed);
+                    self.failures[kind as usize].fetch_add(1, Ordering::Relaxed);
                 }
                 e.outcome()
             }
@@ -179,10 +172,14 @@ impl Writes {
         result
     }
 
-    /// How many writes have failed so far (not counting conflicts and objects
-    /// gone): a loop compares it before and after a pass to schedule a retry.
-    pub fn failures(&self) -> u64 {
-        self.failures.load(Ordering::Relaxed)
+    /// How many writes of `kinds` have failed so far (not counting conflicts and
+    /// objects gone): a loop compares it before and after a pass to schedule a
+    /// retry of what it writes, and of nothing the other loop does.
+    pub fn failures(&self, kinds: &[Kind]) -> u64 {
+        kinds
+            .iter()
+            .map(|kind| self.failures[*kind as usize].load(Ordering::Relaxed))
+            .sum()
     }
 }
 
@@ -221,7 +218,12 @@ mod tests {
         assert_eq!(sample(&metrics, "node", "ok"), 1);
         assert_eq!(sample(&metrics, "node", "conflict"), 1);
         assert_eq!(sample(&metrics, "release", "error"), 1);
-        assert_eq!(writes.failures(), 1, "a conflict is no failure to retry");
+        assert_eq!(
+            writes.failures(&[Kind::Node]),
+            0,
+            "a conflict is no failure to retry"
+        );
+        assert_eq!(writes.failures(&[Kind::Node, Kind::Release]), 1);
 
         leading.send_replace(false);
         let sent = std::sync::atomic::AtomicBool::new(false);
