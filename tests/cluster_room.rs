@@ -9,7 +9,6 @@ mod support;
 use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use support::{Berth, Nodes, eventually};
 
@@ -22,11 +21,6 @@ const WAIT: Duration = Duration::from_secs(60);
 /// berth with no resync during the test: every pass counted is one a change woke.
 fn berth() -> &'static Berth {
     Berth::shared_with(NODES, &[], &["--resync-seconds", "3600"])
-}
-
-fn policies(client: &kube::Client) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("berth.io", "v1alpha1", "PlacementPolicy");
-    Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk))
 }
 
 /// Waits until berth recorded `images` as the last good spec of `policy`: the node
@@ -47,7 +41,7 @@ fn counter(name: &str) -> f64 {
 async fn a_policy_status_write_wakes_nothing_and_a_spec_change_one_pass() {
     let berth = berth();
     let client = berth.cluster.client().await;
-    let api = policies(&client);
+    let api = support::audit::policy_api(&client);
     for name in ["quiet-a", "quiet-b"] {
         berth.cluster.apply_app_policy(
             name,

@@ -581,13 +581,7 @@ async fn daemonset_nodes(client: &Client, ns: &str, name: &str, at_least: &str) 
     eventually(&format!("{name}'s pod for {at_least}"), WAIT, || async {
         // Every pod the DaemonSet controller means to make exists: the list below
         // is whole, not the first of its batches.
-        let daemonset = daemonsets.get(name).await.ok()?;
-        let status = daemonset.status.as_ref()?;
-        let settled = status.observed_generation == daemonset.metadata.generation
-            && status.current_number_scheduled == status.desired_number_scheduled;
-        if !settled {
-            return None;
-        }
+        let desired = support::daemonset_made_all(&daemonsets.get(name).await.ok()?)?;
         let list = pods
             .list(&ListParams::default().labels(&format!("app={name}")))
             .await
@@ -618,7 +612,7 @@ async fn daemonset_nodes(client: &Client, ns: &str, name: &str, at_least: &str) 
                     .cloned()
             })
             .collect();
-        let whole = nodes.len() == status.desired_number_scheduled as usize;
+        let whole = nodes.len() == desired as usize;
         (whole && nodes.iter().any(|n| n == at_least)).then_some(nodes)
     })
     .await

@@ -236,12 +236,7 @@ async fn seed_000_a_daemonset_runs_on_all_four_nodes_including_node2() {
     // The DaemonSet controller has made every pod it means to: three, none for
     // node2 (a fourth pod, not yet bound, would not show in the bound ones).
     let desired = support::eventually("the tenant's DaemonSet settled", WAIT, || async {
-        let daemonset = theirs.get(&agent).await.ok()?;
-        let status = daemonset.status?;
-        let seen = status.observed_generation.is_some()
-            && status.observed_generation == daemonset.metadata.generation;
-        (seen && status.current_number_scheduled == status.desired_number_scheduled)
-            .then_some(status.desired_number_scheduled)
+        support::daemonset_made_all(&theirs.get(&agent).await.ok()?)
     })
     .await;
     assert_eq!(desired, 3, "one pod per node but the pool's");

@@ -17,8 +17,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use super::support::{Berth, TestCluster, fresh_namespace};
@@ -150,8 +149,7 @@ pub async fn run(cluster: &'static TestCluster, start_berth: impl FnOnce() -> &'
 /// node it moved to carries the pool's label, each time, sorted.
 async fn policy_changes(berth: &Berth, client: &kube::Client, nodes: usize) -> Vec<Duration> {
     let api: Api<Node> = Api::all(client.clone());
-    let gvk = GroupVersionKind::gvk("berth.io", "v1alpha1", "PlacementPolicy");
-    let policies: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::from_gvk(&gvk));
+    let policies = super::support::audit::policy_api(client);
     berth.cluster.apply(
         &json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
             "metadata": {"name": "room-moves"},

@@ -29,9 +29,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::Api;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, reflector::store::Writer};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::watch as published;
 
@@ -262,27 +262,13 @@ impl Cluster {
 fn watch<K>(
     client: &Client,
     strip: fn(&mut K),
-    changed: impl FnMut(&Store<K>, &Event<K>) + Send + 'static,
+    mut changed: impl FnMut(&Store<K>, &Event<K>) + Send + 'static,
 ) -> Store<K>
 where
     K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (store, writer) = reflector::store();
-    spawn_watch(client, writer, store.clone(), strip, changed);
-    store
-}
-
-fn spawn_watch<K>(
-    client: &Client,
-    writer: Writer<K>,
-    store: Store<K>,
-    strip: fn(&mut K),
-    mut changed: impl FnMut(&Store<K>, &Event<K>) + Send + 'static,
-) where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
     let api = Api::all(client.clone());
     let stream = reflector(
         writer,
@@ -290,17 +276,19 @@ fn spawn_watch<K>(
             .default_backoff()
             .modify(strip),
     );
+    let reader = store.clone();
     tokio::spawn(async move {
         let mut events = stream.boxed();
         while let Some(event) = events.next().await {
             match event {
-                Ok(event) => changed(&store, &event),
+                Ok(event) => changed(&reader, &event),
                 Err(e) => {
                     tracing::warn!(error = %e, kind = %K::kind(&Default::default()), "watch failed; retrying")
                 }
             }
         }
     });
+    store
 }
 
 /// A watch of one of the controller's kinds, or, in a process without the

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use super::events::Events;
 use super::writes::Writes;
-use crate::cluster::{Cluster, Stores, Wakes};
+use crate::cluster::Cluster;
 use crate::objects::PolicyObject;
 use crate::policy::NamespaceOptIn;
 use crate::policy::compile::Compiled;
@@ -48,8 +48,6 @@ pub struct Context {
     pub events: Events,
     /// The process's one model of the cluster (shared with the webhook).
     pub cluster: Arc<Cluster>,
-    pub stores: Stores,
-    pub wakes: Arc<Wakes>,
     pub options: ControllerOptions,
     pub shared: Arc<Shared>,
     /// The door every write goes through.

@@ -76,8 +76,6 @@ pub async fn run(
         client,
         metrics: metrics.clone(),
         events: Events::start(recorder),
-        stores: cluster.stores.clone(),
-        wakes: cluster.wakes.clone(),
         cluster,
         options,
         shared: Arc::new(Shared::default()),

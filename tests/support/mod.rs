@@ -662,6 +662,18 @@ pub fn has_applied(pod: &Pod, policy: &str) -> bool {
         .is_some_and(|applied| applied.split(',').any(|p| p == policy))
 }
 
+/// How many pods a DaemonSet's controller means to make, once it has made every
+/// one: it has seen the DaemonSet's latest spec and `currentNumberScheduled` is
+/// `desiredNumberScheduled`. `None` until then (a DaemonSet it has not looked at
+/// yet reports 0 of 0).
+pub fn daemonset_made_all(daemonset: &k8s_openapi::api::apps::v1::DaemonSet) -> Option<i32> {
+    let status = daemonset.status.as_ref()?;
+    let seen = status.observed_generation.is_some()
+        && status.observed_generation == daemonset.metadata.generation;
+    (seen && status.current_number_scheduled == status.desired_number_scheduled)
+        .then_some(status.desired_number_scheduled)
+}
+
 /// A pod with one small container and `labels`; `extra_spec` is merged into its spec.
 pub fn test_pod(name: &str, labels: Value, extra_spec: Value) -> Pod {
     let mut spec = json!({"containers": [{"name": "redis", "image": "redis:7",
