@@ -52,16 +52,20 @@ bench:
 bench-admission: control-plane
 	cargo bench --locked --bench admission
 
-## bench-cluster: berth beside the native constructs it replaces (anti-affinity,
-## pod affinity), on BENCH_NODES fake nodes (default 1000): times, ratios, CPU, RSS
-bench-cluster: control-plane
+## bench-cluster: what berth's model of the cluster costs, beside the berth of
+## BASELINE_REV (bench-room), then berth beside the native constructs it replaces
+## (anti-affinity, pod affinity), on BENCH_NODES fake nodes (default 1000): times,
+## ratios, CPU, RSS
+bench-cluster: bench-room
 	cargo bench --locked --bench cluster
 
-## bench-missed: a CDN Deployment scaled while berth is killed, with onMissed Report
-## and Evict: how many of its pods end up on the pool, and how soon
+## bench-room: watches, passes, CPU, RSS, a policy change, /mutate and a pool over
+## every node, for the berth of BASELINE_REV and for this checkout
 bench-room: control-plane
 	scripts/bench-room $(BASELINE_REV)
 
+## bench-missed: a CDN Deployment scaled while berth is killed, with onMissed Report
+## and Evict: how many of its pods end up on the pool, and how soon
 bench-missed: control-plane
 	cargo build --quiet --bin berth
 	scripts/bench-missed

@@ -241,6 +241,50 @@ async fn side_by_side(
     ([median(a), median(b), median(c)], berth_cpu / rounds as f64)
 }
 
+/// A dedicated pool over every node: how long until each carries its label and
+/// taint.
+async fn pool_over_every_node(berth: &Berth, client: &Client, node_count: usize) -> Duration {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let started = Instant::now();
+    apply_policy(
+        berth,
+        "everywhere",
+        json!({"pool": {"nodeSelector": {"matchLabels": {"kubernetes.io/os": "linux"}}}}),
+    );
+    loop {
+        let list = nodes.list(&ListParams::default()).await.expect("nodes");
+        let done = list
+            .items
+            .iter()
+            .filter(|n| {
+                let labelled = n.metadata.labels.as_ref().is_some_and(|l| {
+                    l.get(berth::names::POOL_LABEL).map(String::as_str) == Some("everywhere")
+                });
+                let tainted = n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .is_some_and(|t| {
+                        t.iter().any(|t| {
+                            t.key == berth::names::POOL_TAINT
+                                && t.value.as_deref() == Some("everywhere")
+                        })
+                    });
+                labelled && tainted
+            })
+            .count();
+        if done >= node_count {
+            break;
+        }
+        assert!(
+            started.elapsed() < LIMIT,
+            "{done} of {node_count} nodes in the pool"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    started.elapsed()
+}
+
 fn apply_policy(berth: &Berth, name: &str, spec: Value) {
     let policy = json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
         "metadata": {"name": name}, "spec": spec});
@@ -255,7 +299,10 @@ async fn opted(client: &Client, purpose: &str, policy: &str, app: &str) -> Strin
     ns
 }
 
-const REVIEWS_IN_FLIGHT: usize = 32;
+/// The apiserver's connections to a webhook under load, and reviews in flight
+/// on each.
+const REVIEW_CONNECTIONS: usize = 16;
+const REVIEW_STREAMS: usize = 8;
 const REVIEW_ROUND: Duration = Duration::from_secs(20);
 
 /// Reviews per second at berth's `/mutate` and at the minimal webhook's, with the
@@ -282,7 +329,15 @@ async fn mutate_reviews(berth: &Berth, client: &Client) -> (usize, f64, f64) {
     let (mut berth_rate, mut floor_rate) = (0.0, 0.0);
     for _ in 0..2 {
         let rate = |addr, expected| {
-            load::reviews_per_second(addr, &ca, body.clone(), REVIEWS_IN_FLIGHT, half, expected)
+            load::reviews_per_second(
+                addr,
+                &ca,
+                body.clone(),
+                REVIEW_CONNECTIONS,
+                REVIEW_STREAMS,
+                half,
+                expected,
+            )
         };
         berth_rate += rate(at_berth, r#""patchType":"JSONPatch""#).await / 2.0;
         floor_rate += rate(floor.addr, r#""allowed":true"#).await / 2.0;
@@ -306,7 +361,7 @@ fn pin(pids: &[u32], cpus: &str) {
 /// Prints the `/mutate` row from [`mutate_reviews`]' answer.
 fn print_reviews((bytes, berth_rate, floor_rate): (usize, f64, f64)) {
     println!(
-        "/mutate, a {} kB Deployment pod, {REVIEWS_IN_FLIGHT} in flight on one HTTP/2 connection for {} s, \
+        "/mutate, a {} kB Deployment pod, {REVIEW_CONNECTIONS} HTTP/2 connections with {REVIEW_STREAMS} in flight on each for {} s, \
          each webhook on one core, the load generator on the other:",
         bytes / 1000,
         REVIEW_ROUND.as_secs()
@@ -728,47 +783,8 @@ async fn main() {
     println!();
 
     // A dedicated pool over every node.
-    let nodes: Api<Node> = Api::all(client.clone());
     cpu_since();
-    let started = Instant::now();
-    apply_policy(
-        berth,
-        "everywhere",
-        json!({"pool": {"nodeSelector": {"matchLabels": {"kubernetes.io/os": "linux"}}}}),
-    );
-    loop {
-        let list = nodes.list(&ListParams::default()).await.expect("nodes");
-        let done = list
-            .items
-            .iter()
-            .filter(|n| {
-                let labelled = n.metadata.labels.as_ref().is_some_and(|l| {
-                    l.get("node-restriction.kubernetes.io/berth.pool")
-                        .map(String::as_str)
-                        == Some("everywhere")
-                });
-                let tainted = n
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.taints.as_ref())
-                    .is_some_and(|t| {
-                        t.iter().any(|t| {
-                            t.key == "berth.io/pool" && t.value.as_deref() == Some("everywhere")
-                        })
-                    });
-                labelled && tainted
-            })
-            .count();
-        if done >= node_count {
-            break;
-        }
-        assert!(
-            started.elapsed() < LIMIT,
-            "{done} of {node_count} nodes in the pool"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let pool_time = started.elapsed();
+    let pool_time = pool_over_every_node(berth, &client, node_count).await;
     let pool_cpu = cpu_since();
 
     // Nothing changes for longer than a resync: berth must write nothing.

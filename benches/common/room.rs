@@ -8,8 +8,11 @@
 //!   pods of a namespace that opts into nothing; node passes, release passes and
 //!   CPU while berth takes them in;
 //! - berth's RSS with the nodes and `BENCH_ROOM_PODS` (2,000) bound pods cached;
+//! - `/mutate` against the minimal webhook, before any pod of the bench exists
+//!   (see `mutate_reviews`);
 //! - one policy change at a time (a pool moved to another node), until the node
-//!   carries the pool's label: p50 and p99 over 40 changes.
+//!   carries the pool's label: p50 and p99 over 40 changes;
+//! - last, a dedicated pool over every node, until each is labelled and tainted.
 //!
 //! The release passes are `-` for a berth that does not count them.
 
@@ -21,7 +24,10 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use super::support::{Berth, TestCluster, fresh_namespace};
-use super::{cpu_seconds, env_number, memory_mib, pods, time_to_bind};
+use super::{
+    cpu_seconds, env_number, memory_mib, mutate_reviews, pods, pool_over_every_node, print_reviews,
+    time_to_bind,
+};
 
 /// WATCH requests the apiserver serves now, from its own metrics.
 fn apiserver_watches(cluster: &TestCluster) -> f64 {
@@ -89,6 +95,7 @@ pub async fn run(cluster: &'static TestCluster, start_berth: impl FnOnce() -> &'
     let idle = Mark::now(berth);
     tokio::time::sleep(Duration::from_secs(60)).await;
     let idle = idle.since(berth);
+    let reviews = mutate_reviews(berth, &client).await;
 
     let count = env_number("BENCH_ROOM_PODS", 2000);
     let ns = fresh_namespace(&client, "bench-room").await;
@@ -121,11 +128,14 @@ pub async fn run(cluster: &'static TestCluster, start_berth: impl FnOnce() -> &'
 
     let changes = policy_changes(berth, &client, cluster.node_names().len()).await;
     let at = |q: usize| changes[(changes.len() * q).div_ceil(100) - 1].as_millis();
+    let nodes = cluster.node_names().len();
+    let pool_cpu = cpu_seconds(berth.pid());
+    let pool = pool_over_every_node(berth, &client, nodes).await;
+    let pool_cpu = cpu_seconds(berth.pid()) - pool_cpu;
 
     println!();
     println!(
-        "berth: {which}; {} nodes, {count} bound pods (bound in {:.0} s)",
-        cluster.node_names().len(),
+        "berth: {which}; {nodes} nodes, {count} bound pods (bound in {:.0} s)",
         bound.as_secs_f64()
     );
     println!("| what | node passes | release passes | berth CPU s |");
@@ -143,6 +153,11 @@ pub async fn run(cluster: &'static TestCluster, start_berth: impl FnOnce() -> &'
         at(50),
         at(99)
     );
+    println!(
+        "a dedicated pool over all {nodes} nodes, until each is labelled and tainted: {:.2} s (berth CPU {pool_cpu:.2} s)",
+        pool.as_secs_f64()
+    );
+    print_reviews(reviews);
 }
 
 /// A pool moved from node to node, one change at a time: how long until the

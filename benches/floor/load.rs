@@ -1,5 +1,6 @@
-//! A load generator for `/mutate`: one HTTP/2 connection over TLS, as the
-//! apiserver keeps to a webhook, with many reviews in flight on it.
+//! A load generator for `/mutate`: HTTP/2 connections over TLS, as the
+//! apiserver keeps them to a webhook (one per apiserver, more under load), with
+//! many reviews in flight on each.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,8 +13,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 
-/// Reviews answered per second at `addr` over `length`, `in_flight` at a time,
-/// each the same `review`; the server's certificate is checked against `ca_pem`.
+/// Reviews answered per second at `addr` over `length`, on `connections`
+/// connections with `streams` in flight on each, each the same `review`; the
+/// server's certificate is checked against `ca_pem`.
 /// Every answer must contain `expected` (a patch from berth, an allowance from the
 /// floor): a webhook that answered quickly with something else would measure
 /// nothing.
@@ -21,7 +23,8 @@ pub async fn reviews_per_second(
     addr: SocketAddr,
     ca_pem: &[u8],
     review: Bytes,
-    in_flight: usize,
+    connections: usize,
+    streams: usize,
     length: Duration,
     expected: &'static str,
 ) -> f64 {
@@ -37,24 +40,16 @@ pub async fn reviews_per_second(
     .with_root_certificates(roots)
     .with_no_client_auth();
     tls.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    // As the apiserver's Go client does: a small request is sent at once, never
-    // held back by Nagle's algorithm waiting for an ACK.
-    tcp.set_nodelay(true).expect("TCP_NODELAY");
-    let name = ServerName::IpAddress(addr.ip().into());
-    let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
-        .connect(name, tcp)
-        .await
-        .expect("TLS");
-    let (sender, connection) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .expect("HTTP/2");
-    tokio::spawn(connection);
+    let tls = Arc::new(tls);
+    let mut senders = Vec::new();
+    for _ in 0..connections {
+        senders.push(connect(addr, tls.clone()).await);
+    }
 
     let answered = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + length;
-    let workers = (0..in_flight).map(|_| {
+    let in_flight = senders.iter().flat_map(|s| std::iter::repeat_n(s, streams));
+    let workers = in_flight.map(|sender| {
         let (mut sender, review, answered) = (sender.clone(), review.clone(), answered.clone());
         tokio::spawn(async move {
             while Instant::now() < deadline {
@@ -84,4 +79,26 @@ pub async fn reviews_per_second(
     let started = Instant::now();
     futures::future::join_all(workers).await;
     answered.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// One HTTP/2 connection over TLS to `addr`.
+async fn connect(
+    addr: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    // As the apiserver's Go client does: a small request is sent at once, never
+    // held back by Nagle's algorithm waiting for an ACK.
+    tcp.set_nodelay(true).expect("TCP_NODELAY");
+    let name = ServerName::IpAddress(addr.ip().into());
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .expect("TLS");
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("HTTP/2");
+    tokio::spawn(connection);
+    sender
 }

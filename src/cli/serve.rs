@@ -85,10 +85,16 @@ pub struct ServeArgs {
     /// A full controller pass at least this often, in seconds, even without changes.
     #[arg(long, env = "BERTH_RESYNC_SECONDS", default_value_t = 60)]
     pub resync_seconds: u64,
-    /// Controller writes of each kind (node, DaemonSet, release, eviction, ...) per
-    /// second on average (bursts of twice that).
+    /// Controller writes of each kind but node writes (DaemonSet, release,
+    /// eviction, ...) per second on average, each kind its own budget (bursts of
+    /// twice that).
     #[arg(long, env = "BERTH_CONTROLLER_QPS", default_value_t = 100)]
     pub controller_qps: u32,
+    /// Node label and taint writes per second on average (bursts of twice that): a
+    /// new pool over N nodes is N writes, and until a node carries the pool's taint
+    /// other pods may still land on it.
+    #[arg(long, env = "BERTH_NODE_QPS", default_value_t = 300)]
+    pub node_qps: u32,
     /// How long, in seconds, a released pod of an avoid policy that the scheduler
     /// reports Unschedulable may hold the pods behind it before berth evicts it so
     /// that its controller makes it again, behind them (only pods a ReplicaSet,
@@ -170,6 +176,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         requeue_unschedulable_seconds,
         exempt_namespaces,
         controller_qps,
+        node_qps,
     } = args;
     crate::return_freed_memory_in_background();
     let metrics = Arc::new(Metrics::default());
@@ -187,7 +194,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             lease_namespace,
             identity: identity.unwrap_or_else(default_identity),
             resync: Duration::from_secs(resync_seconds.max(1)),
-            writes_per_second: controller_qps,
+            write_rates: controller::writes::Rates {
+                nodes: node_qps,
+                others: controller_qps,
+            },
             requeue_unschedulable: (requeue_unschedulable_seconds > 0)
                 .then(|| Duration::from_secs(requeue_unschedulable_seconds)),
         };

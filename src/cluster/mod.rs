@@ -161,7 +161,7 @@ impl Cluster {
         let pods_by_node = PodsByNode::default();
         let stores = Stores {
             policies: watch(&client, keep, policy_changes(&wakes, &published, metrics)),
-            nodes: watch(&client, keep, node_changes(&wakes, &published)),
+            nodes: watch(&client, strip_node, node_changes(&wakes, &published)),
             namespaces: watch(&client, keep, namespace_changes(&wakes, &published)),
             priority_classes: watch(&client, keep, class_changes(&published)),
             pods: controller_watch(controller, &client, pods::strip_pod, {
@@ -462,6 +462,12 @@ async fn follow_gang_mode(client: Client, published: Arc<Published>) {
 /// template patch needs of the rest).
 fn strip_daemonset(daemonset: &mut DaemonSetObject) {
     daemonset.metadata.annotations = None;
+}
+
+/// A node's annotations are not needed (kubelets and CSI drivers keep kilobytes
+/// there on real nodes).
+fn strip_node(node: &mut NodeObject) {
+    node.metadata.annotations = None;
 }
 
 /// A workload's annotations are not needed.

@@ -4,6 +4,7 @@
 //! counters change resourceVersion, never what berth decides from.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 
 use kube::Resource;
 use kube::runtime::watcher::Event;
@@ -44,7 +45,7 @@ pub fn node(node: &NodeObject) -> Option<u64> {
         taint.to_string().hash(&mut hasher);
     }
     for (resource, amount) in &node.status.allocatable {
-        (resource, amount.to_string()).hash(&mut hasher);
+        (resource, amount.to_bits()).hash(&mut hasher);
     }
     Some(hasher.finish())
 }
@@ -61,60 +62,67 @@ pub enum Seen {
     Relisted,
 }
 
-/// The hash of what berth read of each object at its last change, by namespace
-/// and name. A new list builds a new table, which replaces the old one once whole,
-/// so objects deleted while the watch was down are forgotten.
+/// The hash of what berth read of each object at its last change, by the hash of
+/// its namespace and name (16 bytes an object rather than two names). The names
+/// are hashed with a key of this process's own, so a tenant cannot choose names
+/// that share a slot with another's object (by chance, one pair in 2^64 would).
+/// A new list builds a new table, which replaces the old one once
+/// whole, so objects deleted while the watch was down are forgotten.
 pub struct Hashes<K> {
     predicate: fn(&K) -> Option<u64>,
-    seen: HashMap<(Option<String>, String), u64>,
-    relisting: Option<HashMap<(Option<String>, String), u64>>,
+    names: RandomState,
+    seen: HashMap<u64, u64>,
+    relisting: Option<HashMap<u64, u64>>,
 }
 
 impl<K: Resource> Hashes<K> {
     pub fn new(predicate: fn(&K) -> Option<u64>) -> Self {
         Hashes {
             predicate,
+            names: RandomState::new(),
             seen: HashMap::new(),
             relisting: None,
         }
     }
 
+    fn key(&self, object: &K) -> u64 {
+        let meta = object.meta();
+        self.names
+            .hash_one((meta.namespace.as_deref(), meta.name.as_deref()))
+    }
+
     /// What `event` changed. An object whose predicate has no value (no
     /// generation, say) changes on every event.
     pub fn changed(&mut self, event: &Event<K>) -> Seen {
-        let key = |object: &K| {
-            let meta = object.meta();
-            (
-                meta.namespace.clone(),
-                meta.name.clone().unwrap_or_default(),
-            )
-        };
+        let name = |object: &K| object.meta().name.clone().unwrap_or_default();
         match event {
             Event::Apply(object) => {
                 let hash = (self.predicate)(object);
                 let before = match hash {
-                    Some(hash) => self.seen.insert(key(object), hash),
-                    None => self.seen.remove(&key(object)),
+                    Some(hash) => self.seen.insert(self.key(object), hash),
+                    None => self.seen.remove(&self.key(object)),
                 };
                 if hash.is_some() && before == hash {
                     Seen::Nothing
                 } else {
-                    Seen::Object(key(object).1)
+                    Seen::Object(name(object))
                 }
             }
             Event::Delete(object) => {
-                self.seen.remove(&key(object));
-                Seen::Object(key(object).1)
+                let key = self.key(object);
+                self.seen.remove(&key);
+                Seen::Object(name(object))
             }
             Event::Init => {
                 self.relisting = Some(HashMap::new());
                 Seen::Nothing
             }
             Event::InitApply(object) => {
+                let key = self.key(object);
                 if let (Some(building), Some(hash)) =
                     (self.relisting.as_mut(), (self.predicate)(object))
                 {
-                    building.insert(key(object), hash);
+                    building.insert(key, hash);
                 }
                 Seen::Nothing
             }

@@ -29,8 +29,9 @@ pub struct ControllerOptions {
     pub identity: String,
     /// A full pass at least this often, even without changes.
     pub resync: Duration,
-    /// Node writes per second at most, so a large change cannot flood the apiserver.
-    pub writes_per_second: u32,
+    /// Writes per second at most, by kind, so a large change cannot flood the
+    /// apiserver.
+    pub write_rates: super::writes::Rates,
     /// How long a released pod of an `avoid` policy that the scheduler cannot place
     /// may hold the others back before it is requeued; `None`: for ever.
     pub requeue_unschedulable: Option<Duration>,

@@ -33,7 +33,7 @@ use crate::policy::OptIn;
 use crate::telemetry::KindLabels;
 
 /// Node writes in flight at once.
-const WRITE_CONCURRENCY: usize = 4;
+const WRITE_CONCURRENCY: usize = 16;
 
 /// How long after a failed write its node is looked at again (a quiet cluster
 /// might otherwise wait for the resync).

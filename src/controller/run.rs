@@ -67,11 +67,7 @@ pub async fn run(
     }
     tracing::info!("controller caches synced");
     let (leadership, lease_task) = manager.watch().await;
-    let writes = Writes::new(
-        metrics.clone(),
-        leadership.clone(),
-        options.writes_per_second,
-    );
+    let writes = Writes::new(metrics.clone(), leadership.clone(), options.write_rates);
     let context = Context {
         client,
         metrics: metrics.clone(),

@@ -257,7 +257,11 @@ mod tests {
     async fn a_node_write_is_one_merge_patch_by_berth_retried_on_fresh_data_after_a_conflict() {
         let (client, mut apiserver) = mock_apiserver();
         let (_leading, leader) = tokio::sync::watch::channel(true);
-        let writes = Writes::new(std::sync::Arc::default(), leader, 100);
+        let writes = Writes::new(
+            std::sync::Arc::default(),
+            leader,
+            super::super::writes::Rates::all(100),
+        );
         let current = node(json!({}), json!([]));
         let wanted = desired(&[(POOL, "cdn")], Some("cdn"));
         let server = tokio::spawn(async move {
@@ -313,7 +317,11 @@ mod tests {
     async fn a_replica_without_the_lease_sends_nothing() {
         let (client, mut apiserver) = mock_apiserver();
         let (_leading, follower) = tokio::sync::watch::channel(false);
-        let writes = Writes::new(std::sync::Arc::default(), follower, 100);
+        let writes = Writes::new(
+            std::sync::Arc::default(),
+            follower,
+            super::super::writes::Rates::all(100),
+        );
         let current = node(json!({}), json!([]));
         let wanted = desired(&[(POOL, "cdn")], None);
         let result = write_node(&writes, &client, &current, &wanted).await;

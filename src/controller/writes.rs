@@ -1,8 +1,9 @@
 //! Every write the controller makes passes through [`Writes::make`]:
 //!
-//! - each kind of write has its own rate limit (`--controller-qps` a second on
-//!   average, bursts of twice that), so a new pool over a thousand nodes never
-//!   delays a release, and a burst of releases never delays a node;
+//! - each kind of write has its own rate limit (bursts of two seconds' worth):
+//!   node writes at `--node-qps`, every other kind at `--controller-qps`, so a new
+//!   pool over a thousand nodes never delays a release, and a burst of releases
+//!   never delays a node;
 //! - the Lease is checked before each write (after its turn), not once per pass: a
 //!   replica that lost it mid-pass makes no further write;
 //! - each call is bounded by [`WRITE_TIMEOUT`], so one stuck connection cannot
@@ -107,6 +108,26 @@ impl Error {
     }
 }
 
+/// Writes a second on average, by kind.
+#[derive(Debug, Clone, Copy)]
+pub struct Rates {
+    /// Node label and taint writes: a pool's nodes are written in one pass, and
+    /// until each carries the pool's taint, other pods may still land on it.
+    pub nodes: u32,
+    /// Each other kind.
+    pub others: u32,
+}
+
+impl Rates {
+    /// The same rate for every kind.
+    pub const fn all(per_second: u32) -> Rates {
+        Rates {
+            nodes: per_second,
+            others: per_second,
+        }
+    }
+}
+
 /// The controller's door to the apiserver; cheap to clone.
 #[derive(Clone)]
 pub struct Writes {
@@ -118,13 +139,17 @@ pub struct Writes {
 }
 
 impl Writes {
-    /// Writes of each kind at `per_second` on average.
-    pub fn new(metrics: Arc<Metrics>, leading: watch::Receiver<bool>, per_second: u32) -> Writes {
+    /// Writes of each kind at its rate in `rates`.
+    pub fn new(metrics: Arc<Metrics>, leading: watch::Receiver<bool>, rates: Rates) -> Writes {
+        let rate = |kind| match kind {
+            k if k == Kind::Node as usize => rates.nodes,
+            _ => rates.others,
+        };
         Writes {
             metrics,
             leading,
             failures: Arc::default(),
-            limits: Arc::new(std::array::from_fn(|_| RateLimit::new(per_second))),
+            limits: Arc::new(std::array::from_fn(|kind| RateLimit::new(rate(kind)))),
         }
     }
 
@@ -209,7 +234,7 @@ mod tests {
     async fn writes_are_counted_by_kind_and_outcome_and_only_a_leader_writes() {
         let metrics = Arc::new(Metrics::default());
         let (leading, receiver) = watch::channel(true);
-        let writes = Writes::new(metrics.clone(), receiver, 100);
+        let writes = Writes::new(metrics.clone(), receiver, Rates::all(100));
         assert_eq!(writes.make(Kind::Node, async { Ok(1) }).await.unwrap(), 1);
         let conflict = writes.make(Kind::Node, async { Err::<(), _>(api_error(409)) });
         assert_eq!(conflict.await.unwrap_err().outcome(), "conflict");
@@ -244,7 +269,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn each_kind_waits_for_its_own_turns_only() {
         let (_leading, receiver) = watch::channel(true);
-        let writes = Writes::new(Arc::default(), receiver, 10);
+        let writes = Writes::new(Arc::default(), receiver, Rates::all(10));
         let start = tokio::time::Instant::now();
         for _ in 0..25 {
             writes.make(Kind::Node, async { Ok(()) }).await.unwrap();
@@ -263,10 +288,35 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn node_writes_go_at_their_own_rate() {
+        let (_leading, receiver) = watch::channel(true);
+        let rates = Rates {
+            nodes: 100,
+            others: 10,
+        };
+        let writes = Writes::new(Arc::default(), receiver, rates);
+        let start = tokio::time::Instant::now();
+        for _ in 0..300 {
+            writes.make(Kind::Node, async { Ok(()) }).await.unwrap();
+        }
+        // A burst of 200, then 100 at 100 a second.
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        let start = tokio::time::Instant::now();
+        for _ in 0..30 {
+            writes.make(Kind::Sweep, async { Ok(()) }).await.unwrap();
+        }
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(1),
+            "20, then 10 at 10/s"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_write_with_no_answer_times_out() {
         let metrics = Arc::new(Metrics::default());
         let (_leading, receiver) = watch::channel(true);
-        let writes = Writes::new(metrics.clone(), receiver, 100);
+        let writes = Writes::new(metrics.clone(), receiver, Rates::all(100));
         let stuck = writes.make(
             Kind::PolicyStatus,
             std::future::pending::<kube::Result<()>>(),

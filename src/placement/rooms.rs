@@ -65,12 +65,7 @@ fn empty_room(node: &NodeObject) -> NodeRoom {
         .iter()
         .filter_map(|t| serde_json::from_value(t.clone()).ok())
         .collect();
-    let free = node
-        .status
-        .allocatable
-        .iter()
-        .filter_map(|(k, v)| Some((k.clone(), crate::quantity::from_json(v)?)))
-        .collect();
+    let free = node.status.allocatable.iter().cloned().collect();
     NodeRoom {
         info: Arc::new(NodeInfo {
             labels: node.labels().clone(),
