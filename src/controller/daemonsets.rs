@@ -10,15 +10,17 @@
 //! exclusion of a policy in force is missing or wrong, never to tidy up after a pool
 //! that is gone.
 
-use kube::api::{Api, Patch, PatchParams};
+use json_patch::Patch;
+use kube::api::{Api, PatchParams};
 use kube::{Client, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::writes::{Error, Kind, Writes};
 use crate::names::FIELD_MANAGER;
 use crate::objects::{DaemonSetObject, NamespaceMeta};
 use crate::placement::NamespaceInfo;
 use crate::placement::daemonset::template_drift;
+use crate::placement::patch as ops;
 use crate::policy::PolicySet;
 use crate::policy::exempt::Exempt;
 
@@ -30,7 +32,7 @@ pub fn daemonset_patch(
     namespaces: &[std::sync::Arc<NamespaceMeta>],
     policies: &PolicySet,
     exempt: &Exempt,
-) -> Option<Value> {
+) -> Option<Patch> {
     let namespace = daemonset.namespace()?;
     if exempt.daemonsets_of(&namespace) {
         return None;
@@ -39,17 +41,12 @@ pub fn daemonset_patch(
         .iter()
         .find(|ns| ns.metadata.name.as_deref() == Some(namespace.as_str()))?;
     let info = NamespaceInfo::from_meta(&meta.metadata);
-    let patch = template_drift(&daemonset.as_json(), policies, &info)?;
-    let mut ops = vec![json!({"op": "test", "path": "/metadata/resourceVersion",
-        "value": daemonset.resource_version()})];
-    ops.extend(
-        serde_json::to_value(&patch)
-            .ok()?
-            .as_array()?
-            .iter()
-            .cloned(),
+    let drift = template_drift(&daemonset.as_json(), policies, &info)?;
+    let version = ops::test(
+        &["metadata", "resourceVersion"],
+        json!(daemonset.resource_version()),
     );
-    Some(Value::Array(ops))
+    Some(Patch(std::iter::once(version).chain(drift.0).collect()))
 }
 
 /// Applies `patch` to `daemonset`.
@@ -57,12 +54,10 @@ pub async fn write_daemonset(
     writes: &Writes,
     client: &Client,
     daemonset: &DaemonSetObject,
-    patch: Value,
+    patch: Patch,
 ) -> Result<(), Error> {
     let namespace = daemonset.namespace().unwrap_or_default();
     let api: Api<DaemonSetObject> = Api::namespaced(client.clone(), &namespace);
-    let patch: json_patch::Patch =
-        serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
@@ -70,9 +65,85 @@ pub async fn write_daemonset(
     writes
         .make(
             Kind::DaemonSet,
-            api.patch(&daemonset.name_any(), &params, &Patch::<()>::Json(patch)),
+            api.patch(
+                &daemonset.name_any(),
+                &params,
+                &kube::api::Patch::<()>::Json(patch),
+            ),
         )
         .await?;
     tracing::info!(daemonset = %daemonset.name_any(), %namespace, "brought the DaemonSet's template in line with the pools");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::mock::{answer, body, mock_apiserver};
+    use crate::controller::writes::Rates;
+    use crate::policy::test_policies as policies;
+    use serde_json::Value;
+    use std::sync::Arc;
+
+    fn namespace(name: &str) -> Arc<NamespaceMeta> {
+        Arc::new(serde_json::from_value(json!({"metadata": {"name": name}})).unwrap())
+    }
+
+    fn agent(namespace: &str) -> DaemonSetObject {
+        serde_json::from_value(json!({
+            "metadata": {"name": "agent", "namespace": namespace, "resourceVersion": "41"},
+            "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "agent"}]}}}}))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_template_is_patched_under_a_resource_version_test_by_berth() {
+        let set = policies(&[("cdn", json!({"pool": {"nodeNames": ["node2"]}}))]);
+        let namespaces = [namespace("kube-system"), namespace("berth-system")];
+        let exempt = Exempt::shipped();
+        assert!(
+            daemonset_patch(&agent("berth-system"), &namespaces, &set, &exempt).is_none(),
+            "berth's own namespace is left alone"
+        );
+        // kube-proxy and the CNI must run on the pool's nodes too.
+        let daemonset = agent("kube-system");
+        let patch = daemonset_patch(&daemonset, &namespaces, &set, &exempt).expect("drift");
+
+        let (client, mut apiserver) = mock_apiserver();
+        let (_leading, leader) = tokio::sync::watch::channel(true);
+        let writes = Writes::new(Arc::default(), leader, Rates::all(100));
+        let server = tokio::spawn(async move {
+            let (request, send) = apiserver.next_request().await.expect("a patch");
+            assert_eq!(request.method(), "PATCH");
+            assert_eq!(
+                request.uri().path(),
+                "/apis/apps/v1/namespaces/kube-system/daemonsets/agent"
+            );
+            assert_eq!(request.uri().query(), Some("&fieldManager=berth"));
+            assert_eq!(
+                request.headers()["content-type"],
+                "application/json-patch+json"
+            );
+            let ops = body(request).await;
+            assert_eq!(
+                ops[0],
+                json!({"op": "test", "path": "/metadata/resourceVersion", "value": "41"}),
+                "a template changed since the cache saw it is left alone"
+            );
+            let tolerations: Vec<&Value> = ops.as_array().unwrap()[1..]
+                .iter()
+                .filter(|op| op["path"].as_str().unwrap().contains("tolerations"))
+                .collect();
+            assert!(!tolerations.is_empty(), "the pool's toleration: {ops}");
+            send.send_response(answer(
+                200,
+                json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+                    "metadata": {"name": "agent", "namespace": "kube-system", "resourceVersion": "42"}}),
+            ));
+        });
+        write_daemonset(&writes, &client, &daemonset, patch)
+            .await
+            .unwrap();
+        server.await.unwrap();
+    }
 }

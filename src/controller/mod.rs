@@ -7,6 +7,8 @@ pub mod daemonsets;
 pub mod events;
 pub mod limit;
 pub mod missed;
+#[cfg(test)]
+mod mock;
 pub mod nodes;
 pub mod podgroups;
 pub mod queues;

@@ -15,6 +15,7 @@ use super::context::Snapshot;
 use super::events::{event, pod_reference, reference_of};
 use super::writes::Kind;
 use crate::placement::exclusion::{self, ExclusionPod, Hold};
+use crate::placement::patch as ops;
 use crate::placement::rooms::Rooms;
 use futures::StreamExt;
 
@@ -27,11 +28,19 @@ use crate::telemetry::GateLabels;
 /// (so a stale cache cannot remove another gate, and no pod is released twice),
 /// every required term that matches some node is narrowed (confined to the pod's
 /// set of nodes, or kept off `avoid_nodes`), and the gate goes, in one update.
-pub fn release_patch(release: &exclusion::Release, gate: usize) -> Value {
-    let mut ops = vec![
-        json!({"op": "test", "path": format!("/spec/schedulingGates/{gate}/name"), "value": AVOID_GATE}),
+pub fn release_patch(release: &exclusion::Release, gate: usize) -> json_patch::Patch {
+    let gate = gate.to_string();
+    let mut ops = vec![ops::test(
+        &["spec", "schedulingGates", &gate, "name"],
+        json!(AVOID_GATE),
+    )];
+    const TERMS: [&str; 5] = [
+        "spec",
+        "affinity",
+        "nodeAffinity",
+        "requiredDuringSchedulingIgnoredDuringExecution",
+        "nodeSelectorTerms",
     ];
-    let terms = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms";
     // What each term gains: a list key, whether a term already has that list, and
     // the entries.
     type Has = fn(&exclusion::Term) -> bool;
@@ -59,19 +68,20 @@ pub fn release_patch(release: &exclusion::Release, gate: usize) -> Value {
             if term.matches_nothing {
                 continue;
             }
+            let i = i.to_string();
+            let list_path = [&TERMS[..], &[&i, list]].concat();
             if has(term) {
+                let item = [&list_path[..], &["-"]].concat();
                 for entry in &entries {
-                    ops.push(json!({"op": "add", "path": format!("{terms}/{i}/{list}/-"), "value": entry}));
+                    ops.push(ops::add(&item, entry.clone()));
                 }
             } else {
-                ops.push(
-                    json!({"op": "add", "path": format!("{terms}/{i}/{list}"), "value": entries}),
-                );
+                ops.push(ops::add(&list_path, json!(entries)));
             }
         }
     }
-    ops.push(json!({"op": "remove", "path": format!("/spec/schedulingGates/{gate}")}));
-    Value::Array(ops)
+    ops.push(ops::remove(&["spec", "schedulingGates", &gate]));
+    json_patch::Patch(ops)
 }
 
 /// Seconds since `created`, for the held-time histogram.
@@ -454,11 +464,10 @@ pub fn report_routing_conflicts(
 const PATCHES_IN_FLIGHT: usize = 32;
 
 /// Sends JSON Patches to pods (each item: what it is for, namespace, name, patch),
-/// several at once, and returns each item with its result. A patch that does not
-/// read as one fails like a request.
+/// several at once, and returns each item with its result.
 async fn send_patches<T: Send>(
     pass: &Pass<'_>,
-    items: Vec<(T, String, String, Value)>,
+    items: Vec<(T, String, String, json_patch::Patch)>,
 ) -> Vec<(T, Result<(), String>)> {
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
@@ -470,17 +479,14 @@ async fn send_patches<T: Send>(
         let params = params.clone();
         let writes = pass.writes;
         requests.push(async move {
-            let result = match serde_json::from_value::<json_patch::Patch>(patch) {
-                Ok(patch) => writes
-                    .make(
-                        Kind::Release,
-                        api.patch(&name, &params, &Patch::<()>::Json(patch)),
-                    )
-                    .await
-                    .map(drop)
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(format!("not a JSON Patch: {e}")),
-            };
+            let result = writes
+                .make(
+                    Kind::Release,
+                    api.patch(&name, &params, &Patch::<()>::Json(patch)),
+                )
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string());
             (item, result)
         });
     }
@@ -492,10 +498,11 @@ async fn send_patches<T: Send>(
 
 /// The JSON Patch that removes the group gate `name` at `index`: the gate must
 /// still be where the cache saw it, so a stale cache cannot remove another gate.
-fn gate_patch(name: &str, index: usize) -> Value {
-    json!([
-        {"op": "test", "path": format!("/spec/schedulingGates/{index}/name"), "value": name},
-        {"op": "remove", "path": format!("/spec/schedulingGates/{index}")},
+fn gate_patch(name: &str, index: usize) -> json_patch::Patch {
+    let index = index.to_string();
+    json_patch::Patch(vec![
+        ops::test(&["spec", "schedulingGates", &index, "name"], json!(name)),
+        ops::remove(&["spec", "schedulingGates", &index]),
     ])
 }
 
@@ -668,11 +675,10 @@ mod tests {
     }
 
     /// The pod's required terms once `patch` is applied to it.
-    fn applied(pod: &ExclusionPod, terms: Value, patch: Value) -> Value {
+    fn applied(pod: &ExclusionPod, terms: Value, patch: json_patch::Patch) -> Value {
         let mut doc = json!({"spec": {"schedulingGates": [{"name": "other"}, {"name": AVOID_GATE}],
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
                 {"nodeSelectorTerms": terms}}}}});
-        let patch: json_patch::Patch = serde_json::from_value(patch).unwrap();
         json_patch::patch(&mut doc, &patch).unwrap();
         assert_eq!(
             doc["spec"]["schedulingGates"],

@@ -166,8 +166,7 @@ pub async fn write_node(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hyper::{Request, Response};
-    use kube::client::Body;
+    use crate::controller::mock::{answer, body, mock_apiserver};
 
     fn node(labels: Value, taints: Value) -> NodeObject {
         serde_json::from_value(
@@ -229,28 +228,6 @@ mod tests {
         let wanted = desired(&[(POOL, "cdn")], Some("cdn"));
         assert!(in_sync(&current, &wanted));
         assert!(node_patch(&current, &wanted).is_none());
-    }
-
-    /// A client whose apiserver is the test: each request it sends comes out of
-    /// the handle, and the test answers it.
-    fn mock_apiserver() -> (
-        Client,
-        tower_test::mock::Handle<Request<Body>, Response<Body>>,
-    ) {
-        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        (Client::new(service, "default"), handle)
-    }
-
-    fn answer(status: u16, body: Value) -> Response<Body> {
-        Response::builder()
-            .status(status)
-            .body(Body::from(serde_json::to_vec(&body).unwrap()))
-            .unwrap()
-    }
-
-    async fn body(request: Request<Body>) -> Value {
-        let bytes = request.into_body().collect_bytes().await.unwrap();
-        serde_json::from_slice(&bytes).unwrap()
     }
 
     #[tokio::test]

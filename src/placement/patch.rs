@@ -27,7 +27,7 @@
 use std::collections::BTreeSet;
 
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};
 use serde_json::{Value, json};
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PreferredSchedulingTerm, Toleration};
@@ -85,6 +85,30 @@ struct Builder<'a> {
 
 fn pointer(tokens: &[&str]) -> PointerBuf {
     PointerBuf::from_tokens(tokens.iter().copied())
+}
+
+/// JSON Patch operations at the path of `tokens`, each token escaped as a JSON
+/// Pointer needs: the one way berth writes a patch, in admission and in the
+/// controller alike.
+pub fn add(tokens: &[&str], value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation {
+        path: pointer(tokens),
+        value,
+    })
+}
+
+pub fn remove(tokens: &[&str]) -> PatchOperation {
+    PatchOperation::Remove(RemoveOperation {
+        path: pointer(tokens),
+    })
+}
+
+/// Fails the whole patch unless the value at `tokens` is `value`.
+pub fn test(tokens: &[&str], value: Value) -> PatchOperation {
+    PatchOperation::Test(TestOperation {
+        path: pointer(tokens),
+        value,
+    })
 }
 
 fn lookup<'v>(raw: &'v Value, tokens: &[&str]) -> Option<&'v Value> {
@@ -172,16 +196,11 @@ fn preferred_of(item: &Value) -> Option<super::canonical::PreferredKey> {
 
 impl Builder<'_> {
     fn add(&mut self, tokens: &[&str], value: Value) {
-        self.ops.push(PatchOperation::Add(AddOperation {
-            path: pointer(tokens),
-            value,
-        }));
+        self.ops.push(add(tokens, value));
     }
 
     fn remove(&mut self, tokens: &[&str]) {
-        self.ops.push(PatchOperation::Remove(RemoveOperation {
-            path: pointer(tokens),
-        }));
+        self.ops.push(remove(tokens));
     }
 
     /// Makes sure the object at `tokens` and its parents exist, creating the
