@@ -3,6 +3,8 @@
 //! Namespace and PlacementPolicy validation, what berth cannot read (too large, too
 //! deep, out of range), the DaemonSet identity, and readiness.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,26 +15,20 @@ use base64::Engine;
 use berth::admission::body::BodyLimits;
 use berth::admission::handlers::{AppState, router};
 use berth::admission::state::{ClusterView, FixedView};
+use berth::names;
 use berth::placement::NamespaceInfo;
 use berth::policy::{PlacementPolicy, PolicySet};
 use berth::telemetry::Metrics;
 use serde_json::{Value, json};
+use support::fixtures::{self, policy};
 use tower::ServiceExt;
 
 const MAX_BODY: usize = 64 * 1024;
-const BERTH: &str = "system:serviceaccount:berth-system:berth";
+const BERTH: &str = names::BERTH_SERVICE_ACCOUNT;
 
 fn fixture(name: &str) -> Value {
     let path = format!("{}/tests/data/admission/{name}", env!("CARGO_MANIFEST_DIR"));
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn policy(name: &str, spec: Value) -> PlacementPolicy {
-    serde_json::from_value(
-        json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
-        "metadata": {"name": name}, "spec": spec}),
-    )
-    .unwrap()
 }
 
 fn view() -> FixedView {
@@ -44,7 +40,7 @@ fn view() -> FixedView {
     let mut default = NamespaceInfo::new("default");
     default
         .annotations
-        .insert("berth.io/policies".into(), "cdn".into());
+        .insert(names::POLICIES_ANNOTATION.into(), "cdn".into());
     FixedView {
         policies: Arc::new(policies),
         nodes: Arc::default(),
@@ -119,7 +115,10 @@ async fn a_cdn_pod_is_patched_and_the_patch_keeps_unknown_fields() {
     let patch: json_patch::Patch = serde_json::from_value(decoded_patch(&response)).unwrap();
     let mut pod = request["request"]["object"].clone();
     json_patch::patch(&mut pod, &patch).unwrap();
-    assert_eq!(pod["metadata"]["annotations"]["berth.io/applied"], "cdn");
+    assert_eq!(
+        pod["metadata"]["annotations"][names::APPLIED_ANNOTATION],
+        "cdn"
+    );
     assert_eq!(pod["spec"]["containers"][0]["fieldFromTheFuture"], true);
     assert_eq!(pod["spec"]["tolerations"][0]["tolerationSeconds"], 300);
 }
@@ -206,7 +205,7 @@ async fn a_pod_update_that_adds_a_pool_toleration_is_denied() {
     update["request"]["object"]["spec"]["tolerations"]
         .as_array_mut()
         .unwrap()
-        .push(json!({"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}));
+        .push(json!({"key": names::POOL_TAINT, "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}));
     let response = review("/validate", &update).await;
     assert_eq!(response["allowed"], false);
     assert!(
@@ -223,7 +222,7 @@ async fn a_pod_update_may_not_drop_berths_node_affinity() {
     update["request"]["operation"] = json!("UPDATE");
     let mut old = update["request"]["object"].clone();
     old["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "node-restriction.kubernetes.io/berth.runs.redis", "operator": "DoesNotExist"}]}]}}});
+        {"matchExpressions": [{"key": names::anchor_label("redis"), "operator": "DoesNotExist"}]}]}}});
     update["request"]["oldObject"] = old;
     let response = review("/validate", &update).await;
     assert_eq!(response["allowed"], false);
@@ -248,17 +247,20 @@ fn namespace_review(annotations: Value) -> Value {
 async fn namespace_annotations_are_validated() {
     let response = review(
         "/validate",
-        &namespace_review(json!({"berth.io/policies": "cdn,,gpu"})),
+        &namespace_review(json!({names::POLICIES_ANNOTATION: "cdn,,gpu"})),
     )
     .await;
     assert_eq!(response["allowed"], false);
     assert_eq!(
         response["status"]["message"],
-        "annotation berth.io/policies: entry 2 is empty (write names separated by commas)"
+        format!(
+            "annotation {}: entry 2 is empty (write names separated by commas)",
+            names::POLICIES_ANNOTATION
+        )
     );
     let response = review(
         "/validate",
-        &namespace_review(json!({"berth.io/policies": "cdn, gpu"})),
+        &namespace_review(json!({names::POLICIES_ANNOTATION: "cdn, gpu"})),
     )
     .await;
     assert_eq!(response["allowed"], true);
@@ -271,10 +273,9 @@ async fn namespace_annotations_are_validated() {
 fn policy_review(name: &str, spec: Value) -> Value {
     let mut request = fixture("pod-create.json");
     request["request"]["kind"] =
-        json!({"group": "berth.io", "version": "v1alpha1", "kind": "PlacementPolicy"});
+        json!({"group": names::GROUP, "version": "v1alpha1", "kind": "PlacementPolicy"});
     request["request"]["namespace"] = json!(null);
-    request["request"]["object"] = json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
-        "metadata": {"name": name}, "spec": spec});
+    request["request"]["object"] = serde_json::to_value(policy(name, spec)).unwrap();
     request
 }
 
@@ -403,8 +404,8 @@ fn pod_update(user: &str, change: impl Fn(&mut Value)) -> Value {
     update["request"]["userInfo"]["username"] = json!(user);
     let pod = &mut update["request"]["object"];
     pod["spec"]["containers"][0]["image"] = json!("nginx");
-    pod["metadata"]["annotations"] = json!({"berth.io/applied": "redis"});
-    pod["spec"]["schedulingGates"] = json!([{"name": "berth.io/avoid"}]);
+    pod["metadata"]["annotations"] = json!({names::APPLIED_ANNOTATION: "redis"});
+    pod["spec"]["schedulingGates"] = json!([{"name": names::AVOID_GATE}]);
     update["request"]["oldObject"] = update["request"]["object"].clone();
     change(&mut update["request"]["object"]);
     update
@@ -415,10 +416,10 @@ async fn only_berth_changes_its_record_and_gates_and_only_kubernetes_controllers
 {
     type Forge = fn(&mut Value);
     let forgeries: [(&str, Forge); 3] = [
-        ("berth.io/applied", |pod| {
-            pod["metadata"]["annotations"]["berth.io/applied"] = json!("cdn")
+        (names::APPLIED_ANNOTATION, |pod| {
+            pod["metadata"]["annotations"][names::APPLIED_ANNOTATION] = json!("cdn")
         }),
-        ("berth.io/avoid", |pod| {
+        (names::AVOID_GATE, |pod| {
             pod["spec"]["schedulingGates"] = json!([])
         }),
         ("ownerReference", |pod| {
@@ -505,7 +506,7 @@ async fn daemonset_templates_get_the_tolerations_of_pools_that_let_daemonsets_ru
     assert_eq!(
         decoded_patch(&response),
         json!([{"op": "add", "path": "/spec/template/spec/tolerations",
-        "value": [{"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]}])
+        "value": [{"key": names::POOL_TAINT, "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]}])
     );
 }
 
@@ -536,7 +537,7 @@ async fn a_daemonset_that_tolerates_everything_is_kept_off_pools_that_do_not_tak
             {"op": "add", "path": "/spec/template/spec/affinity/nodeAffinity", "value": {}},
             {"op": "add", "path": "/spec/template/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution", "value": {}},
             {"op": "add", "path": "/spec/template/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms",
-             "value": [{"matchExpressions": [{"key": "node-restriction.kubernetes.io/berth.pool", "operator": "NotIn", "values": ["edge"]}]}]}])
+             "value": [{"matchExpressions": [{"key": names::POOL_LABEL, "operator": "NotIn", "values": ["edge"]}]}]}])
     );
 }
 
@@ -555,9 +556,9 @@ fn queue_view(opted: &str) -> FixedView {
     let mut default = NamespaceInfo::new("default");
     default
         .annotations
-        .insert("berth.io/policies".into(), opted.into());
+        .insert(names::POLICIES_ANNOTATION.into(), opted.into());
     let groups = berth::admission::state::GroupState {
-        queue_classes: (0..=32).map(|v| format!("berth-queue-queue-{v}")).collect(),
+        queue_classes: (0..=32).map(|v| names::queue_class("queue", v)).collect(),
         ..Default::default()
     };
     FixedView {
@@ -579,7 +580,7 @@ async fn queue_classes_are_the_controllers_and_a_review_makes_berth_write_nothin
     // The class the controller made for the policy: 3 x 3 + BestEffort.
     let response = answer(queue_view("queue"), request.clone()).await;
     let patch = decoded_patch(&response).to_string();
-    assert!(patch.contains("berth-queue-queue-9"), "{patch}");
+    assert!(patch.contains(&names::queue_class("queue", 9)), "{patch}");
     // A label above the policy's ceiling counts as the ceiling, with a warning:
     // no class above 3 x 10 + 2 exists or is named.
     request["request"]["object"]["metadata"]["labels"]["groupPriority"] = json!("1000000");
@@ -587,7 +588,7 @@ async fn queue_classes_are_the_controllers_and_a_review_makes_berth_write_nothin
     assert!(
         decoded_patch(&response)
             .to_string()
-            .contains("berth-queue-queue-30")
+            .contains(&names::queue_class("queue", 30))
     );
     assert!(
         response["warnings"]
@@ -607,7 +608,8 @@ async fn queue_classes_are_the_controllers_and_a_review_makes_berth_write_nothin
 #[tokio::test]
 async fn a_pod_may_not_name_the_queue_class_of_a_policy_its_namespace_does_not_opt_into() {
     let mut request = fixture("pod-create.json");
-    request["request"]["object"]["spec"]["priorityClassName"] = json!("berth-queue-queue-30");
+    request["request"]["object"]["spec"]["priorityClassName"] =
+        json!(names::queue_class("queue", 30));
     let (_, body) = post(state(queue_view(""), true), "/mutate", request.to_string()).await;
     let response = serde_json::from_slice::<Value>(&body).unwrap()["response"].clone();
     assert_eq!(response["allowed"], false);
@@ -693,7 +695,7 @@ async fn berth_mutate_with_nodes_decides_as_the_webhook_does() {
         (
             "tenant",
             json!({}),
-            json!({"tolerations": [{"key": "berth.io/pool", "operator": "Gt", "value": "1"}]}),
+            json!({"tolerations": [{"key": names::POOL_TAINT, "operator": "Gt", "value": "1"}]}),
             Value::Null,
         ),
         (
@@ -717,14 +719,16 @@ async fn berth_mutate_with_nodes_decides_as_the_webhook_does() {
         ),
     ];
     for (i, (namespace, labels, spec, owners)) in pods.into_iter().enumerate() {
-        let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": format!("p{i}"), "namespace": namespace, "labels": labels},
-            "spec": spec});
-        pod["spec"]["containers"] = json!([{"name": "c", "image": "nginx"}]);
         let daemonset = !owners.is_null();
+        let mut pod = fixtures::pod(&format!("p{i}"))
+            .image("nginx")
+            .metadata(json!({"namespace": namespace}))
+            .labels(labels)
+            .spec(spec);
         if daemonset {
-            pod["metadata"]["ownerReferences"] = owners;
+            pod = pod.owners(owners);
         }
+        let pod = pod.json();
         let mut request = fixture("pod-create.json");
         request["request"]["namespace"] = json!(namespace);
         request["request"]["object"] = pod.clone();

@@ -19,6 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use berth::names;
+use berth::policy::PlacementPolicy;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
@@ -27,7 +29,8 @@ use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use support::attacks::{dry_run_cost, many_tolerations, pod, worst_within_bounds};
+use support::attacks::{dry_run_cost, many_tolerations, worst_within_bounds};
+use support::fixtures::{self, policy};
 use support::fleet::rss_kib;
 use support::{Berth, Nodes, Tenant, eventually, fresh_namespace, is_bound, wait_for};
 
@@ -40,43 +43,29 @@ const WAIT: Duration = Duration::from_secs(90);
 /// The memory limit of berth's container in the shipped manifests.
 const SHIPPED_LIMIT_MIB: f64 = 384.0;
 
-const POLICIES: &str = r#"
-apiVersion: berth.io/v1alpha1
-kind: PlacementPolicy
-metadata: {name: edge}
-spec:
-  images: ["*edge*"]
-  pool: {nodeNames: [node2], daemonSets: Tolerate}
----
-apiVersion: berth.io/v1alpha1
-kind: PlacementPolicy
-metadata: {name: apart}
-spec:
-  podSelector: {matchLabels: {role: apart}}
-  avoid: {matchLabels: {role: apart}}
----
-apiVersion: berth.io/v1alpha1
-kind: PlacementPolicy
-metadata: {name: lonely}
-spec:
-  podSelector: {matchLabels: {role: lonely}}
-  avoid: {matchLabels: {role: lonely}}
-  anchorNamespaces: All
----
-apiVersion: berth.io/v1alpha1
-kind: PlacementPolicy
-metadata: {name: sentinel}
-spec:
-  podSelector: {matchLabels: {role: sentinel}}
-  avoid: {matchLabels: {role: sentinel}}
----
-apiVersion: berth.io/v1alpha1
-kind: PlacementPolicy
-metadata: {name: jobs}
-spec:
-  podSelector: {matchLabels: {app: jobs}}
-  queue: {}
-"#;
+/// The policies every test here has in force.
+fn policies() -> Vec<PlacementPolicy> {
+    let apart = |role: &str| {
+        json!({"podSelector": {"matchLabels": {"role": role}},
+        "avoid": {"matchLabels": {"role": role}}})
+    };
+    let mut lonely = apart("lonely");
+    lonely["anchorNamespaces"] = json!("All");
+    vec![
+        policy(
+            "edge",
+            json!({"images": ["*edge*"],
+            "pool": {"nodeNames": ["node2"], "daemonSets": "Tolerate"}}),
+        ),
+        policy("apart", apart("apart")),
+        policy("lonely", lonely),
+        policy("sentinel", apart("sentinel")),
+        policy(
+            "jobs",
+            json!({"podSelector": {"matchLabels": {"app": "jobs"}}, "queue": {}}),
+        ),
+    ]
+}
 
 /// Tests that measure berth's memory, or load it on purpose, run one at a time.
 static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -94,13 +83,13 @@ fn berth() -> &'static Berth {
         ],
     );
     READY.get_or_init(|| {
-        berth.cluster.apply(POLICIES);
+        berth.cluster.apply_policies(&policies());
         let deadline = Instant::now() + WAIT;
         // The pool's taint is on, so DaemonSets are judged against it.
         while !berth
             .cluster
             .kubectl_ok(&["get", "node", "node2", "-o", "jsonpath={.spec.taints}"])
-            .contains("berth.io/pool")
+            .contains(names::POOL_TAINT)
         {
             assert!(Instant::now() < deadline, "node2 was never tainted");
             std::thread::sleep(Duration::from_millis(200));
@@ -126,9 +115,10 @@ fn labelled(labels: Value) -> Pod {
 
 /// A small pod of the edge policy's image.
 fn edge_pod(name: &str) -> Pod {
-    let mut pod = support::test_pod(name, json!({}), json!({}));
-    pod.spec.as_mut().unwrap().containers[0].image = Some("example/edge:1".into());
-    pod
+    fixtures::pod(name)
+        .image("example/edge:1")
+        .cpu("100m")
+        .build()
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -223,13 +213,11 @@ async fn a_dozen_large_pending_pods_keep_berth_within_its_memory_limit() {
     // and the controller watches every one of them.
     let values: Vec<String> = (0..55_000).map(|i| format!("size-{i:016}")).collect();
     for i in 0..12 {
-        let large: Pod = serde_json::from_value(pod(
-            &format!("large-{i}"),
-            json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        let large = fixtures::pod(&format!("large-{i}"))
+            .spec(json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": "example.com/size", "operator": "In", "values": values}]}]}}}}),
-        ))
-        .unwrap();
+                    {"key": "example.com/size", "operator": "In", "values": values}]}]}}}}))
+            .build();
         pods.create(&PostParams::default(), &large)
             .await
             .expect("a large pod within bounds is admitted");
@@ -263,13 +251,13 @@ async fn a_flood_of_large_dry_run_pods_keeps_berth_within_its_memory_limit() {
     let tenant = tenant(&client, "flood", "", labelled(json!({}))).await;
     let pods: Api<Pod> = Api::namespaced(tenant.client(berth().cluster).await, &tenant.namespace);
     // 250,000 one-letter values, 1 MB: each becomes a value berth reads.
-    let big: Pod = serde_json::from_value(pod(
-        "flood",
-        json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+    let big = fixtures::pod("flood")
+        .spec(
+            json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
             "nodeSelectorTerms": [{"matchExpressions": [
                 {"key": "example.com/x", "operator": "In", "values": vec!["a"; 250_000]}]}]}}}}),
-    ))
-    .unwrap();
+        )
+        .build();
     let dry_run = PostParams {
         dry_run: true,
         ..PostParams::default()
@@ -322,14 +310,14 @@ async fn pods_with_thousands_of_gates_stall_no_one_elses_admission() {
     // Owned gates and berth's own, repeated: 30,000 of them.
     let gates: Vec<Value> = (0..30_000)
         .map(|i| match i % 2 {
-            0 => json!({"name": "berth.io/avoid"}),
+            0 => json!({"name": names::AVOID_GATE}),
             _ => json!({"name": format!("example.com/g{i}")}),
         })
         .collect();
-    let gated: Pod =
-        serde_json::from_value(pod("gated", json!({"schedulingGates": gates}))).unwrap();
-    let mut gated = gated;
-    gated.metadata.labels = Some([("role".to_string(), "apart".to_string())].into());
+    let gated = fixtures::pod("gated")
+        .labels(json!({"role": "apart"}))
+        .spec(json!({"schedulingGates": gates}))
+        .build();
     let attacks: Api<Pod> =
         Api::namespaced(attacker.client(berth().cluster).await, &attacker.namespace);
     let ordinary: Api<Pod> =
@@ -464,7 +452,11 @@ async fn a_review_sent_by_anyone_but_the_apiserver_is_refused() {
     let classes: Api<PriorityClass> = Api::all(client.clone());
     let made = eventually("berth's queue classes", WAIT, || async {
         let berths = classes
-            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=berth"))
+            .list(&ListParams::default().labels(&format!(
+                "{}={}",
+                names::MANAGED_BY_LABEL,
+                names::FIELD_MANAGER
+            )))
             .await
             .ok()?;
         let values: BTreeSet<i32> = berths.items.iter().filter_map(|c| c.value).collect();
@@ -646,13 +638,13 @@ async fn the_status_subresource_cannot_rewrite_berths_record() {
             .then_some(())
     })
     .await;
-    let forged = patch(json!({"berth.io/applied": null}));
+    let forged = patch(json!({names::APPLIED_ANNOTATION: null}));
     assert!(
         !forged.status.success(),
         "the record was rewritten through status"
     );
     assert!(
-        text(&forged.stderr).contains("berth.io/applied is berth's record"),
+        text(&forged.stderr).contains(&format!("{} is berth's record", names::APPLIED_ANNOTATION)),
         "{}",
         text(&forged.stderr)
     );
@@ -670,16 +662,16 @@ async fn queue_priority_stops_at_the_policys_ceiling_and_classes_stay_with_their
         .class_values()
         .max()
         .unwrap();
-    let top_class = format!("berth-queue-jobs-{top}");
+    let top_class = names::queue_class("jobs", top);
     eventually("the controller made jobs' classes", WAIT, || async {
         classes.get_opt(&top_class).await.ok()?.map(drop)
     })
     .await;
     let queued = tenant(&client, "queued", "jobs", labelled(json!({"app": "jobs"}))).await;
-    let manifest = pod("eager", json!({})).to_string().replace(
-        r#""metadata":{"name":"eager"}"#,
-        r#""metadata":{"name":"eager","labels":{"app":"jobs","groupPriority":"1000000"}}"#,
-    );
+    let manifest = fixtures::pod("eager")
+        .labels(json!({"app": "jobs", "groupPriority": "1000000"}))
+        .json()
+        .to_string();
     let out = queued.create(berth().cluster, &manifest);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
@@ -690,7 +682,10 @@ async fn queue_priority_stops_at_the_policys_ceiling_and_classes_stay_with_their
     let pods: Api<Pod> = Api::namespaced(client.clone(), &queued.namespace);
     let eager = pods.get("eager").await.unwrap().spec.unwrap();
     let class = eager.priority_class_name.unwrap_or_default();
-    assert!(class.starts_with("berth-queue-jobs-"), "{class}");
+    assert!(
+        class.starts_with(&format!("{}jobs-", names::QUEUE_CLASS_PREFIX)),
+        "{class}"
+    );
     assert!(
         eager.priority.unwrap_or_default() <= top,
         "{:?}",
@@ -699,7 +694,10 @@ async fn queue_priority_stops_at_the_policys_ceiling_and_classes_stay_with_their
 
     // A namespace that does not opt into jobs cannot name its classes.
     let outsider = tenant(&client, "outsider", "", labelled(json!({}))).await;
-    let manifest = pod("jumper", json!({"priorityClassName": top_class})).to_string();
+    let manifest = fixtures::pod("jumper")
+        .spec(json!({"priorityClassName": top_class}))
+        .json()
+        .to_string();
     let out = outsider.create(berth().cluster, &manifest);
     assert!(!out.status.success(), "a foreign queue class was taken");
     assert!(
@@ -725,7 +723,7 @@ async fn a_tenants_daemonset_stays_off_a_pool_that_names_no_daemonset_namespaces
         ("agent", json!([])),
         (
             "sneaky",
-            json!([{"key": "berth.io/pool", "operator": "Exists"}]),
+            json!([{"key": names::POOL_TAINT, "operator": "Exists"}]),
         ),
     ] {
         let out = tenant.create(berth().cluster, &daemonset(name, tolerations));

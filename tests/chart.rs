@@ -17,6 +17,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use berth::names;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingWebhookConfiguration,
 };
@@ -24,6 +25,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use support::fixtures;
 use support::{
     Nodes, TestCluster, cluster_script, eventually, fresh_namespace, has_applied, is_bound, opt_in,
     placed, repo_root, wait_for,
@@ -607,42 +609,31 @@ fn service_account_kubeconfig(cluster: &TestCluster) -> PathBuf {
     path
 }
 
-/// A pod with one small container running `image`.
-fn pod(name: &str, image: &str) -> Pod {
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"test": "chart"}},
-        "spec": {"containers": [{"name": "c", "image": image,
-            "resources": {"requests": {"cpu": "100m", "memory": "32Mi"}}}]}
-    }))
-    .unwrap()
-}
-
 /// Waits until node2 is in the cdn pool as far as the scheduler knows: the
 /// controller labels (and taints, in the same write) node2, and a probe pod that
 /// needs the label is bound only once the scheduler's own node cache has it. The
 /// probe runs in berth-system, which berth never sees.
 async fn cdn_pool_on_node2(client: &kube::Client) {
-    const POOL: &str = "node-restriction.kubernetes.io/berth.pool";
     let nodes: Api<Node> = Api::all(client.clone());
     wait_for(
         &nodes,
         "node2",
         |n: Option<&Node>| {
             n.and_then(|n| n.metadata.labels.as_ref())
-                .and_then(|l| l.get(POOL))
+                .and_then(|l| l.get(names::POOL_LABEL))
                 .is_some_and(|v| v == "cdn")
         },
         WAIT,
     )
     .await;
     let probes: Api<Pod> = Api::namespaced(client.clone(), "berth-system");
-    let probe: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "probe-node2"},
-        "spec": {"nodeSelector": {"kubernetes.io/hostname": "node2", POOL: "cdn"},
-                 "tolerations": [{"operator": "Exists"}],
-                 "containers": [{"name": "c", "image": "busybox"}]}
-    }))
-    .unwrap();
+    let probe = fixtures::pod("probe-node2")
+        .image("busybox")
+        .spec(
+            json!({"nodeSelector": {"kubernetes.io/hostname": "node2", names::POOL_LABEL: "cdn"},
+                 "tolerations": [{"operator": "Exists"}]}),
+        )
+        .build();
     probes
         .create(&PostParams::default(), &probe)
         .await
@@ -656,7 +647,7 @@ fn tolerates_cdn_pool(pod: &Pod) -> bool {
         .and_then(|s| s.tolerations.as_ref())
         .is_some_and(|t| {
             t.iter().any(|t| {
-                t.key.as_deref() == Some("berth.io/pool") && t.value.as_deref() == Some("cdn")
+                t.key.as_deref() == Some(names::POOL_TAINT) && t.value.as_deref() == Some("cdn")
             })
         })
 }
@@ -744,6 +735,15 @@ async fn helm_install_runs_seed_000_and_helm_uninstall_removes_the_webhooks() {
     // the berth.io/policies annotation), and one that is not.
     let policy = repo_root().join("policies/cdn.yaml");
     cluster.kubectl_ok(&["apply", "-f", policy.to_str().unwrap()]);
+    // Small pods, labelled as this test's.
+    let pod = |name: &str, image: &str| {
+        fixtures::pod(name)
+            .image(image)
+            .cpu("100m")
+            .memory("32Mi")
+            .labels(json!({"test": "chart"}))
+            .build()
+    };
     let opted = fresh_namespace(&client, "chart-cdn").await;
     opt_in(
         &client,

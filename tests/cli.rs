@@ -1,11 +1,15 @@
 //! `berth mutate`, `berth explain` and `berth crd` through the real binary: output
 //! formats, exit codes, messages, and every example policy in `policies/`.
 
+mod support;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use berth::names;
 use serde_json::{Value, json};
+use support::fixtures;
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -49,10 +53,13 @@ fn mutate_json(pod: &Value, policies: &str) -> (Value, Output) {
     )
 }
 
+/// The pod `default/p` of `image`, labelled `labels`, as JSON.
 fn pod(labels: Value, image: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "p", "namespace": "default", "labels": labels},
-           "spec": {"containers": [{"name": "c", "image": image}]}})
+    fixtures::pod("p")
+        .image(image)
+        .metadata(json!({"namespace": "default"}))
+        .labels(labels)
+        .json()
 }
 
 fn required(pod: &Value) -> &Value {
@@ -75,7 +82,7 @@ fn mutate_prints_every_pod_of_a_multi_document_file_as_yaml() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert_eq!(text.matches("kind: Pod").count(), 2);
-    assert!(text.contains("berth.io/applied: cdn"));
+    assert!(text.contains(&format!("{}: cdn", names::APPLIED_ANNOTATION)));
     assert!(
         text.contains("operator: NotIn"),
         "the wildcard pod is kept off node2"
@@ -117,12 +124,15 @@ fn mutate_prints_json_and_patches_for_several_pods_as_arrays() {
 #[test]
 fn mutate_reads_stdin_and_puts_warnings_on_stderr() {
     let mut p = pod(json!({}), "nginx");
-    p["spec"]["tolerations"] = json!([{"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]);
+    p["spec"]["tolerations"] = json!([{"key": names::POOL_TAINT, "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]);
     let (mutated, out) = mutate_json(&p, "policies/cdn.yaml");
     assert_eq!(mutated["spec"]["tolerations"], json!([]));
     assert_eq!(
         stderr(&out).trim(),
-        "warning: removed toleration berth.io/pool=cdn: the pod is not entitled to that pool"
+        format!(
+            "warning: removed toleration {}=cdn: the pod is not entitled to that pool",
+            names::POOL_TAINT
+        )
     );
 }
 
@@ -259,7 +269,11 @@ fn live_explain_with_an_unreadable_kubeconfig_exits_2_naming_it() {
 #[test]
 fn a_namespace_file_decides_which_policies_apply() {
     let ns = std::env::temp_dir().join(format!("berth-ns-{}.yaml", std::process::id()));
-    std::fs::write(&ns, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: default\n  annotations: {berth.io/policies: gpu}\n").unwrap();
+    let namespace = format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: default\n  annotations: {{{}: gpu}}\n",
+        names::POLICIES_ANNOTATION
+    );
+    std::fs::write(&ns, namespace).unwrap();
     let out = berth(
         &[
             "mutate",
@@ -298,10 +312,11 @@ fn explain_says_why_and_where_in_plain_words() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
+    let tolerates = format!("+ tolerates {}=cdn:NoSchedule", names::POOL_TAINT);
     for expected in [
         "Pod uploader in namespace default",
         "image docker.io/example/cdn-uploader:1.0 of container upload matches *cdn*",
-        "+ tolerates berth.io/pool=cdn:NoSchedule",
+        &tolerates,
         "+ must run on a node of pool cdn",
         "The pod may land on: node2.",
         "cdn: no image matches *cdn*",
@@ -364,7 +379,7 @@ fn example_cdn_policy_sends_cdn_pods_to_node2() {
     );
     assert_eq!(
         required(&p)[0],
-        json!({"key": "node-restriction.kubernetes.io/berth.pool", "operator": "In", "values": ["cdn"]})
+        json!({"key": names::POOL_LABEL, "operator": "In", "values": ["cdn"]})
     );
 }
 
@@ -376,7 +391,7 @@ fn example_redis_master_policy_avoids_nodes_with_a_master() {
     );
     assert_eq!(
         required(&p)[0],
-        json!({"key": "node-restriction.kubernetes.io/berth.runs.redis-master", "operator": "DoesNotExist"})
+        json!({"key": names::anchor_label("redis-master"), "operator": "DoesNotExist"})
     );
     let (other, _) = mutate_json(
         &pod(json!({"app": "redis-replica"}), "redis:7"),
@@ -393,7 +408,7 @@ fn example_sidecar_policy_puts_b_beside_a() {
     );
     assert_eq!(
         required(&p)[0],
-        json!({"key": "node-restriction.kubernetes.io/berth.runs.b-beside-a", "operator": "In", "values": ["true"]})
+        json!({"key": names::anchor_label("b-beside-a"), "operator": "In", "values": ["true"]})
     );
 }
 
@@ -424,9 +439,12 @@ fn example_training_policy_holds_a_gang_and_queues_it() {
     let (p, _) = mutate_json(&pod(labels, "trainer:1"), "policies/training-gang.yaml");
     assert_eq!(
         p["spec"]["schedulingGates"],
-        json!([{"name": "berth.io/gang"}])
+        json!([{"name": names::GANG_GATE}])
     );
-    assert_eq!(p["spec"]["priorityClassName"], "berth-queue-training-21");
+    assert_eq!(
+        p["spec"]["priorityClassName"],
+        names::queue_class("training", 21)
+    );
     assert_eq!(p["spec"]["priority"], 21);
     assert_eq!(p["spec"]["preemptionPolicy"], "Never");
 }
@@ -439,15 +457,22 @@ fn explain_says_which_gate_holds_a_group_pod_and_until_when() {
         (
             "policies/training-gang.yaml",
             vec![
-                "+ is held by the scheduling gate berth.io/gang until 4 members of gang resnet exist",
-                "+ is queued with PriorityClass berth-queue-training-21 (priority 21, preemptionPolicy Never)",
+                format!(
+                    "+ is held by the scheduling gate {} until 4 members of gang resnet exist",
+                    names::GANG_GATE
+                ),
+                format!(
+                    "+ is queued with PriorityClass {} (priority 21, preemptionPolicy Never)",
+                    names::queue_class("training", 21)
+                ),
             ],
         ),
         (
             "policies/release-order.yaml",
-            vec![
-                "+ is held by the scheduling gate berth.io/rank until every pod of a rank below 2",
-            ],
+            vec![format!(
+                "+ is held by the scheduling gate {} until every pod of a rank below 2",
+                names::RANK_GATE
+            )],
         ),
     ] {
         let out = berth(
@@ -457,7 +482,7 @@ fn explain_says_which_gate_holds_a_group_pod_and_until_when() {
         assert!(out.status.success(), "{}", stderr(&out));
         let text = stdout(&out);
         for line in expected {
-            assert!(text.contains(line), "missing {line:?} in:\n{text}");
+            assert!(text.contains(&line), "missing {line:?} in:\n{text}");
         }
     }
 }
@@ -470,7 +495,7 @@ fn example_release_policy_holds_ranked_pods() {
     );
     assert_eq!(
         p["spec"]["schedulingGates"],
-        json!([{"name": "berth.io/rank"}])
+        json!([{"name": names::RANK_GATE}])
     );
     let (p, _) = mutate_json(&pod(json!({}), "api:1"), "policies/release-order.yaml");
     assert!(
@@ -541,17 +566,20 @@ fn mutate_shows_the_pod_each_workload_makes_as_the_webhook_sees_it() {
     for pod in &pods[..5] {
         assert_eq!(pod["kind"], "Pod");
         assert_eq!(pod["metadata"]["namespace"], "shop", "{pod}");
-        assert_eq!(pod["metadata"]["annotations"]["berth.io/applied"], "cdn");
+        assert_eq!(
+            pod["metadata"]["annotations"][names::APPLIED_ANNOTATION],
+            "cdn"
+        );
         assert!(
             pod["spec"]["tolerations"]
                 .as_array()
                 .unwrap()
-                .contains(&json!({"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"})),
+                .contains(&json!({"key": names::POOL_TAINT, "operator": "Equal", "value": "cdn", "effect": "NoSchedule"})),
             "{pod}"
         );
         assert_eq!(
             required(pod)[0],
-            json!({"key": "node-restriction.kubernetes.io/berth.pool", "operator": "In", "values": ["cdn"]}),
+            json!({"key": names::POOL_LABEL, "operator": "In", "values": ["cdn"]}),
             "{pod}"
         );
     }
@@ -572,7 +600,7 @@ fn mutate_shows_the_pod_each_workload_makes_as_the_webhook_sees_it() {
     assert_eq!(shipper["metadata"]["namespace"], "logging");
     let tolerations = shipper["spec"]["tolerations"].as_array().unwrap();
     for key in [
-        "berth.io/pool",
+        names::POOL_TAINT,
         "node.kubernetes.io/not-ready",
         "node.kubernetes.io/network-unavailable",
     ] {

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
+use support::fixtures::{self, PodFixture};
 use support::{Nodes, TestCluster, eventually, fresh_namespace, is_bound, wait_for};
 
 const NODES: Nodes = Nodes {
@@ -29,12 +30,13 @@ fn cluster() -> &'static TestCluster {
     TestCluster::shared_with(NODES, &["--node-lease-seconds", &LEASE_SECONDS.to_string()])
 }
 
-fn pod_template(labels: &serde_json::Value) -> serde_json::Value {
-    json!({
-        "metadata": {"labels": labels},
-        "spec": {"containers": [{"name": "app", "image": "nginx:1.27",
-            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}
-    })
+/// A small nginx pod named and labelled `app: <app>`.
+fn app_pod(app: &str) -> PodFixture {
+    fixtures::pod(app)
+        .container("app", "nginx:1.27")
+        .cpu("100m")
+        .memory("64Mi")
+        .labels(json!({"app": app}))
 }
 
 /// Pods in `ns` whose label `app` is `app`, keyed by name, with their node.
@@ -57,8 +59,7 @@ async fn a_pod_is_bound_by_the_real_scheduler_within_seconds() {
     let client = cluster().client().await;
     let ns = fresh_namespace(&client, "smoke-pod").await;
     let pods: Api<Pod> = Api::namespaced(client, &ns);
-    let mut pod: Pod = serde_json::from_value(pod_template(&json!({"app": "one"}))).unwrap();
-    pod.metadata.name = Some("one".into());
+    let pod = app_pod("one").build();
 
     let started = Instant::now();
     pods.create(&PostParams::default(), &pod)
@@ -84,7 +85,7 @@ async fn a_deployments_pods_are_created_by_the_controller_manager_and_bound() {
     let deployment: Deployment = serde_json::from_value(json!({
         "metadata": {"name": "web"},
         "spec": {"replicas": 6, "selector": {"matchLabels": {"app": "web"}},
-                 "template": pod_template(&json!({"app": "web"}))}
+                 "template": app_pod("web").template()}
     }))
     .unwrap();
     deployments
@@ -110,7 +111,7 @@ async fn a_daemonset_gets_one_pod_per_node() {
     let daemonset: DaemonSet = serde_json::from_value(json!({
         "metadata": {"name": "agent"},
         "spec": {"selector": {"matchLabels": {"app": "agent"}},
-                 "template": pod_template(&json!({"app": "agent"}))}
+                 "template": app_pod("agent").template()}
     }))
     .unwrap();
     daemonsets
@@ -196,8 +197,7 @@ async fn fake_nodes_stay_ready_and_schedulable_past_the_grace_period() {
 
     let ns = fresh_namespace(&client, "smoke-later").await;
     let pods: Api<Pod> = Api::namespaced(client, &ns);
-    let mut pod: Pod = serde_json::from_value(pod_template(&json!({"app": "late"}))).unwrap();
-    pod.metadata.name = Some("late".into());
+    let pod = app_pod("late").build();
     pods.create(&PostParams::default(), &pod)
         .await
         .expect("create pod");

@@ -7,10 +7,12 @@ mod support;
 
 use std::time::Duration;
 
+use berth::names;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use support::fixtures::{self, policy};
 use support::{Berth, Nodes, eventually, fresh_namespace, is_bound, wait_for};
 
 const NODES: Nodes = Nodes {
@@ -18,16 +20,18 @@ const NODES: Nodes = Nodes {
     prefix: "node",
 };
 const WAIT: Duration = Duration::from_secs(60);
-const POOL_LABEL: &str = "node-restriction.kubernetes.io/berth.pool";
 
 fn berth() -> &'static Berth {
     Berth::shared(NODES)
 }
 
-fn pool_policy(name: &str, node: &str, effect: &str) -> String {
-    format!(
-        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {{name: {name}}}\nspec:\n  images: ['*{name}*']\n  pool: {{nodeNames: [{node}], effect: {effect}}}\n"
-    )
+/// Applies the policy `name` whose pool is `node`, tainted with `effect`, for the
+/// images named like it.
+fn apply_pool_policy(name: &str, node: &str, effect: &str) {
+    berth().cluster.apply_policies(&[policy(
+        name,
+        json!({"images": [format!("*{name}*")], "pool": {"nodeNames": [node], "effect": effect}}),
+    )]);
 }
 
 /// The node's taints as `key=value:effect`.
@@ -54,31 +58,31 @@ fn pool_label(node: &Node) -> Option<&str> {
     node.metadata
         .labels
         .as_ref()?
-        .get(POOL_LABEL)
+        .get(names::POOL_LABEL)
         .map(String::as_str)
 }
 
 #[tokio::test]
 async fn a_berth_label_removed_by_hand_comes_back() {
     let client = berth().cluster.client().await;
-    berth()
-        .cluster
-        .apply(&pool_policy("drift", "node1", "NoSchedule"));
+    apply_pool_policy("drift", "node1", "NoSchedule");
     wait_node(&client, "node1", "pool label", |n| {
         pool_label(n) == Some("drift")
     })
     .await;
-    let out = berth()
-        .cluster
-        .kubectl(&["label", "node", "node1", &format!("{POOL_LABEL}-")]);
+    let out =
+        berth()
+            .cluster
+            .kubectl(&["label", "node", "node1", &format!("{}-", names::POOL_LABEL)]);
     assert!(out.status.success());
-    let out = berth()
-        .cluster
-        .kubectl(&["taint", "node", "node1", "berth.io/pool-"]);
+    let out =
+        berth()
+            .cluster
+            .kubectl(&["taint", "node", "node1", &format!("{}-", names::POOL_TAINT)]);
     assert!(out.status.success());
     wait_node(&client, "node1", "label and taint back", |n| {
         pool_label(n) == Some("drift")
-            && taints(n).contains(&"berth.io/pool=drift:NoSchedule".to_string())
+            && taints(n).contains(&format!("{}=drift:NoSchedule", names::POOL_TAINT))
     })
     .await;
 }
@@ -96,7 +100,7 @@ async fn taints_of_other_owners_survive_berths_writes() {
         } else {
             "NoExecute"
         };
-        berth().cluster.apply(&pool_policy("flip", "node2", effect));
+        apply_pool_policy("flip", "node2", effect);
         let node = nodes.get("node2").await.unwrap();
         let mut list: Vec<Value> = node
             .spec
@@ -127,7 +131,7 @@ async fn taints_of_other_owners_survive_berths_writes() {
         }
     }
     let node = wait_node(&client, "node2", "final berth taint", |n| {
-        taints(n).contains(&"berth.io/pool=flip:NoExecute".to_string())
+        taints(n).contains(&format!("{}=flip:NoExecute", names::POOL_TAINT))
     })
     .await;
     let all = taints(&node);
@@ -139,7 +143,7 @@ async fn taints_of_other_owners_survive_berths_writes() {
     }
     assert_eq!(
         all.iter()
-            .filter(|t| t.starts_with("berth.io/pool"))
+            .filter(|t| t.starts_with(names::POOL_TAINT))
             .count(),
         1,
         "{all:?}"
@@ -159,9 +163,7 @@ fn taints_json(node: &Node) -> Vec<Value> {
 #[tokio::test]
 async fn deleting_a_policy_cleans_its_nodes() {
     let client = berth().cluster.client().await;
-    berth()
-        .cluster
-        .apply(&pool_policy("gone", "node3", "NoSchedule"));
+    apply_pool_policy("gone", "node3", "NoSchedule");
     wait_node(&client, "node3", "pool label", |n| {
         pool_label(n) == Some("gone")
     })
@@ -178,7 +180,7 @@ async fn deleting_a_policy_cleans_its_nodes() {
     assert!(
         taints(&node)
             .iter()
-            .all(|t| !t.starts_with("berth.io/pool")),
+            .all(|t| !t.starts_with(names::POOL_TAINT)),
         "{:?}",
         taints(&node)
     );
@@ -190,17 +192,14 @@ async fn a_pod_on_a_pool_node_without_entitlement_is_reported_and_noexecute_evic
     let ns = fresh_namespace(&client, "stray").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     // Placed on node4 before any pool exists there, as if the webhook had been down.
-    let stray: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "stray"},
-        "spec": {"nodeSelector": {"kubernetes.io/hostname": "node4"}, "containers": [{"name": "c", "image": "nginx"}]}
-    }))
-    .unwrap();
+    let stray = fixtures::pod("stray")
+        .image("nginx")
+        .spec(json!({"nodeSelector": {"kubernetes.io/hostname": "node4"}}))
+        .build();
     pods.create(&PostParams::default(), &stray).await.unwrap();
     wait_for(&pods, "stray", is_bound, WAIT).await;
 
-    berth()
-        .cluster
-        .apply(&pool_policy("strict", "node4", "NoSchedule"));
+    apply_pool_policy("strict", "node4", "NoSchedule");
     let condition = eventually("UnentitledPods condition", WAIT, || async {
         let out = berth()
             .cluster
@@ -249,9 +248,7 @@ async fn a_pod_on_a_pool_node_without_entitlement_is_reported_and_noexecute_evic
     .await;
 
     // With NoExecute, the apiserver's taint-eviction controller removes it.
-    berth()
-        .cluster
-        .apply(&pool_policy("strict", "node4", "NoExecute"));
+    apply_pool_policy("strict", "node4", "NoExecute");
     eventually("the stray pod evicted", WAIT, || async {
         let list = pods.list(&ListParams::default()).await.ok()?;
         list.items

@@ -8,17 +8,19 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
+use berth::names;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::api::Api;
-use support::{Berth, Nodes, Replica, eventually, kubectl_with_input, lease_holder};
+use serde_json::json;
+use support::fixtures::policy;
+use support::{Berth, Nodes, Replica, eventually, lease_holder};
 
 const NODES: Nodes = Nodes {
     count: 2,
     prefix: "node",
 };
-const POOL_LABEL: &str = "node-restriction.kubernetes.io/berth.pool";
 
 async fn wait_holder(client: &Client, identity: &str, limit: Duration) {
     eventually(&format!("{identity} holds the Lease"), limit, || async {
@@ -29,9 +31,10 @@ async fn wait_holder(client: &Client, identity: &str, limit: Duration) {
 
 /// Removes node1's pool label by hand and waits until the current leader puts it back.
 async fn drift_is_repaired(berth: &Berth, client: &Client) {
-    let out = berth
-        .cluster
-        .kubectl(&["label", "node", "node1", &format!("{POOL_LABEL}-")]);
+    let out =
+        berth
+            .cluster
+            .kubectl(&["label", "node", "node1", &format!("{}-", names::POOL_LABEL)]);
     assert!(out.status.success());
     let nodes: Api<Node> = Api::all(client.clone());
     eventually(
@@ -39,7 +42,7 @@ async fn drift_is_repaired(berth: &Berth, client: &Client) {
         Duration::from_secs(30),
         || async {
             let node = nodes.get("node1").await.ok()?;
-            (node.metadata.labels?.get(POOL_LABEL)?.as_str() == "lead").then_some(())
+            (node.metadata.labels?.get(names::POOL_LABEL)?.as_str() == "lead").then_some(())
         },
     )
     .await;
@@ -49,9 +52,10 @@ async fn drift_is_repaired(berth: &Berth, client: &Client) {
 async fn the_lease_passes_on_sigterm_at_once_and_after_a_kill_on_expiry() {
     let berth = Berth::shared(NODES);
     let client = berth.cluster.client().await;
-    let policy = "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: lead}\nspec:\n  pool: {nodeNames: [node1], dedicated: false}\n";
-    let out = kubectl_with_input(&berth.cluster.dir, &["apply", "-f", "-"], policy);
-    assert!(out.status.success());
+    berth.cluster.apply_policies(&[policy(
+        "lead",
+        json!({"pool": {"nodeNames": ["node1"], "dedicated": false}}),
+    )]);
 
     let first = Replica::start(berth, "first", &berth.cluster.kubeconfig());
     // berth-up's replica leads; the other two stand by.

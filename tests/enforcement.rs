@@ -14,12 +14,15 @@ mod support;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use berth::names;
 use berth::objects::PodObject;
+use berth::policy::PlacementPolicy;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use support::fixtures::{self, policy};
 use support::{Berth, Nodes, Tenant, eventually, fresh_namespace, is_bound, wait_for};
 
 const NODES: Nodes = Nodes {
@@ -39,30 +42,35 @@ fn now() -> DeleteParams {
     }
 }
 
-const POLICIES: &str = r#"
-apiVersion: berth.io/v1alpha1
-kind: PlacementPolicy
-metadata: {name: cdn}
-spec:
-  images: ["*cdn*"]
-  pool:
-    nodeNames: [node2]
-    daemonSetNamespaces: {matchLabels: {platform: agents}}
----
-apiVersion: berth.io/v1alpha1
-kind: PlacementPolicy
-metadata: {name: edge}
-spec:
-  pool: {nodeNames: [node3], daemonSets: Exclude}
----
-apiVersion: berth.io/v1alpha1
-kind: PlacementPolicy
-metadata: {name: redis-master}
-spec:
-  podSelector: {matchLabels: {role: master}}
-  avoid: {matchLabels: {role: master}}
-  anchorNamespaces: All
-"#;
+/// The pools and the exclusion every test here has in force.
+fn policies() -> Vec<PlacementPolicy> {
+    vec![
+        policy(
+            "cdn",
+            json!({"images": ["*cdn*"], "pool": {"nodeNames": ["node2"],
+            "daemonSetNamespaces": {"matchLabels": {"platform": "agents"}}}}),
+        ),
+        policy(
+            "edge",
+            json!({"pool": {"nodeNames": ["node3"], "daemonSets": "Exclude"}}),
+        ),
+        policy(
+            "redis-master",
+            json!({"podSelector": {"matchLabels": {"role": "master"}},
+            "avoid": {"matchLabels": {"role": "master"}}, "anchorNamespaces": "All"}),
+        ),
+    ]
+}
+
+/// A policy `name` for the pods labelled `role: <role>` that keeps them off the
+/// nodes of the pods labelled `role: <avoid>`.
+fn avoid_policy(name: &str, role: &str, avoid: &str) -> PlacementPolicy {
+    policy(
+        name,
+        json!({"podSelector": {"matchLabels": {"role": role}},
+        "avoid": {"matchLabels": {"role": avoid}}}),
+    )
+}
 
 /// berth with the pools in place: both nodes tainted and listed in the policies'
 /// status (what the admission policies read).
@@ -70,7 +78,7 @@ fn berth() -> &'static Berth {
     static READY: OnceLock<()> = OnceLock::new();
     let berth = Berth::shared(NODES);
     READY.get_or_init(|| {
-        berth.cluster.apply(POLICIES);
+        berth.cluster.apply_policies(&policies());
         for (policy, node) in [("cdn", "node2"), ("edge", "node3")] {
             let deadline = std::time::Instant::now() + WAIT;
             loop {
@@ -86,7 +94,10 @@ fn berth() -> &'static Berth {
                     "node",
                     node,
                     "-o",
-                    "jsonpath={.spec.taints[?(@.key==\"berth.io/pool\")].value}",
+                    &format!(
+                        "jsonpath={{.spec.taints[?(@.key==\"{}\")].value}}",
+                        names::POOL_TAINT
+                    ),
                 ]);
                 if out.contains(node) && taint == policy {
                     break;
@@ -117,20 +128,6 @@ async fn tenant(client: &Client, purpose: &str) -> Tenant {
 async fn opted_in_tenant(client: &Client, purpose: &str, policies: &str, probe: Value) -> Tenant {
     let ns = support::opted_in(client, purpose, policies, probe, WAIT).await;
     Tenant::new(berth().cluster, &format!("tenant-{ns}"), &ns).await
-}
-
-/// A pod manifest with one container.
-fn pod(name: &str, metadata: Value, spec: Value) -> Value {
-    let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {"containers": [{"name": "c", "image": "nginx:1.27"}]}});
-    if let (Some(meta), Some(extra)) = (pod["metadata"].as_object_mut(), metadata.as_object()) {
-        meta.extend(extra.clone());
-    }
-    if let (Some(spec_map), Some(extra)) = (pod["spec"].as_object_mut(), spec.as_object()) {
-        spec_map.extend(extra.clone());
-    }
-    pod
 }
 
 /// Creating `manifest` as the tenant fails, with `reason` in the apiserver's answer.
@@ -173,12 +170,11 @@ async fn attack_1_a_forged_daemonset_owner_gets_no_pool_at_create_or_update() {
     let tenant = tenant(&client, "forged-owner").await;
     let owner = json!([{"apiVersion": "redteam.example.com/v1", "kind": "DaemonSet",
         "name": "fake", "uid": "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "controller": true}]);
-    let forged = pod(
-        "forged",
-        json!({"ownerReferences": owner}),
-        json!({"nodeName": "node2",
-        "tolerations": [{"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]}),
-    );
+    let forged = fixtures::pod("forged")
+        .owners(owner.clone())
+        .spec(json!({"nodeName": "node2",
+        "tolerations": [{"key": names::POOL_TAINT, "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]}))
+        .json();
     refused(&tenant, &forged.to_string(), BERTH_DENIED_NODE2);
     // Even an apps/v1 DaemonSet owner: only the DaemonSet controller makes
     // DaemonSet pods.
@@ -187,11 +183,9 @@ async fn attack_1_a_forged_daemonset_owner_gets_no_pool_at_create_or_update() {
     refused(&tenant, &apps.to_string(), BERTH_DENIED_NODE2);
 
     // UPDATE: a pending pod gets the owner and the toleration in one JSON patch.
-    let pending = pod(
-        "pending",
-        json!({}),
-        json!({"nodeSelector": {"no-such": "node"}}),
-    );
+    let pending = fixtures::pod("pending")
+        .spec(json!({"nodeSelector": {"no-such": "node"}}))
+        .json();
     assert!(
         tenant
             .create(berth().cluster, &pending.to_string())
@@ -201,7 +195,7 @@ async fn attack_1_a_forged_daemonset_owner_gets_no_pool_at_create_or_update() {
     let patch = json!([
         {"op": "add", "path": "/metadata/ownerReferences", "value": owner},
         {"op": "add", "path": "/spec/tolerations/-", "value":
-            {"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}}]);
+            {"key": names::POOL_TAINT, "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}}]);
     let out = tenant.kubectl(
         berth().cluster,
         &[
@@ -216,7 +210,7 @@ async fn attack_1_a_forged_daemonset_owner_gets_no_pool_at_create_or_update() {
     assert!(!out.status.success());
     let error = text(&out.stderr);
     assert!(
-        error.contains("ownerReference") || error.contains("berth.io/pool=cdn"),
+        error.contains("ownerReference") || error.contains(&format!("{}=cdn", names::POOL_TAINT)),
         "{error}"
     );
 }
@@ -228,11 +222,9 @@ async fn a_wildcard_toleration_added_by_update_is_refused() {
     // Held by a gate of the tenant's own, then given a wildcard toleration, the
     // gate to be removed after: the webhook sees only CREATE, so the admission
     // policy must refuse the UPDATE.
-    let held = pod(
-        "held",
-        json!({}),
-        json!({"schedulingGates": [{"name": "example.com/hold"}], "nodeSelector": {"kubernetes.io/hostname": "node2"}}),
-    );
+    let held = fixtures::pod("held")
+        .spec(json!({"schedulingGates": [{"name": "example.com/hold"}], "nodeSelector": {"kubernetes.io/hostname": "node2"}}))
+        .json();
     assert!(
         tenant
             .create(berth().cluster, &held.to_string())
@@ -263,11 +255,11 @@ async fn a_wildcard_toleration_added_by_update_is_refused() {
 fn poisoned(name: &str, fields: Value, spec: Value) -> Value {
     let managed = json!([{"manager": "redteam", "operation": "Apply", "apiVersion": "v1",
         "time": "9999-12-31T23:59:59Z", "fieldsType": "FieldsV1", "fieldsV1": fields}]);
-    pod(
-        name,
-        json!({"managedFields": managed, "labels": {"app": "poisoned"}}),
-        spec,
-    )
+    fixtures::pod(name)
+        .metadata(json!({"managedFields": managed}))
+        .labels(json!({"app": "poisoned"}))
+        .spec(spec)
+        .json()
 }
 
 fn nested(depth: usize) -> Value {
@@ -311,11 +303,10 @@ async fn attacks_2_and_3_managed_fields_out_of_range_or_too_deep_hide_nothing() 
             "2026-01-01T00:00:00Z",
         ),
     ] {
-        let plain = pod(
-            name,
-            json!({"labels": {"app": "poisoned"}}),
-            json!({"nodeName": "node1"}),
-        );
+        let plain = fixtures::pod(name)
+            .labels(json!({"app": "poisoned"}))
+            .spec(json!({"nodeName": "node1"}))
+            .json();
         let out = tenant.create(berth.cluster, &plain.to_string());
         assert!(out.status.success(), "{}", text(&out.stderr));
         let patch = json!([{"op": "replace", "path": "/metadata/managedFields", "value": [{"manager": "redteam",
@@ -400,13 +391,13 @@ async fn attack_4_a_review_of_many_megabytes_is_read_and_decided() {
     // to six bytes in the review it sends berth.
     let pods: Api<Pod> = Api::namespaced(tenant.client(berth.cluster).await, &tenant.namespace);
     let large = |name: &str, size: usize, spec: Value| -> Pod {
-        let mut p = pod(name, json!({}), spec);
+        let mut p = fixtures::pod(name).spec(spec).json();
         p["spec"]["containers"][0]["env"] = json!([{"name": "X", "value": "<".repeat(size)}]);
         serde_json::from_value(p).unwrap()
     };
     // 1.15 MB of '<': a review of 6.9 MB.
     let spec = json!({"nodeName": "node2",
-        "tolerations": [{"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]});
+        "tolerations": [{"key": names::POOL_TAINT, "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]});
     let error = pods
         .create(&PostParams::default(), &large("big", 1_150_000, spec))
         .await
@@ -426,7 +417,7 @@ async fn attack_4_a_review_of_many_megabytes_is_read_and_decided() {
     .expect("a large pod that breaks no rule");
     let patch: json_patch::Patch =
         serde_json::from_value(json!([{"op": "add", "path": "/spec/tolerations/-", "value":
-        {"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}}]))
+        {"key": names::POOL_TAINT, "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}}]))
         .unwrap();
     let error = pods
         .patch(
@@ -436,14 +427,19 @@ async fn attack_4_a_review_of_many_megabytes_is_read_and_decided() {
         )
         .await
         .unwrap_err();
-    assert!(error.to_string().contains("berth.io/pool=cdn"), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("{}=cdn", names::POOL_TAINT)),
+        "{error}"
+    );
 }
 
 #[tokio::test]
 async fn attack_5_a_tenant_cannot_write_berths_record() {
     let client = berth().cluster.client().await;
     let tenant = tenant(&client, "record").await;
-    let plain = pod("plain", json!({}), json!({}));
+    let plain = fixtures::pod("plain").json();
     assert!(
         tenant
             .create(berth().cluster, &plain.to_string())
@@ -452,7 +448,12 @@ async fn attack_5_a_tenant_cannot_write_berths_record() {
     );
     let out = tenant.kubectl(
         berth().cluster,
-        &["annotate", "pod", "plain", "berth.io/applied=cdn"],
+        &[
+            "annotate",
+            "pod",
+            "plain",
+            &format!("{}=cdn", names::APPLIED_ANNOTATION),
+        ],
     );
     assert!(!out.status.success());
     assert!(
@@ -464,10 +465,9 @@ async fn attack_5_a_tenant_cannot_write_berths_record() {
 
 #[tokio::test]
 async fn attack_6_a_tenant_cannot_remove_berths_gate_from_its_own_held_pod() {
-    berth().cluster.apply(
-        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: gatekeep}\nspec:\n  \
-         podSelector: {matchLabels: {role: gk}}\n  avoid: {matchLabels: {role: gk}}\n",
-    );
+    berth()
+        .cluster
+        .apply_policies(&[avoid_policy("gatekeep", "gk", "gk")]);
     let client = berth().cluster.client().await;
     let tenant = opted_in_tenant(&client, "gate", "gatekeep", json!({"role": "gk"})).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &tenant.namespace);
@@ -479,7 +479,7 @@ async fn attack_6_a_tenant_cannot_remove_berths_gate_from_its_own_held_pod() {
     );
     pods.create(&PostParams::default(), &blocker).await.unwrap();
     unschedulable(&pods, "blocker").await;
-    let held = pod("held", json!({"labels": {"role": "gk"}}), json!({}));
+    let held = fixtures::pod("held").labels(json!({"role": "gk"})).json();
     assert!(
         tenant
             .create(berth().cluster, &held.to_string())
@@ -520,7 +520,7 @@ async fn attack_6_a_tenant_cannot_remove_berths_gate_from_its_own_held_pod() {
             .scheduling_gates
             .unwrap()
             .iter()
-            .any(|g| g.name == "berth.io/avoid")
+            .any(|g| g.name == names::AVOID_GATE)
     );
     pods.delete("blocker", &now()).await.unwrap();
     wait_for(&pods, "held", is_bound, WAIT).await;
@@ -532,11 +532,10 @@ async fn attack_7_a_tenants_stuck_look_alike_holds_no_master_back() {
     let tenant = tenant(&client, "lookalike").await;
     // Labelled like a redis master, never schedulable, in a namespace that opts
     // into nothing (anchorNamespaces: All makes it a pod masters avoid).
-    let stuck = pod(
-        "stuck",
-        json!({"labels": {"role": "master"}}),
-        json!({"nodeSelector": {"no-such": "node"}}),
-    );
+    let stuck = fixtures::pod("stuck")
+        .labels(json!({"role": "master"}))
+        .spec(json!({"nodeSelector": {"no-such": "node"}}))
+        .json();
     assert!(
         tenant
             .create(berth().cluster, &stuck.to_string())
@@ -624,7 +623,7 @@ async fn attack_8_a_tenants_daemonset_reaches_neither_pool() {
     let tenant = tenant(&client, "ds").await;
     let forged = daemonset(
         "forged",
-        json!([{"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]),
+        json!([{"key": names::POOL_TAINT, "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]),
     );
     assert!(tenant.create(berth().cluster, &forged).status.success());
     let everything = daemonset("everything", json!([{"operator": "Exists"}]));
@@ -669,10 +668,11 @@ async fn daemonsets_that_predate_a_pool_are_brought_in_line() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     daemonset_nodes(&client, &agents, "logs", "node5").await;
 
-    berth().cluster.apply(
-        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: late}\nspec:\n  \
-         pool: {nodeNames: [node5], daemonSetNamespaces: {matchLabels: {platform: old-agents}}}\n",
-    );
+    berth().cluster.apply_policies(&[policy(
+        "late",
+        json!({"pool": {"nodeNames": ["node5"],
+            "daemonSetNamespaces": {"matchLabels": {"platform": "old-agents"}}}}),
+    )]);
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), &agents);
     wait_for(
         &daemonsets,
@@ -717,11 +717,9 @@ async fn attack_10_a_binding_to_a_pool_node_is_refused_unless_the_namespace_opts
     );
     berth().cluster.apply(&role);
     for name in ["to-pool", "to-free"] {
-        let waiting = pod(
-            name,
-            json!({}),
-            json!({"nodeSelector": {"no-such": "node"}}),
-        );
+        let waiting = fixtures::pod(name)
+            .spec(json!({"nodeSelector": {"no-such": "node"}}))
+            .json();
         assert!(
             tenant
                 .create(berth().cluster, &waiting.to_string())
@@ -764,10 +762,9 @@ async fn attack_10_a_binding_to_a_pool_node_is_refused_unless_the_namespace_opts
 
 #[tokio::test]
 async fn a_pod_with_a_node_name_under_an_avoid_policy_is_pinned_held_and_placed_there() {
-    berth().cluster.apply(
-        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: named}\nspec:\n  \
-         podSelector: {matchLabels: {role: named}}\n  avoid: {matchLabels: {role: named}}\n",
-    );
+    berth()
+        .cluster
+        .apply_policies(&[avoid_policy("named", "named", "named")]);
     let client = berth().cluster.client().await;
     let team = support::opted_in(&client, "named", "named", json!({"role": "named"}), WAIT).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &team);
@@ -790,7 +787,7 @@ async fn a_pod_with_a_node_name_under_an_avoid_policy_is_pinned_held_and_placed_
         .into_iter()
         .map(|g| g.name)
         .collect();
-    assert!(gates.contains(&"berth.io/avoid".to_string()), "{gates:?}");
+    assert!(gates.iter().any(|g| g == names::AVOID_GATE), "{gates:?}");
     let terms = spec
         .affinity
         .and_then(|a| a.node_affinity)
@@ -818,10 +815,9 @@ async fn a_pod_with_a_node_name_under_an_avoid_policy_is_pinned_held_and_placed_
 
 #[tokio::test]
 async fn a_policy_being_deleted_stops_granting_at_once() {
-    berth().cluster.apply(
-        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: leaving, finalizers: [test.berth.io/hold]}\n\
-         spec:\n  schedulerName: leaving-scheduler\n",
-    );
+    let mut leaving = policy("leaving", json!({"schedulerName": "leaving-scheduler"}));
+    leaving.metadata.finalizers = Some(vec!["test.berth.io/hold".into()]);
+    berth().cluster.apply_policies(&[leaving]);
     let client = berth().cluster.client().await;
     let ns = support::opted_in(&client, "leaving", "leaving", json!({}), WAIT).await;
     berth()
@@ -868,7 +864,7 @@ async fn a_policys_finalizer_waits_for_its_own_nodes_only() {
         let label = format!("probe={n}");
         let out = berth.cluster.kubectl(&[
             "--as",
-            "system:serviceaccount:berth-system:berth",
+            names::BERTH_SERVICE_ACCOUNT,
             "label",
             "node",
             "node6",
@@ -878,12 +874,16 @@ async fn a_policys_finalizer_waits_for_its_own_nodes_only() {
         text(&out.stderr).contains("node6 is frozen").then_some(())
     })
     .await;
-    berth.cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: frozen}\nspec:\n  pool: {nodeNames: [node6]}\n");
+    berth
+        .cluster
+        .apply_policies(&[policy("frozen", json!({"pool": {"nodeNames": ["node6"]}}))]);
     eventually("a failed write to node6", WAIT, || async {
         berth.log().contains("node6 is frozen").then_some(())
     })
     .await;
-    berth.cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: gone}\nspec:\n  pool: {nodeNames: [node7]}\n");
+    berth
+        .cluster
+        .apply_policies(&[policy("gone", json!({"pool": {"nodeNames": ["node7"]}}))]);
     eventually("node7 in pool gone", WAIT, || async {
         let taint =
             berth
@@ -904,7 +904,7 @@ async fn a_policys_finalizer_waits_for_its_own_nodes_only() {
         .cluster
         .kubectl_ok(&["get", "node", "node7", "-o", "json"]);
     assert!(
-        !node7.contains("berth.io/pool") && !node7.contains("berth.pool"),
+        !node7.contains(names::POOL_TAINT) && !node7.contains("berth.pool"),
         "{node7}"
     );
     berth.cluster.kubectl_ok(&["delete", "bpp", "frozen"]);
@@ -912,10 +912,9 @@ async fn a_policys_finalizer_waits_for_its_own_nodes_only() {
 
 #[tokio::test]
 async fn a_pod_still_terminating_counts_for_avoid() {
-    berth().cluster.apply(
-        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: apart}\nspec:\n  \
-         podSelector: {matchLabels: {role: apart}}\n  avoid: {matchLabels: {role: apart}}\n",
-    );
+    berth()
+        .cluster
+        .apply_policies(&[avoid_policy("apart", "apart", "apart")]);
     let client = berth().cluster.client().await;
     let ns = support::opted_in(&client, "apart", "apart", json!({"role": "apart"}), WAIT).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -925,13 +924,13 @@ async fn a_pod_still_terminating_counts_for_avoid() {
     wait_for(&pods, "a1", is_bound, WAIT).await;
     // a1 has run a while: node4 carries its anchor label.
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    let label = "node-restriction.kubernetes.io/berth.runs.apart";
+    let label = names::anchor_label("apart");
     wait_for(
         &nodes,
         "node4",
         |n: Option<&k8s_openapi::api::core::v1::Node>| {
             n.and_then(|n| n.metadata.labels.as_ref())
-                .is_some_and(|l| l.contains_key(label))
+                .is_some_and(|l| l.contains_key(&label))
         },
         WAIT,
     )
@@ -957,10 +956,9 @@ async fn a_pod_still_terminating_counts_for_avoid() {
 
 #[tokio::test]
 async fn avoid_is_symmetric_a_later_target_keeps_off_the_policys_nodes() {
-    berth().cluster.apply(
-        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: primaries}\nspec:\n  \
-         podSelector: {matchLabels: {role: primary}}\n  avoid: {matchLabels: {role: secondary}}\n",
-    );
+    berth()
+        .cluster
+        .apply_policies(&[avoid_policy("primaries", "primary", "secondary")]);
     let client = berth().cluster.client().await;
     let ns = support::opted_in(
         &client,

@@ -12,11 +12,14 @@ mod support;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use berth::names;
+use berth::policy::PlacementPolicy;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 use support::attacks::{dry_run_cost, many_tolerations, worst_within_bounds};
+use support::fixtures::{self, policy};
 use support::{Berth, Nodes, Replica, Tenant, eventually, fresh_namespace, wait_for};
 
 const NODES: Nodes = Nodes {
@@ -25,34 +28,29 @@ const NODES: Nodes = Nodes {
 };
 const WAIT: Duration = Duration::from_secs(60);
 
-const POLICIES: &str = r#"
-apiVersion: berth.io/v1alpha1
-kind: PlacementPolicy
-metadata: {name: cdn}
-spec:
-  images: ["*cdn*"]
-  pool: {nodeNames: [node2], daemonSets: Tolerate}
----
-apiVersion: berth.io/v1alpha1
-kind: PlacementPolicy
-metadata: {name: apart}
-spec:
-  podSelector: {matchLabels: {role: apart}}
-  avoid: {matchLabels: {role: apart}}
----
-apiVersion: berth.io/v1alpha1
-kind: PlacementPolicy
-metadata: {name: jobs}
-spec:
-  podSelector: {matchLabels: {app: jobs}}
-  queue: {}
----
-apiVersion: berth.io/v1alpha1
-kind: PlacementPolicy
-metadata: {name: gpu}
-spec:
-  pool: {nodeSelector: {matchLabels: {gpu: "true"}}}
-"#;
+/// The pools and policies in force before berth stops.
+fn policies() -> Vec<PlacementPolicy> {
+    vec![
+        policy(
+            "cdn",
+            json!({"images": ["*cdn*"],
+            "pool": {"nodeNames": ["node2"], "daemonSets": "Tolerate"}}),
+        ),
+        policy(
+            "apart",
+            json!({"podSelector": {"matchLabels": {"role": "apart"}},
+            "avoid": {"matchLabels": {"role": "apart"}}}),
+        ),
+        policy(
+            "jobs",
+            json!({"podSelector": {"matchLabels": {"app": "jobs"}}, "queue": {}}),
+        ),
+        policy(
+            "gpu",
+            json!({"pool": {"nodeSelector": {"matchLabels": {"gpu": "true"}}}}),
+        ),
+    ]
+}
 
 fn running(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -70,7 +68,7 @@ fn berth_stopped() -> &'static Berth {
         berth
             .cluster
             .kubectl_ok(&["label", "node", "node3", "gpu=true"]);
-        berth.cluster.apply(POLICIES);
+        berth.cluster.apply_policies(&policies());
         let deadline = Instant::now() + WAIT;
         while !berth
             .cluster
@@ -108,17 +106,17 @@ async fn tenant(client: &Client, purpose: &str) -> Tenant {
     Tenant::new(berth_stopped().cluster, &format!("tenant-{ns}"), &ns).await
 }
 
+/// The manifest of a pod of the cdn pool's image with `spec` merged in.
 fn pod(name: &str, spec: Value) -> String {
-    let mut pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {"containers": [{"name": "c", "image": "example/cdn-uploader:1"}]}});
-    if let (Some(map), Some(extra)) = (pod["spec"].as_object_mut(), spec.as_object()) {
-        map.extend(extra.clone());
-    }
-    pod.to_string()
+    fixtures::pod(name)
+        .image("example/cdn-uploader:1")
+        .spec(spec)
+        .json()
+        .to_string()
 }
 
 fn cdn_toleration() -> Value {
-    json!([{"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}])
+    json!([{"key": names::POOL_TAINT, "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}])
 }
 
 #[tokio::test]
@@ -137,7 +135,7 @@ async fn with_berth_stopped_no_tenant_pod_reaches_a_dedicated_node() {
     };
     refused(
         pod("forged", json!({"tolerations": cdn_toleration()})),
-        "berth.io/pool=cdn",
+        &format!("{}=cdn", names::POOL_TAINT),
     );
     refused(
         pod("named", json!({"nodeName": "node2"})),
@@ -172,7 +170,7 @@ async fn with_berth_stopped_no_tenant_pod_reaches_a_dedicated_node() {
     // What breaks no rule goes on: berth down never blocks the cluster.
     let excluded = json!({"tolerations": [{"operator": "Exists"}], "affinity": {"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "node-restriction.kubernetes.io/berth.pool", "operator": "NotIn", "values": ["cdn", "gpu", "edge"]}]}]}}}});
+            {"key": names::POOL_LABEL, "operator": "NotIn", "values": ["cdn", "gpu", "edge"]}]}]}}}});
     for (name, spec) in [
         ("plain", json!({})),
         ("elsewhere", json!({"nodeName": "node1"})),
@@ -184,7 +182,7 @@ async fn with_berth_stopped_no_tenant_pod_reaches_a_dedicated_node() {
 
     // A namespace that opts in keeps its pool, berth or no berth.
     let team = fresh_namespace(&client, "team").await;
-    support::annotate(&client, &team, "berth.io/policies", "cdn").await;
+    support::annotate(&client, &team, names::POLICIES_ANNOTATION, "cdn").await;
     let team = Tenant::new(cluster, &format!("tenant-{team}"), &team).await;
     let out = team.create(
         cluster,
@@ -199,19 +197,16 @@ async fn with_berth_stopped_records_gates_and_bindings_hold() {
     let cluster = berth_stopped().cluster;
     let client = cluster.client().await;
     let tenant = tenant(&client, "down-records").await;
-    let gated = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "gated", "annotations": {"berth.io/applied": "cdn"}},
-        "spec": {"schedulingGates": [{"name": "berth.io/avoid"}], "containers": [{"name": "c", "image": "nginx"}]}});
+    let gated = fixtures::pod("gated")
+        .image("nginx")
+        .annotations(json!({names::APPLIED_ANNOTATION: "cdn"}))
+        .spec(json!({"schedulingGates": [{"name": names::AVOID_GATE}]}))
+        .json();
     assert!(tenant.create(cluster, &gated.to_string()).status.success());
+    let forged_record = format!("{}=gpu", names::APPLIED_ANNOTATION);
     for (args, reason) in [
         (
-            vec![
-                "annotate",
-                "pod",
-                "gated",
-                "berth.io/applied=gpu",
-                "--overwrite",
-            ],
+            vec!["annotate", "pod", "gated", &forged_record, "--overwrite"],
             "only berth sets it",
         ),
         (
@@ -313,22 +308,23 @@ async fn with_berth_stopped_no_hold_queue_or_status_record_can_be_forged() {
         assert!(error.contains(policy) && error.contains(reason), "{error}");
     };
     // A record of an avoid policy without its hold.
-    let unheld = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "unheld", "labels": {"role": "apart"},
-            "annotations": {"berth.io/applied": "apart"}},
-        "spec": {"containers": [{"name": "c", "image": "nginx"}]}});
-    refused(unheld.to_string(), "'berth-holds'", "berth.io/avoid");
+    let unheld = fixtures::pod("unheld")
+        .image("nginx")
+        .labels(json!({"role": "apart"}))
+        .annotations(json!({names::APPLIED_ANNOTATION: "apart"}))
+        .json();
+    refused(unheld.to_string(), "'berth-holds'", names::AVOID_GATE);
     // A queue class of a policy the namespace does not opt into (the class exists,
     // as the controller would have made it).
-    cluster.apply(
-        "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: berth-queue-jobs-30, \
-         labels: {app.kubernetes.io/managed-by: berth}}\nvalue: 30\npreemptionPolicy: Never\n",
-    );
+    let class = names::queue_class("jobs", 30);
+    cluster.apply(&format!(
+        "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {{name: {class}, \
+         labels: {{{}: {}}}}}\nvalue: 30\npreemptionPolicy: Never\n",
+        names::MANAGED_BY_LABEL,
+        names::FIELD_MANAGER
+    ));
     refused(
-        pod(
-            "jumper",
-            json!({"priorityClassName": "berth-queue-jobs-30"}),
-        ),
+        pod("jumper", json!({"priorityClassName": class})),
         "'berth-queues'",
         "does not opt into",
     );
@@ -343,9 +339,10 @@ async fn with_berth_stopped_no_hold_queue_or_status_record_can_be_forged() {
         ns = tenant.namespace,
         user = tenant.user
     ));
-    let recorded = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "recorded", "annotations": {"berth.io/applied": "cdn"}},
-        "spec": {"containers": [{"name": "c", "image": "nginx"}]}});
+    let recorded = fixtures::pod("recorded")
+        .image("nginx")
+        .annotations(json!({names::APPLIED_ANNOTATION: "cdn"}))
+        .json();
     assert!(
         tenant
             .create(cluster, &recorded.to_string())
@@ -374,7 +371,7 @@ async fn with_berth_stopped_no_hold_queue_or_status_record_can_be_forged() {
             .then_some(())
     })
     .await;
-    let forged = patch(json!({"berth.io/applied": "gpu"}));
+    let forged = patch(json!({names::APPLIED_ANNOTATION: "gpu"}));
     assert!(
         !forged.status.success(),
         "the record was rewritten through status"
@@ -395,7 +392,7 @@ async fn with_berth_stopped_a_tenants_daemonset_stays_off_the_pools() {
     let daemonset = json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent"},
         "spec": {"selector": {"matchLabels": {"app": "agent"}},
             "template": {"metadata": {"labels": {"app": "agent"}},
-                "spec": {"tolerations": [{"key": "berth.io/pool", "operator": "Exists"}],
+                "spec": {"tolerations": [{"key": names::POOL_TAINT, "operator": "Exists"}],
                     "containers": [{"name": "c", "image": "example/agent:1"}]}}}});
     let out = tenant.create(cluster, &daemonset.to_string());
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -446,9 +443,9 @@ async fn a_controller_keeps_a_policy_that_stops_compiling_and_no_pod_stalls_it()
         "standby",
         &berth.cluster.berth_service_account_kubeconfig(),
     );
-    berth.cluster.apply(
-        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: edge}\nspec:\n  pool: {nodeNames: [node4]}\n",
-    );
+    berth
+        .cluster
+        .apply_policies(&[policy("edge", json!({"pool": {"nodeNames": ["node4"]}}))]);
     let taint = || {
         berth
             .cluster
@@ -459,10 +456,12 @@ async fn a_controller_keeps_a_policy_that_stops_compiling_and_no_pod_stalls_it()
     })
     .await;
 
-    // A bad glob, applied while /validate is down (failurePolicy Ignore lets it in).
-    berth.cluster.apply(
-        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: edge}\nspec:\n  images: [\"[edge\"]\n  pool: {nodeNames: [node4]}\n",
-    );
+    // A bad glob, applied while /validate is down (failurePolicy Ignore lets it in):
+    // the CRD's type takes it, berth's compiler does not.
+    berth.cluster.apply_policies(&[policy(
+        "edge",
+        json!({"images": ["[edge"], "pool": {"nodeNames": ["node4"]}}),
+    )]);
     let ready = eventually("Ready=False on edge", WAIT, || async {
         let out = berth
             .cluster
@@ -499,9 +498,9 @@ async fn a_controller_keeps_a_policy_that_stops_compiling_and_no_pod_stalls_it()
     .await;
     // A policy created now gets its status at the end of a whole pass of the
     // successor's, node writes included.
-    berth.cluster.apply(
-        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: probe}\nspec:\n  schedulerName: probe\n",
-    );
+    berth
+        .cluster
+        .apply_policies(&[policy("probe", json!({"schedulerName": "probe"}))]);
     eventually("probe's status written", WAIT, || async {
         let out = berth.cluster.kubectl_ok(&[
             "get",
@@ -523,10 +522,12 @@ async fn a_controller_keeps_a_policy_that_stops_compiling_and_no_pod_stalls_it()
     // was down, so its forged gate and record survived): one list of policy names
     // tells they are gone, however many it names, and it goes at once.
     let tenant = tenant(&client, "flood").await;
-    let names: Vec<String> = (0..3000).map(|i| format!("p{i}")).collect();
-    let forged = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "flood", "annotations": {"berth.io/applied": names.join(",")}},
-        "spec": {"schedulingGates": [{"name": "berth.io/avoid"}], "containers": [{"name": "c", "image": "nginx"}]}});
+    let policies: Vec<String> = (0..3000).map(|i| format!("p{i}")).collect();
+    let forged = fixtures::pod("flood")
+        .image("nginx")
+        .annotations(json!({names::APPLIED_ANNOTATION: policies.join(",")}))
+        .spec(json!({"schedulingGates": [{"name": names::AVOID_GATE}]}))
+        .json();
     let out = tenant.create(berth.cluster, &forged.to_string());
     assert!(out.status.success(), "{}", text(&out.stderr));
     let pods: Api<Pod> = Api::namespaced(client.clone(), &tenant.namespace);

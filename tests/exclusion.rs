@@ -10,10 +10,12 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use berth::names;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
+use support::fixtures::policy;
 use support::{
     Berth, Nodes, create_at_once, eventually, fresh_namespace, opted_in, placed, test_pod,
 };
@@ -40,7 +42,7 @@ async fn clear(client: &Client, ns: &str, policy: &str) {
         .await
         .unwrap();
     let nodes: Api<Node> = Api::all(client.clone());
-    let key = format!("node-restriction.kubernetes.io/berth.runs.{policy}");
+    let key = names::anchor_label(policy);
     eventually("anchor labels cleared", WAIT, || async {
         let list = nodes.list(&ListParams::default().labels(&key)).await.ok()?;
         list.items.is_empty().then_some(())
@@ -93,7 +95,7 @@ async fn thirty_masters_created_at_once_land_on_thirty_nodes_every_round() {
                     "{} {} applied={} fields={}",
                     p["metadata"]["name"],
                     p["spec"]["nodeName"],
-                    p["metadata"]["annotations"]["berth.io/applied"],
+                    p["metadata"]["annotations"][names::APPLIED_ANNOTATION],
                     terms["nodeSelectorTerms"][0]["matchFields"]
                 );
             }
@@ -133,8 +135,14 @@ async fn thirty_masters_created_at_once_land_on_thirty_nodes_every_round() {
 #[tokio::test]
 async fn masters_and_replicas_that_avoid_each_other_never_share_a_node() {
     let client = berth().cluster.client().await;
-    let policies = "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: shard-masters}\nspec:\n  podSelector: {matchLabels: {role: master}}\n  avoid: {matchLabels: {role: replica}}\n---\napiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: shard-replicas}\nspec:\n  podSelector: {matchLabels: {role: replica}}\n  avoid: {matchLabels: {role: master}}\n";
-    berth().cluster.apply(policies);
+    let pair = |role: &str, avoid: &str| {
+        json!({"podSelector": {"matchLabels": {"role": role}},
+            "avoid": {"matchLabels": {"role": avoid}}})
+    };
+    berth().cluster.apply_policies(&[
+        policy("shard-masters", pair("master", "replica")),
+        policy("shard-replicas", pair("replica", "master")),
+    ]);
     let ns = opted_in(
         &client,
         "pairs",
@@ -180,7 +188,12 @@ async fn a_surplus_waits_with_a_reason_and_is_placed_when_nodes_are_added() {
             .await
             .unwrap();
     }
-    berth().cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: small-zone}\nspec:\n  podSelector: {matchLabels: {app: cache}}\n  avoid: {matchLabels: {app: cache}}\n  nodeAffinity:\n    required: [{key: zone, operator: In, values: [small]}]\n");
+    berth().cluster.apply_policies(&[policy(
+        "small-zone",
+        json!({"podSelector": {"matchLabels": {"app": "cache"}},
+            "avoid": {"matchLabels": {"app": "cache"}},
+            "nodeAffinity": {"required": [{"key": "zone", "operator": "In", "values": ["small"]}]}}),
+    )]);
     let ns = opted_in(
         &client,
         "surplus",
@@ -214,7 +227,7 @@ async fn a_surplus_waits_with_a_reason_and_is_placed_when_nodes_are_added() {
             p.spec
                 .as_ref()
                 .and_then(|s| s.scheduling_gates.as_ref())
-                .is_some_and(|g| g.iter().any(|g| g.name == "berth.io/avoid"))
+                .is_some_and(|g| g.iter().any(|g| g.name == names::AVOID_GATE))
         });
         (unbound.len() == 2 && gated).then_some(unbound)
     })
@@ -247,7 +260,8 @@ async fn a_surplus_waits_with_a_reason_and_is_placed_when_nodes_are_added() {
     .await;
     assert!(
         text.contains(&format!(
-            "Now: held by the scheduling gate berth.io/avoid: {why}"
+            "Now: held by the scheduling gate {}: {why}",
+            names::AVOID_GATE
         )),
         "{text}"
     );

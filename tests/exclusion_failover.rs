@@ -11,11 +11,13 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
+use berth::names;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
+use support::fixtures::policy;
 use support::{
     Berth, Nodes, Replica, create_at_once, eventually, lease_holder, opted_in, placed, test_pod,
 };
@@ -61,7 +63,12 @@ async fn a_new_leader_keeps_the_old_leaders_pod_in_flight_and_releases_the_rest(
     // Three eligible nodes for six pods: the old leader binds three, leaves the
     // fourth in flight (released, unschedulable; see below) and two held.
     label_eligible(&client, &["node1", "node2", "node3"]).await;
-    berth.cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: failover}\nspec:\n  podSelector: {matchLabels: {app: failover}}\n  avoid: {matchLabels: {app: failover}}\n  nodeAffinity:\n    required: [{key: zone, operator: In, values: [failover]}]\n");
+    berth.cluster.apply_policies(&[policy(
+        "failover",
+        json!({"podSelector": {"matchLabels": {"app": "failover"}},
+            "avoid": {"matchLabels": {"app": "failover"}},
+            "nodeAffinity": {"required": [{"key": "zone", "operator": "In", "values": ["failover"]}]}}),
+    )]);
     let ns = opted_in(
         &client,
         "failover",
@@ -97,8 +104,14 @@ async fn a_new_leader_keeps_the_old_leaders_pod_in_flight_and_releases_the_rest(
     // The leader's metrics (no other test shares this berth): four released and
     // timed, two held now.
     eventually("the leader's gate metrics", WAIT, || async {
-        let held = berth.metric(r#"berth_gated_pods{gate="berth.io/avoid"}"#);
-        let timed = berth.metric(r#"berth_gated_seconds_count{gate="berth.io/avoid"}"#);
+        let held = berth.metric(&format!(
+            r#"berth_gated_pods{{gate="{}"}}"#,
+            names::AVOID_GATE
+        ));
+        let timed = berth.metric(&format!(
+            r#"berth_gated_seconds_count{{gate="{}"}}"#,
+            names::AVOID_GATE
+        ));
         (held == Some(2.0) && timed == Some(4.0)).then_some(())
     })
     .await;
@@ -149,7 +162,7 @@ async fn a_new_leader_keeps_the_old_leaders_pod_in_flight_and_releases_the_rest(
         eventually(&format!("the anchor label on {node}"), WAIT, || async {
             let labels = api.get(node).await.ok()?.metadata.labels?;
             labels
-                .contains_key("node-restriction.kubernetes.io/berth.runs.failover")
+                .contains_key(&names::anchor_label("failover"))
                 .then_some(())
         })
         .await;

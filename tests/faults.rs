@@ -33,12 +33,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use berth::names;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::audit::{Findings, Recorder, World, final_state, node_errors, policy_api, unbound};
+use support::fixtures::{self, PodFixture};
 use support::fleet::{Fleet, replace_file};
 use support::load::{self, FloodReport, InForce, Load, LoadReport, Scale, Stream};
 use support::{
@@ -252,11 +254,13 @@ fn policy_file(name: &str) -> String {
     std::fs::read_to_string(support::repo_root().join("policies").join(name)).unwrap()
 }
 
-fn pod(name: &str, image: &str, labels: serde_json::Value) -> Pod {
-    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels},
-        "spec": {"containers": [{"name": "c", "image": image,
-            "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}}}]}}))
-    .unwrap()
+/// A pod of `image` labelled `labels`, with the load's tiny requests.
+fn pod(name: &str, image: &str, labels: serde_json::Value) -> PodFixture {
+    fixtures::pod(name)
+        .image(image)
+        .cpu("1m")
+        .memory("1Mi")
+        .labels(labels)
 }
 
 impl Suite {
@@ -273,7 +277,7 @@ impl Suite {
             RESERVED_NODE,
             &format!("{RESERVED_TAINT}=true:NoSchedule"),
         ]);
-        let probe = |image: &str, labels| pod("probe", image, labels);
+        let probe = |image: &str, labels| pod("probe", image, labels).build();
         let limit = Duration::from_secs(60);
         let cdn = fresh_namespace(&client, "faults-cdn").await;
         opt_in(
@@ -300,12 +304,13 @@ impl Suite {
         // The pods every `b` must be beside: one on each of three nodes, for good.
         let anchors: Api<Pod> = Api::namespaced(client.clone(), &ns.colocation);
         for (i, node) in ANCHOR_NODES.iter().enumerate() {
-            let mut anchor = pod(
+            let anchor = pod(
                 &format!("a-{i}"),
                 "busybox:1",
                 json!({"app": "a", load::LOAD_LABEL: "anchor"}),
-            );
-            anchor.spec.as_mut().unwrap().node_name = Some(node.to_string());
+            )
+            .spec(json!({"nodeName": node}))
+            .build();
             anchors
                 .create(&PostParams::default(), &anchor)
                 .await
@@ -608,6 +613,7 @@ impl Run {
                             "redis:7",
                             json!({"app": "redis-master", load::LOAD_LABEL: "churn"}),
                         )
+                        .build()
                     })
                     .collect();
                 create_at_once(&self.client, &self.ns.exclusion, burst).await;
@@ -776,7 +782,7 @@ impl Run {
                 .cluster
                 .apply(&policy_file("redis-master.yaml"));
             self.in_force.restored("redis-master");
-            let probe = pod("probe", "redis:7", json!({"app": "redis-master"}));
+            let probe = pod("probe", "redis:7", json!({"app": "redis-master"})).build();
             wait_admitted(
                 &self.client,
                 &self.ns.exclusion,
@@ -1140,6 +1146,7 @@ async fn exclusion_pods_replaced_surge_first_at_full_capacity() {
             "redis:7",
             json!({"app": "redis-master", load::LOAD_LABEL: "churn"}),
         )
+        .build()
     };
     let full: Vec<Pod> = (0..8).map(|i| master(&format!("full-{i}"))).collect();
     create_at_once(&run.client, &run.ns.exclusion, full).await;
@@ -1167,7 +1174,7 @@ async fn exclusion_pods_replaced_surge_first_at_full_capacity() {
         .and_then(|s| s.scheduling_gates)
         .unwrap_or_default();
     assert!(
-        gates.iter().any(|g| g.name == "berth.io/avoid"),
+        gates.iter().any(|g| g.name == names::AVOID_GATE),
         "the surge pod is held while every node runs a master: {note}"
     );
 
@@ -1345,13 +1352,15 @@ fn the_audit_finds_what_it_looks_for() {
                 image: &str| {
         let mut annotations = serde_json::Map::new();
         if !applied.is_empty() {
-            annotations.insert("berth.io/applied".into(), json!(applied));
+            annotations.insert(names::APPLIED_ANNOTATION.into(), json!(applied));
         }
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": ns, "uid": format!("{ns}-{name}"),
-                "labels": labels, "annotations": annotations},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "image": image}]}}))
-        .unwrap();
+        let pod = fixtures::pod(name)
+            .image(image)
+            .metadata(json!({"namespace": ns, "uid": format!("{ns}-{name}")}))
+            .labels(labels)
+            .annotations(serde_json::Value::Object(annotations))
+            .spec(json!({"nodeName": node}))
+            .build();
         PodView::from_pod(&pod)
     };
     let redis = json!({"app": "redis-master"});
@@ -1435,14 +1444,17 @@ fn the_audit_finds_what_it_looks_for() {
     assert_eq!(
         labels.keys().collect::<Vec<_>>(),
         [
-            "node-restriction.kubernetes.io/berth.placed.redis-master",
-            "node-restriction.kubernetes.io/berth.runs.redis-master"
+            &names::placed_label("redis-master"),
+            &names::anchor_label("redis-master")
         ]
     );
     assert!(taints.is_empty());
     let (labels, taints) = world.desired("node2", &Default::default(), &on("node2"));
-    assert_eq!(labels["node-restriction.kubernetes.io/berth.pool"], "cdn");
-    assert_eq!(taints, ["berth.io/pool=cdn:NoSchedule".to_string()].into());
+    assert_eq!(labels[names::POOL_LABEL], "cdn");
+    assert_eq!(
+        taints,
+        [format!("{}=cdn:NoSchedule", names::POOL_TAINT)].into()
+    );
     let (labels, _) = world.desired("node3", &Default::default(), &on("node3"));
-    assert!(labels.contains_key("node-restriction.kubernetes.io/berth.runs.b-beside-a"));
+    assert!(labels.contains_key(&names::anchor_label("b-beside-a")));
 }

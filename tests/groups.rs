@@ -14,6 +14,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use berth::names;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Client;
@@ -94,7 +95,7 @@ async fn none_bound(client: &Client, ns: &str) -> Vec<Pod> {
     for pod in &pods {
         assert_eq!(node(pod), None, "{:?} bound", pod.metadata.name);
         assert!(
-            gates(pod).iter().any(|g| g == "berth.io/gang"),
+            gates(pod).iter().any(|g| g == names::GANG_GATE),
             "{:?} released: {:?}",
             pod.metadata.name,
             gates(pod)
@@ -339,7 +340,7 @@ async fn a_rank_waits_for_an_unready_lower_rank_and_for_its_new_replicas() {
     );
     let api_pod = &pods_of(&client, &ns, "api").await[0];
     assert!(
-        gates(api_pod).contains(&"berth.io/rank".to_owned()),
+        gates(api_pod).iter().any(|g| g == names::RANK_GATE),
         "{api_pod:?}"
     );
     assert_eq!(node(api_pod), None);
@@ -360,12 +361,15 @@ async fn a_rank_waits_for_an_unready_lower_rank_and_for_its_new_replicas() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let gate = names::RANK_GATE;
     for line in [
-        "+ is held by the scheduling gate berth.io/rank until every pod of a rank below 1",
-        "Now: held by the scheduling gate berth.io/rank.",
-        "Waiting: WaitingForLowerRank: held by berth.io/rank: rank 1 starts after rank 0 is Ready; Deployment/db has 0/1 replicas Ready",
+        format!("+ is held by the scheduling gate {gate} until every pod of a rank below 1"),
+        format!("Now: held by the scheduling gate {gate}."),
+        format!(
+            "Waiting: WaitingForLowerRank: held by {gate}: rank 1 starts after rank 0 is Ready; Deployment/db has 0/1 replicas Ready"
+        ),
     ] {
-        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+        assert!(text.contains(&line), "missing {line:?} in:\n{text}");
     }
 
     // Mid-way the database is scaled to two, and the first one goes Ready: the
@@ -468,14 +472,14 @@ async fn a_tenant_can_neither_release_its_gang_nor_claim_a_higher_queue_place() 
             p.spec
                 .as_ref()
                 .and_then(|s| s.priority_class_name.as_deref())
-                == Some("berth-queue-gang-tenant-1")
+                == Some(names::queue_class("gang-tenant", 1).as_str())
         },
         WAIT,
     )
     .await;
     let mut forged = queued("c", "0");
     let spec = forged.spec.as_mut().unwrap();
-    spec.priority_class_name = Some("berth-queue-gang-tenant-4".into());
+    spec.priority_class_name = Some(names::queue_class("gang-tenant", 4));
     spec.priority = Some(4);
     let created = as_tenant
         .create(&Default::default(), &forged)
@@ -484,7 +488,7 @@ async fn a_tenant_can_neither_release_its_gang_nor_claim_a_higher_queue_place() 
     let spec = created.spec.unwrap();
     assert_eq!(
         spec.priority_class_name.as_deref(),
-        Some("berth-queue-gang-tenant-1")
+        Some(names::queue_class("gang-tenant", 1).as_str())
     );
     assert_eq!(spec.priority, Some(1));
 

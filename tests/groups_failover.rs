@@ -9,9 +9,11 @@ mod support;
 
 use std::time::Duration;
 
+use berth::names;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::json;
+use support::fixtures::policy;
 use support::{
     Berth, Nodes, Replica, create_at_once, eventually, gang_member, lease_holder, opted_in,
 };
@@ -57,9 +59,10 @@ async fn a_new_controller_holds_a_half_counted_gang_and_releases_it_whole() {
     let client = berth.cluster.client().await;
     let account = berth.cluster.berth_service_account_kubeconfig();
     let first = Replica::start(berth, "first", &account);
-    berth.cluster.apply(
-        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: crew}\nspec:\n  podSelector: {matchLabels: {app: crew}}\n  gang: {}\n",
-    );
+    berth.cluster.apply_policies(&[policy(
+        "crew",
+        json!({"podSelector": {"matchLabels": {"app": "crew"}}, "gang": {}}),
+    )]);
     let ns = opted_in(&client, "crew", "crew", json!({"app": "crew"}), WAIT).await;
     create_at_once(&client, &ns, vec![member("a"), member("b")]).await;
     let note = waiting_events(berth, &ns, "first").await;
@@ -80,7 +83,10 @@ async fn a_new_controller_holds_a_half_counted_gang_and_releases_it_whole() {
         let spec = pod.spec.unwrap();
         assert_eq!(spec.node_name, None, "{:?}", pod.metadata.name);
         let gates = spec.scheduling_gates.unwrap_or_default();
-        assert!(gates.iter().any(|g| g.name == "berth.io/gang"), "{gates:?}");
+        assert!(
+            gates.iter().any(|g| g.name == names::GANG_GATE),
+            "{gates:?}"
+        );
     }
 
     // The last member arrives: the new controller releases all three.

@@ -262,7 +262,7 @@ fn berth_app(require_client_cert: bool) -> Router {
         metrics: Arc::default(),
         tls_ready: true.into(),
         limits: BodyLimits::new(1 << 20, 8 << 20, Duration::from_secs(5)),
-        berth_user: "system:serviceaccount:berth-system:berth".into(),
+        berth_user: berth::names::BERTH_SERVICE_ACCOUNT.into(),
         require_client_cert,
     });
     router(state, 8)

@@ -11,10 +11,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use berth::names;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
+use support::fixtures::{self, policy};
 use support::{
     Berth, Nodes, Tenant, eventually, fresh_namespace, kubectl_with_input, opt_in, placed,
 };
@@ -76,7 +78,7 @@ async fn pods_of(api: &Api<Pod>, app: &str, policy: &str) -> BTreeMap<String, Se
                 .metadata
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get("berth.io/applied"))
+                .and_then(|a| a.get(names::APPLIED_ANNOTATION))
                 .is_some_and(|a| a.split(',').any(|x| x == policy));
             let seen = Seen {
                 uid: p.metadata.uid.unwrap(),
@@ -110,15 +112,26 @@ async fn missed_condition(berth: &Berth, policy: &str) -> String {
 async fn pods_created_while_berth_was_down_are_evicted_back_through_it_or_reported() {
     let berth = Berth::shared(NODES);
     let client = berth.cluster.client().await;
-    berth.cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: edge}\nspec:\n  images: ['*edge*']\n  pool: {nodeNames: [node2]}\n  onMissed: Evict\n");
-    berth.cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: audit}\nspec:\n  images: ['*audit*']\n  pool: {nodeNames: [node3]}\n");
-    // Cluster-wide: every namespace opts in, kube-system too as far as the policy
-    // says; but the webhook never sees kube-system, so nothing there is missed.
-    berth.cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: sweep}\nspec:\n  namespaceSelector: {}\n  images: ['*sweep*']\n  pool: {nodeNames: [node4]}\n  onMissed: Evict\n");
+    berth.cluster.apply_policies(&[
+        policy(
+            "edge",
+            json!({"images": ["*edge*"], "pool": {"nodeNames": ["node2"]}, "onMissed": "Evict"}),
+        ),
+        policy(
+            "audit",
+            json!({"images": ["*audit*"], "pool": {"nodeNames": ["node3"]}}),
+        ),
+        // Cluster-wide: every namespace opts in, kube-system too as far as the
+        // policy says; but the webhook never sees kube-system, so nothing there is
+        // missed.
+        policy(
+            "sweep",
+            json!({"namespaceSelector": {}, "images": ["*sweep*"],
+                "pool": {"nodeNames": ["node4"]}, "onMissed": "Evict"}),
+        ),
+    ]);
     let ns = fresh_namespace(&client, "missed").await;
-    let probe: Pod = serde_json::from_value(json!({"metadata": {"name": "probe"},
-        "spec": {"containers": [{"name": "c", "image": "example/edge:1"}]}}))
-    .unwrap();
+    let probe = fixtures::pod("probe").image("example/edge:1").build();
     opt_in(&client, &ns, "edge,audit", &probe, WAIT).await;
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let tenant = Tenant::new(berth.cluster, &format!("tenant-{ns}"), &ns).await;
@@ -151,23 +164,26 @@ async fn pods_created_while_berth_was_down_are_evicted_back_through_it_or_report
         berth,
         &deployment("kube-system", "sweep", 1, "example/sweep:1"),
     );
-    let stray: Pod = serde_json::from_value(
-        json!({"metadata": {"name": "stray", "labels": {"app": "stray"}},
-        "spec": {"containers": [{"name": "c", "image": "example/edge:1"}]}}),
-    )
-    .unwrap();
+    let stray = fixtures::pod("stray")
+        .image("example/edge:1")
+        .labels(json!({"app": "stray"}))
+        .build();
     api.create(&PostParams::default(), &stray).await.unwrap();
     // A tenant's pods that claim what they are not: berth's record written by the
     // tenant, and a DaemonSet owner that does not exist (a made-up API group).
-    let forged = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "forged", "labels": {"app": "forged"},
-            "annotations": {"berth.io/applied": "edge"}},
-        "spec": {"containers": [{"name": "c", "image": "example/edge:1"}]}});
-    let orphan = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "orphan", "labels": {"app": "orphan"},
-            "ownerReferences": [{"apiVersion": "redteam.example.com/v1", "kind": "DaemonSet",
-                "name": "agent", "uid": "6a1c8f2e-0000-4000-8000-000000000001", "controller": true}]},
-        "spec": {"containers": [{"name": "c", "image": "example/edge:1"}]}});
+    let forged = fixtures::pod("forged")
+        .image("example/edge:1")
+        .labels(json!({"app": "forged"}))
+        .annotations(json!({names::APPLIED_ANNOTATION: "edge"}))
+        .json();
+    let orphan = fixtures::pod("orphan")
+        .image("example/edge:1")
+        .labels(json!({"app": "orphan"}))
+        .owners(
+            json!([{"apiVersion": "redteam.example.com/v1", "kind": "DaemonSet",
+            "name": "agent", "uid": "6a1c8f2e-0000-4000-8000-000000000001", "controller": true}]),
+        )
+        .json();
     for pod in [forged, orphan] {
         let out = tenant.create(berth.cluster, &pod.to_string());
         assert!(

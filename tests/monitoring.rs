@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use berth::names;
 use berth::telemetry::{GateLabels, KindLabels, Metrics, PolicyLabels, RequestLabels, WriteLabels};
 use promql_parser::label::{MatchOp, Matchers};
 use promql_parser::parser::{self, Expr, VectorSelector};
@@ -83,11 +84,11 @@ impl Exported {
             .get_or_create(&kind)
             .observe(0.01);
         metrics.set_held(
-            "berth.io/avoid",
+            names::AVOID_GATE,
             std::iter::empty(),
             k8s_openapi::jiff::Timestamp::now(),
         );
-        let gate = GateLabels::new("berth.io/avoid");
+        let gate = GateLabels::new(names::AVOID_GATE);
         metrics.gated_seconds.get_or_create(&gate).observe(1.0);
         let text = metrics.encode();
 

@@ -10,6 +10,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use berth::names;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, api::DynamicObject, discovery::ApiResource};
@@ -259,7 +260,7 @@ async fn native_gang_members_that_avoid_each_other_are_held_by_berth() {
     let gates: BTreeSet<String> = gates.into_iter().collect();
     assert_eq!(
         gates,
-        BTreeSet::from(["berth.io/avoid".into(), "berth.io/gang".into()])
+        BTreeSet::from([names::AVOID_GATE.into(), names::GANG_GATE.into()])
     );
     assert!(spec.scheduling_group.is_none());
 

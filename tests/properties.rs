@@ -2,14 +2,17 @@
 //! policies: berth never widens where a pod may land, idempotency, unknown fields
 //! survive, entitlement always holds.
 
+mod support;
+
+use berth::names::{self, POOL_LABEL, POOL_TAINT};
 use berth::placement::feasibility::{Placement, node_fits};
 use berth::placement::pod::PodView;
 use berth::placement::{Input, NamespaceInfo, NodeInfo, Requester, build_patch, decide};
+use berth::policy::crd::{Pool, PoolEffect};
 use berth::policy::{PlacementPolicy, PolicySet};
 use proptest::prelude::*;
 use serde_json::{Value, json};
-
-const POOL_LABEL: &str = "node-restriction.kubernetes.io/berth.pool";
+use support::fixtures;
 
 fn arb_selector() -> impl Strategy<Value = Option<Value>> {
     prop_oneof![
@@ -28,7 +31,7 @@ prop_compose! {
         anchor in prop::option::of((any::<bool>(), arb_selector())),
         gpu in any::<bool>(),
         scheduler in prop::option::of(prop::sample::select(vec!["s1", "s2"])),
-    ) -> Value {
+    ) -> PlacementPolicy {
         let mut spec = json!({"images": images});
         if let Some((dedicated, no_execute, preferred, exclude_ds, weight, nodes)) = pool {
             spec["pool"] = json!({
@@ -52,12 +55,11 @@ prop_compose! {
             && spec.get("avoid").is_none() && spec.get("schedulerName").is_none() {
             spec["schedulerName"] = json!("fallback");
         }
-        json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
-               "metadata": {"name": format!("p{index}")}, "spec": spec})
+        fixtures::policy(&format!("p{index}"), spec)
     }
 }
 
-fn arb_policies() -> impl Strategy<Value = Vec<Value>> {
+fn arb_policies() -> impl Strategy<Value = Vec<PlacementPolicy>> {
     (arb_policy(0), arb_policy(1), arb_policy(2), 1..=3usize)
         .prop_map(|(a, b, c, n)| [a, b, c].into_iter().take(n).collect())
 }
@@ -67,9 +69,7 @@ fn arb_expression() -> impl Strategy<Value = Value> {
         Just(json!({"key": "zone", "operator": "In", "values": ["a", "b"]})),
         Just(json!({"key": "disk", "operator": "Exists"})),
         Just(json!({"key": POOL_LABEL, "operator": "In", "values": ["p0"]})),
-        Just(
-            json!({"key": "node-restriction.kubernetes.io/berth.runs.p1", "operator": "DoesNotExist"})
-        ),
+        Just(json!({"key": names::anchor_label("p1"), "operator": "DoesNotExist"})),
     ]
 }
 
@@ -79,9 +79,9 @@ fn arb_toleration() -> impl Strategy<Value = Value> {
         Just(json!({"operator": "Exists", "effect": "NoSchedule"})),
         Just(json!({"operator": "Exists", "effect": "NoExecute"})),
         Just(
-            json!({"key": "berth.io/pool", "operator": "Equal", "value": "p0", "effect": "NoSchedule"})
+            json!({"key": POOL_TAINT, "operator": "Equal", "value": "p0", "effect": "NoSchedule"})
         ),
-        Just(json!({"key": "berth.io/pool", "operator": "Exists"})),
+        Just(json!({"key": POOL_TAINT, "operator": "Exists"})),
         Just(json!({"key": "dedicated", "operator": "Equal", "value": "x"})),
     ]
 }
@@ -118,7 +118,7 @@ prop_compose! {
         if daemonset {
             pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u", "controller": true}]);
         }
-        if forged_annotation { pod["metadata"]["annotations"] = json!({"berth.io/applied": "p0"}); }
+        if forged_annotation { pod["metadata"]["annotations"] = json!({names::APPLIED_ANNOTATION: "p0"}); }
         pod
     }
 }
@@ -131,20 +131,16 @@ prop_compose! {
     ) -> NamespaceInfo {
         let mut ns = NamespaceInfo::new("team");
         let value = if broken { "p0,,p1".to_owned() } else { opted.join(", ") };
-        ns.annotations.insert("berth.io/policies".into(), value);
+        ns.annotations.insert(names::POLICIES_ANNOTATION.into(), value);
         if override_images {
-            ns.annotations.insert("berth.io/images.p0".into(), "*nginx*".into());
+            ns.annotations.insert(format!("{}p0", names::IMAGES_ANNOTATION_PREFIX), "*nginx*".into());
         }
         ns
     }
 }
 
-fn compile(policies: &[Value]) -> PolicySet {
-    let typed: Vec<PlacementPolicy> = policies
-        .iter()
-        .map(|p| serde_json::from_value(p.clone()).unwrap())
-        .collect();
-    let (set, errors) = PolicySet::compile(&typed);
+fn compile(policies: &[PlacementPolicy]) -> PolicySet {
+    let (set, errors) = PolicySet::compile(policies);
     assert!(errors.is_empty(), "{errors:?}");
     set
 }
@@ -165,15 +161,15 @@ fn admit(pod: &Value, ns: &NamespaceInfo, set: &PolicySet) -> (Value, Vec<String
     (out, decision.grants.applied, patch.0.len())
 }
 
-fn dedicated_pools(policies: &[Value]) -> Vec<(String, String)> {
+fn dedicated_pools(policies: &[PlacementPolicy]) -> Vec<(String, String)> {
     policies
         .iter()
-        .filter(|p| p["spec"]["pool"]["dedicated"] == json!(true))
-        .map(|p| {
-            (
-                p["metadata"]["name"].as_str().unwrap().to_owned(),
-                p["spec"]["pool"]["effect"].as_str().unwrap().to_owned(),
-            )
+        .filter_map(|p| {
+            let pool = p.spec.pool.as_ref().filter(|pool| pool.dedicated)?;
+            Some((
+                p.metadata.name.clone().unwrap(),
+                pool.effect.as_str().to_owned(),
+            ))
         })
         .collect()
 }
@@ -197,26 +193,23 @@ fn probe_nodes() -> Vec<(String, NodeInfo)> {
         labels: labels(pairs),
         taints,
     };
+    let anchor = names::anchor_label("p1");
     let shapes = [
         node(&[], vec![]),
         node(
             &[(POOL_LABEL, "p0")],
-            vec![taint("berth.io/pool", "p0", "NoSchedule")],
+            vec![taint(POOL_TAINT, "p0", "NoSchedule")],
         ),
         node(
             &[(POOL_LABEL, "p1"), ("zone", "a")],
-            vec![taint("berth.io/pool", "p1", "NoExecute")],
+            vec![taint(POOL_TAINT, "p1", "NoExecute")],
         ),
         node(
             &[("zone", "b"), ("disk", "")],
             vec![taint("other", "x", "NoSchedule")],
         ),
         node(
-            &[
-                ("node-restriction.kubernetes.io/berth.runs.p1", "true"),
-                ("zone", "a"),
-                ("disk", ""),
-            ],
+            &[(anchor.as_str(), "true"), ("zone", "a"), ("disk", "")],
             vec![],
         ),
         node(&[("gpu", "A100"), ("nvme", ""), (POOL_LABEL, "p2")], vec![]),
@@ -276,7 +269,7 @@ proptest! {
         let after = Placement::of(&PodView::read(&out).unwrap());
         for (name, node) in probe_nodes() {
             let entitled_pool = node.taints.iter().any(|t| {
-                t.key == "berth.io/pool"
+                t.key == POOL_TAINT
                     && applied.iter().any(|a| Some(a.as_str()) == t.value.as_deref())
             });
             if node_fits(&after, &name, &node).is_ok() && !entitled_pool {
@@ -311,7 +304,7 @@ proptest! {
         let set = compile(&policies);
         let (out, applied, _) = admit(&pod, &ns, &set);
         for toleration in out["spec"]["tolerations"].as_array().into_iter().flatten() {
-            if toleration["key"] == "berth.io/pool" {
+            if toleration["key"] == POOL_TAINT {
                 let pool = toleration["value"].as_str().unwrap_or_default();
                 prop_assert!(applied.iter().any(|a| a == pool), "kept {} without entitlement", toleration);
             }
@@ -330,7 +323,12 @@ proptest! {
             Some(list) => list.push(wildcard),
             None => pod["spec"]["tolerations"] = json!([wildcard]),
         }
-        policies[0]["spec"]["pool"] = json!({"nodeNames": ["node1"], "dedicated": true, "effect": effect.unwrap_or("NoSchedule")});
+        policies[0].spec.pool = Some(Pool {
+            node_names: vec!["node1".into()],
+            dedicated: true,
+            effect: if effect == Some("NoExecute") { PoolEffect::NoExecute } else { PoolEffect::NoSchedule },
+            ..Pool::default()
+        });
         let set = compile(&policies);
         let (out, applied, _) = admit(&pod, &ns, &set);
         let tolerations = pod["spec"]["tolerations"].as_array().cloned().unwrap_or_default();

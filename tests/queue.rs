@@ -13,9 +13,11 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use berth::names;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
+use support::fixtures::{self, policy};
 use support::{Berth, Nodes, eventually, opted_in};
 
 const NODES: Nodes = Nodes {
@@ -45,16 +47,10 @@ fn queued(name: &str, priority: i32, qos: Qos) -> Pod {
         Qos::Guaranteed => json!({"requests": {"cpu": "10m", "memory": "16Mi"},
             "limits": {"cpu": "10m", "memory": "16Mi"}}),
     };
-    pod(
-        name,
-        json!({"app": "queue", "groupPriority": priority.to_string()}),
-        json!({"containers": [{"name": "app", "image": "app:1", "resources": resources}]}),
-    )
-}
-
-fn pod(name: &str, labels: Value, spec: Value) -> Pod {
-    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": spec}))
-        .expect("pod")
+    fixtures::pod(name)
+        .labels(json!({"app": "queue", "groupPriority": priority.to_string()}))
+        .spec(json!({"containers": [{"name": "app", "image": "app:1", "resources": resources}]}))
+        .build()
 }
 
 fn bound(pod: &Pod) -> bool {
@@ -97,10 +93,10 @@ async fn the_scheduler_takes_queued_pods_in_berths_order_and_never_preempts() {
     cluster.apply(
         "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: cluster-default}\nvalue: 100\nglobalDefault: true\n",
     );
-    let policy = json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
-        "metadata": {"name": "queue"},
-        "spec": {"podSelector": {"matchLabels": {"app": "queue"}}, "queue": {}}});
-    cluster.apply(&policy.to_string());
+    cluster.apply_policies(&[policy(
+        "queue",
+        json!({"podSelector": {"matchLabels": {"app": "queue"}}, "queue": {}}),
+    )]);
     let probe = json!({"app": "queue", "groupPriority": "1"});
     let ns = opted_in(&client, "queue", "queue", probe.clone(), WAIT).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -117,7 +113,7 @@ async fn the_scheduler_takes_queued_pods_in_berths_order_and_never_preempts() {
                 .spec
                 .as_ref()
                 .and_then(|s| s.priority_class_name.as_deref());
-            class.is_some_and(|c| c.starts_with("berth-queue-queue-"))
+            class.is_some_and(|c| c.starts_with(&format!("{}queue-", names::QUEUE_CLASS_PREFIX)))
         },
         WAIT,
     )
@@ -145,7 +141,7 @@ async fn the_scheduler_takes_queued_pods_in_berths_order_and_never_preempts() {
         let spec = created.spec.expect("spec");
         assert_eq!(
             spec.priority_class_name.as_deref(),
-            Some(format!("berth-queue-queue-{value}").as_str()),
+            Some(names::queue_class("queue", value).as_str()),
             "{name}"
         );
         assert_eq!(spec.priority, Some(value), "{name}");
@@ -200,12 +196,11 @@ async fn the_scheduler_takes_queued_pods_in_berths_order_and_never_preempts() {
     cluster.apply(
         "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: preempting}\nvalue: 1000000000\n",
     );
-    let own = pod(
-        "own-class",
-        json!({"app": "queue", "groupPriority": "0"}),
-        json!({"priorityClassName": "preempting",
-            "containers": [{"name": "app", "image": "app:1"}]}),
-    );
+    let own = fixtures::pod("own-class")
+        .container("app", "app:1")
+        .labels(json!({"app": "queue", "groupPriority": "0"}))
+        .spec(json!({"priorityClassName": "preempting"}))
+        .build();
     // The apiserver's Priority plugin knows a new class only once its informer
     // has it: retry until then.
     let created = eventually("own-class admitted", WAIT, || async {

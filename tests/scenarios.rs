@@ -8,11 +8,13 @@ mod support;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use berth::names;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use support::fixtures::{self, PodFixture};
 use support::{
     Berth, Nodes, annotate, fresh_namespace, is_bound, opt_in, placed, wait_admitted, wait_for,
 };
@@ -73,13 +75,12 @@ async fn node_label(client: &Client, node: &str, key: &str, value: &str) {
         "{name}-{}",
         NEXT_PROBE.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
-    let probe = pod(
-        &name,
-        "busybox",
-        json!({"nodeSelector": {"kubernetes.io/hostname": node, key: value},
+    let probe = pod(&name, "busybox")
+        .spec(
+            json!({"nodeSelector": {"kubernetes.io/hostname": node, key: value},
                "tolerations": [{"operator": "Exists"}]}),
-        json!({}),
-    );
+        )
+        .build();
     probes
         .create(&PostParams::default(), &probe)
         .await
@@ -89,25 +90,14 @@ async fn node_label(client: &Client, node: &str, key: &str, value: &str) {
 
 /// Waits until node2 is in the cdn pool as far as the scheduler knows.
 async fn cdn_pool_on_node2(client: &Client) {
-    node_label(
-        client,
-        "node2",
-        "node-restriction.kubernetes.io/berth.pool",
-        "cdn",
-    )
-    .await;
+    node_label(client, "node2", names::POOL_LABEL, "cdn").await;
 }
 
 static NEXT_PROBE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
-fn pod(name: &str, image: &str, extra_spec: Value, labels: Value) -> Pod {
-    let mut spec = json!({"containers": [{"name": "c", "image": image,
-        "resources": {"requests": {"cpu": "100m", "memory": "32Mi"}}}]});
-    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
-        spec.extend(extra.clone());
-    }
-    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": spec}))
-        .unwrap()
+/// A pod of `image` that requests 100m CPU and 32Mi.
+fn pod(name: &str, image: &str) -> PodFixture {
+    fixtures::pod(name).image(image).cpu("100m").memory("32Mi")
 }
 
 #[tokio::test]
@@ -118,7 +108,7 @@ async fn seed_000_cdn_pods_land_on_node2_and_nothing_else_does() {
         &client,
         "default",
         "cdn",
-        &pod("probe", "example/cdn-uploader:1.0", json!({}), json!({})),
+        &pod("probe", "example/cdn-uploader:1.0").build(),
         WAIT,
     )
     .await;
@@ -138,7 +128,9 @@ async fn seed_000_cdn_pods_land_on_node2_and_nothing_else_does() {
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
         pods.create(
             &PostParams::default(),
-            &pod(&name, image, json!({}), json!({"test": "seed-000"})),
+            &pod(&name, image)
+                .labels(json!({"test": "seed-000"}))
+                .build(),
         )
         .await
         .expect("create pod");
@@ -168,19 +160,17 @@ async fn seed_000_a_wildcard_toleration_stays_off_node2_and_node_name_node2_is_d
         &client,
         "default",
         "cdn",
-        &pod("probe", "example/cdn-uploader:1.0", json!({}), json!({})),
+        &pod("probe", "example/cdn-uploader:1.0").build(),
         WAIT,
     )
     .await;
     cdn_pool_on_node2(&client).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     for i in 0..8 {
-        let tolerant = pod(
-            &format!("tolerant-{i}"),
-            "nginx",
-            json!({"tolerations": [{"operator": "Exists"}]}),
-            json!({"test": "wildcard"}),
-        );
+        let tolerant = pod(&format!("tolerant-{i}"), "nginx")
+            .labels(json!({"test": "wildcard"}))
+            .spec(json!({"tolerations": [{"operator": "Exists"}]}))
+            .build();
         pods.create(&PostParams::default(), &tolerant)
             .await
             .expect("create");
@@ -188,7 +178,9 @@ async fn seed_000_a_wildcard_toleration_stays_off_node2_and_node_name_node2_is_d
     let nodes = placed(&client, "default", "test=wildcard", 8, WAIT).await;
     assert!(nodes.values().all(|n| n != "node2"), "{nodes:?}");
 
-    let pinned = pod("pinned", "nginx", json!({"nodeName": "node2"}), json!({}));
+    let pinned = pod("pinned", "nginx")
+        .spec(json!({"nodeName": "node2"}))
+        .build();
     let error = pods
         .create(&PostParams::default(), &pinned)
         .await
@@ -247,37 +239,29 @@ async fn seed_000_a_daemonset_runs_on_all_four_nodes_including_node2() {
 #[tokio::test]
 async fn seed_000_preferred_placement_uses_the_pool_while_it_has_room() {
     let client = berth().cluster.client().await;
-    berth().cluster.apply(
-        "apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: spill}\nspec:\n  images: ['*spill*']\n  pool: {nodeNames: [node4], dedicated: false, placement: Preferred, weight: 100}\n",
-    );
+    berth().cluster.apply_policies(&[fixtures::policy(
+        "spill",
+        json!({"images": ["*spill*"], "pool": {"nodeNames": ["node4"], "dedicated": false,
+            "placement": "Preferred", "weight": 100}}),
+    )]);
     let ns = fresh_namespace(&client, "spill").await;
     opt_in(
         &client,
         &ns,
         "spill",
-        &pod("probe", "example/spill-job:1", json!({}), json!({})),
+        &pod("probe", "example/spill-job:1").build(),
         WAIT,
     )
     .await;
-    node_label(
-        &client,
-        "node4",
-        "node-restriction.kubernetes.io/berth.pool",
-        "spill",
-    )
-    .await;
+    node_label(&client, "node4", names::POOL_LABEL, "spill").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let mut nodes = Vec::new();
     // Node4 has 8 CPUs: two 3-CPU pods fit, the third does not.
     for i in 0..3 {
-        let mut big = pod(
-            &format!("big-{i}"),
-            "example/spill-job:1",
-            json!({}),
-            json!({}),
-        );
-        big.spec.as_mut().unwrap().containers[0].resources =
-            Some(serde_json::from_value(json!({"requests": {"cpu": "3"}})).unwrap());
+        let big = fixtures::pod(&format!("big-{i}"))
+            .image("example/spill-job:1")
+            .cpu("3")
+            .build();
         pods.create(&PostParams::default(), &big)
             .await
             .expect("create");
@@ -302,7 +286,7 @@ async fn sidecar_b_pods_wait_for_a_and_follow_it_when_it_scales_out() {
         &client,
         &ns,
         "b-beside-a",
-        &pod("probe", "busybox", json!({}), json!({"app": "b"})),
+        &pod("probe", "busybox").labels(json!({"app": "b"})).build(),
         WAIT,
     )
     .await;
@@ -310,7 +294,7 @@ async fn sidecar_b_pods_wait_for_a_and_follow_it_when_it_scales_out() {
 
     pods.create(
         &PostParams::default(),
-        &pod("b-0", "busybox", json!({}), json!({"app": "b"})),
+        &pod("b-0", "busybox").labels(json!({"app": "b"})).build(),
     )
     .await
     .unwrap();
@@ -326,7 +310,10 @@ async fn sidecar_b_pods_wait_for_a_and_follow_it_when_it_scales_out() {
     let on = |node: &str| json!({"nodeSelector": {"kubernetes.io/hostname": node}});
     pods.create(
         &PostParams::default(),
-        &pod("a-0", "nginx", on("node1"), json!({"app": "a"})),
+        &pod("a-0", "nginx")
+            .labels(json!({"app": "a"}))
+            .spec(on("node1"))
+            .build(),
     )
     .await
     .unwrap();
@@ -335,22 +322,24 @@ async fn sidecar_b_pods_wait_for_a_and_follow_it_when_it_scales_out() {
 
     pods.create(
         &PostParams::default(),
-        &pod("a-1", "nginx", on("node3"), json!({"app": "a"})),
+        &pod("a-1", "nginx")
+            .labels(json!({"app": "a"}))
+            .spec(on("node3"))
+            .build(),
     )
     .await
     .unwrap();
-    node_label(
-        &client,
-        "node3",
-        "node-restriction.kubernetes.io/berth.runs.b-beside-a",
-        "true",
-    )
-    .await;
+    node_label(&client, "node3", &names::anchor_label("b-beside-a"), "true").await;
 
     // Which of node1 and node3 the scheduler picks is its own scoring; what berth
     // decides is where B may go. Pinned to node3, where A now runs, B is placed;
     // pinned to node4, where no A runs, it waits.
-    let b = |name: &str, extra: Value| pod(name, "busybox", extra, json!({"app": "b"}));
+    let b = |name: &str, extra: Value| {
+        pod(name, "busybox")
+            .labels(json!({"app": "b"}))
+            .spec(extra)
+            .build()
+    };
     pods.create(&PostParams::default(), &b("b-node3", on("node3")))
         .await
         .unwrap();
@@ -410,12 +399,9 @@ async fn gpu_and_nvme_labels_drive_placement() {
         &client,
         &ns,
         "gpu",
-        &pod(
-            "probe",
-            "nvcr.io/nvidia/cuda:12.4.0-base",
-            json!({}),
-            json!({"app": "train"}),
-        ),
+        &pod("probe", "nvcr.io/nvidia/cuda:12.4.0-base")
+            .labels(json!({"app": "train"}))
+            .build(),
         WAIT,
     )
     .await;
@@ -423,12 +409,9 @@ async fn gpu_and_nvme_labels_drive_placement() {
     for i in 0..3 {
         pods.create(
             &PostParams::default(),
-            &pod(
-                &format!("train-{i}"),
-                "nvcr.io/nvidia/cuda:12.4.0-base",
-                json!({}),
-                json!({"app": "train"}),
-            ),
+            &pod(&format!("train-{i}"), "nvcr.io/nvidia/cuda:12.4.0-base")
+                .labels(json!({"app": "train"}))
+                .build(),
         )
         .await
         .unwrap();
@@ -440,7 +423,7 @@ async fn gpu_and_nvme_labels_drive_placement() {
     );
     pods.create(
         &PostParams::default(),
-        &pod("web", "nginx", json!({}), json!({"app": "web"})),
+        &pod("web", "nginx").labels(json!({"app": "web"})).build(),
     )
     .await
     .unwrap();
@@ -456,11 +439,11 @@ async fn gpu_and_nvme_labels_drive_placement() {
 async fn a_namespace_scheduler_annotation_routes_its_pods() {
     let client = berth().cluster.client().await;
     let ns = fresh_namespace(&client, "batch").await;
-    annotate(&client, &ns, "berth.io/scheduler-name", "batch-scheduler").await;
+    annotate(&client, &ns, names::SCHEDULER_ANNOTATION, "batch-scheduler").await;
     wait_admitted(
         &client,
         &ns,
-        &pod("probe", "spark:3", json!({}), json!({})),
+        &pod("probe", "spark:3").build(),
         "berth routes pods in the namespace",
         |p| p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()) == Some("batch-scheduler"),
         WAIT,
@@ -468,10 +451,7 @@ async fn a_namespace_scheduler_annotation_routes_its_pods() {
     .await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let created = pods
-        .create(
-            &PostParams::default(),
-            &pod("job", "spark:3", json!({}), json!({})),
-        )
+        .create(&PostParams::default(), &pod("job", "spark:3").build())
         .await
         .unwrap();
     assert_eq!(
@@ -486,10 +466,7 @@ async fn a_namespace_scheduler_annotation_routes_its_pods() {
     let other = fresh_namespace(&client, "unrouted").await;
     let others: Api<Pod> = Api::namespaced(client.clone(), &other);
     others
-        .create(
-            &PostParams::default(),
-            &pod("after", "spark:3", json!({}), json!({})),
-        )
+        .create(&PostParams::default(), &pod("after", "spark:3").build())
         .await
         .unwrap();
     wait_for(&others, "after", is_bound, WAIT).await;
@@ -514,7 +491,7 @@ async fn kubectl_berth_explains_a_deployment_and_what_holds_its_pending_pod() {
         &client,
         &ns,
         "cdn",
-        &pod("probe", "example/cdn-edge:1", json!({}), json!({})),
+        &pod("probe", "example/cdn-edge:1").build(),
         WAIT,
     )
     .await;

@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use berth::admission::cel;
-use berth::names::BERTH_SERVICE_ACCOUNT;
+use berth::names::{self, BERTH_SERVICE_ACCOUNT};
 use berth::placement::entitlement::{Standing, pool_breaches, pool_nodes};
 use berth::placement::feasibility::{Placement, node_fits};
 use berth::placement::matching::opts_in;
@@ -587,7 +587,7 @@ fn seeded_worlds(oracle: &mut Oracle) -> Vec<World> {
             .zip([Some("cdn, edge"), Some("cdn"), None])
             .map(|(name, opt)| {
                 let annotations = opt
-                    .map(|o| json!({"berth.io/policies": o}))
+                    .map(|o| json!({names::POLICIES_ANNOTATION: o}))
                     .unwrap_or(json!({}));
                 json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name,
                     "labels": {"kubernetes.io/metadata.name": name}, "annotations": annotations}})
@@ -914,7 +914,7 @@ fn the_queue_policy_refuses_exactly_what_the_webhook_refuses() {
     let (set, _) = PolicySet::compile(&typed);
     let namespaces = [
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a",
-            "labels": {"kubernetes.io/metadata.name": "a"}, "annotations": {"berth.io/policies": "jobs"}}}),
+            "labels": {"kubernetes.io/metadata.name": "a"}, "annotations": {names::POLICIES_ANNOTATION: "jobs"}}}),
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "b",
             "labels": {"kubernetes.io/metadata.name": "b", "team": "b"}}}),
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "none",
@@ -1007,7 +1007,7 @@ fn the_holds_policy_refuses_exactly_what_the_webhook_refuses() {
         Some("cdn,jobs"),
         Some("mastersx"),
     ];
-    let gates: [&[&str]; 3] = [&[], &["mine"], &["mine", "berth.io/avoid"]];
+    let gates: [&[&str]; 3] = [&[], &["mine"], &["mine", names::AVOID_GATE]];
     let mut cases = Vec::new();
     for record in records {
         for gates in gates {
@@ -1018,7 +1018,7 @@ fn the_holds_policy_refuses_exactly_what_the_webhook_refuses() {
                 });
                 let pod = json!({"apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": "p", "namespace": "a", "ownerReferences": owners,
-                        "annotations": record.map(|r| json!({"berth.io/applied": r}))},
+                        "annotations": record.map(|r| json!({names::APPLIED_ANNOTATION: r}))},
                     "spec": {"containers": [{"name": "c", "image": "nginx"}],
                         "schedulingGates": gates.iter().map(|g| json!({"name": g})).collect::<Vec<_>>()}});
                 for sender in ["tenant", DAEMONSET_CONTROLLER] {

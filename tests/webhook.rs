@@ -7,10 +7,12 @@ mod support;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use berth::names;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::json;
+use support::fixtures;
 use support::{Berth, Nodes, fresh_namespace, kubectl_with_input};
 
 const NODES: Nodes = Nodes {
@@ -40,21 +42,9 @@ fn berth() -> &'static Berth {
 /// it there (its namespace cache may lag the annotation).
 async fn cdn_namespace(client: &Client, purpose: &str) -> String {
     let name = fresh_namespace(client, purpose).await;
-    let probe = image_pod("probe", "example/cdn-probe:1");
+    let probe = fixtures::pod("probe").image("example/cdn-probe:1").build();
     support::opt_in(client, &name, "cdn", &probe, Duration::from_secs(60)).await;
     name
-}
-
-fn image_pod(name: &str, image: &str) -> Pod {
-    serde_json::from_value(json!({"metadata": {"name": name},
-        "spec": {"containers": [{"name": "c", "image": image}]}}))
-    .unwrap()
-}
-
-fn pod_yaml(name: &str, image: &str, extra: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}}}\nspec:\n  containers: [{{name: c, image: {image}}}]\n{extra}"
-    )
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -78,16 +68,25 @@ async fn server_side_dry_run_shows_berths_changes_and_writes_nothing() {
             "-f",
             "-",
         ],
-        &pod_yaml("uploader", "example/cdn-uploader:1.0", ""),
+        &fixtures::pod("uploader")
+            .image("example/cdn-uploader:1.0")
+            .json()
+            .to_string(),
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let shown = text(&out.stdout);
-    assert!(shown.contains("berth.io/applied: cdn"), "{shown}");
     assert!(
-        shown.contains("key: node-restriction.kubernetes.io/berth.pool"),
+        shown.contains(&format!("{}: cdn", names::APPLIED_ANNOTATION)),
         "{shown}"
     );
-    assert!(shown.contains("key: berth.io/pool"), "{shown}");
+    assert!(
+        shown.contains(&format!("key: {}", names::POOL_LABEL)),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!("key: {}", names::POOL_TAINT)),
+        "{shown}"
+    );
     let pods: Api<Pod> = Api::namespaced(client, &ns);
     assert!(
         pods.get_opt("uploader").await.unwrap().is_none(),
@@ -100,13 +99,17 @@ async fn a_broken_namespace_annotation_is_refused_with_the_reason() {
     let berth = berth();
     let client = berth.cluster.client().await;
     let ns = fresh_namespace(&client, "broken").await;
+    let broken = format!("{}=cdn,,gpu", names::POLICIES_ANNOTATION);
     let out = berth
         .cluster
-        .kubectl(&["annotate", "namespace", &ns, "berth.io/policies=cdn,,gpu"]);
+        .kubectl(&["annotate", "namespace", &ns, &broken]);
     assert!(!out.status.success());
     let error = text(&out.stderr);
     assert!(
-        error.contains("denied the request: annotation berth.io/policies: entry 2 is empty"),
+        error.contains(&format!(
+            "denied the request: annotation {}: entry 2 is empty",
+            names::POLICIES_ANNOTATION
+        )),
         "{error}"
     );
 }
@@ -116,18 +119,23 @@ async fn kubectl_prints_berths_warnings() {
     let berth = berth();
     let client = berth.cluster.client().await;
     let ns = cdn_namespace(&client, "warnings").await;
-    let forged =
-        "  tolerations: [{key: berth.io/pool, operator: Equal, value: cdn, effect: NoSchedule}]\n";
+    let forged = fixtures::pod("web")
+        .spec(
+            json!({"tolerations": [{"key": names::POOL_TAINT, "operator": "Equal",
+            "value": "cdn", "effect": "NoSchedule"}]}),
+        )
+        .json();
     let out = kubectl_with_input(
         &berth.cluster.dir,
         &["apply", "-n", &ns, "-f", "-"],
-        &pod_yaml("web", "nginx:1.27", forged),
+        &forged.to_string(),
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stderr).contains(
-            "Warning: removed toleration berth.io/pool=cdn: the pod is not entitled to that pool"
-        ),
+        text(&out.stderr).contains(&format!(
+            "Warning: removed toleration {}=cdn: the pod is not entitled to that pool",
+            names::POOL_TAINT
+        )),
         "{}",
         text(&out.stderr)
     );
@@ -137,7 +145,7 @@ async fn kubectl_prints_berths_warnings() {
     assert!(
         tolerations
             .iter()
-            .all(|t| t.key.as_deref() != Some("berth.io/pool"))
+            .all(|t| t.key.as_deref() != Some(names::POOL_TAINT))
     );
 }
 
@@ -147,12 +155,14 @@ async fn kube_system_and_berths_own_namespace_are_never_sent_to_it() {
     let client = berth.cluster.client().await;
     for ns in ["kube-system", "berth-system"] {
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "forged", "namespace": ns},
-            "spec": {"containers": [{"name": "c", "image": "nginx"}],
-                     "tolerations": [{"key": "berth.io/pool", "operator": "Equal", "value": "cdn", "effect": "NoSchedule"}]}
-        }))
-        .unwrap();
+        let pod = fixtures::pod("forged")
+            .image("nginx")
+            .metadata(json!({"namespace": ns}))
+            .spec(
+                json!({"tolerations": [{"key": names::POOL_TAINT, "operator": "Equal",
+                "value": "cdn", "effect": "NoSchedule"}]}),
+            )
+            .build();
         let created = pods
             .create(&PostParams::default(), &pod)
             .await
@@ -160,7 +170,7 @@ async fn kube_system_and_berths_own_namespace_are_never_sent_to_it() {
         let kept = created.spec.unwrap().tolerations.unwrap_or_default();
         assert!(
             kept.iter()
-                .any(|t| t.key.as_deref() == Some("berth.io/pool")),
+                .any(|t| t.key.as_deref() == Some(names::POOL_TAINT)),
             "a pod in {ns} reached berth"
         );
     }
@@ -205,17 +215,15 @@ async fn a_certificate_rotated_during_a_request_stream_loses_no_request() {
             };
             let mut mutated = 0;
             while !done.load(std::sync::atomic::Ordering::Acquire) {
-                let pod: Pod = serde_json::from_value(json!({
-                    "metadata": {"name": format!("w{worker}-{mutated}")},
-                    "spec": {"containers": [{"name": "c", "image": "example/cdn-uploader:1"}]}
-                }))
-                .unwrap();
+                let pod = fixtures::pod(&format!("w{worker}-{mutated}"))
+                    .image("example/cdn-uploader:1")
+                    .build();
                 let created = pods.create(&params, &pod).await.expect("request answered");
                 let applied = created
                     .metadata
                     .annotations
                     .unwrap_or_default()
-                    .remove("berth.io/applied");
+                    .remove(names::APPLIED_ANNOTATION);
                 assert_eq!(
                     applied.as_deref(),
                     Some("cdn"),
@@ -285,15 +293,12 @@ async fn metrics_count_decisions_latency_and_certificate_expiry() {
     let berth = berth();
     let client = berth.cluster.client().await;
     // A policy no other test uses, so its counter moves only with this test.
-    berth.cluster.apply("apiVersion: berth.io/v1alpha1\nkind: PlacementPolicy\nmetadata: {name: counted}\nspec: {images: ['*counted*'], schedulerName: counted-scheduler}\n");
+    berth.cluster.apply_policies(&[fixtures::policy(
+        "counted",
+        json!({"images": ["*counted*"], "schedulerName": "counted-scheduler"}),
+    )]);
     let ns = fresh_namespace(&client, "metrics").await;
-    let mut probe: Pod = serde_json::from_str(
-        &serde_json::to_string(&json!({
-        "metadata": {"name": "probe"},
-        "spec": {"containers": [{"name": "c", "image": "example/counted:1"}]}}))
-        .unwrap(),
-    )
-    .unwrap();
+    let mut probe = fixtures::pod("probe").image("example/counted:1").build();
     probe.metadata.namespace = Some(ns.clone());
     support::opt_in(&client, &ns, "counted", &probe, Duration::from_secs(60)).await;
     let decided = |metrics: &str| {
@@ -307,7 +312,10 @@ async fn metrics_count_decisions_latency_and_certificate_expiry() {
         let out = kubectl_with_input(
             &berth.cluster.dir,
             &["apply", "--dry-run=server", "-n", &ns, "-f", "-"],
-            &pod_yaml(&format!("counted-{i}"), "example/counted:1", ""),
+            &fixtures::pod(&format!("counted-{i}"))
+                .image("example/counted:1")
+                .json()
+                .to_string(),
         );
         assert!(out.status.success(), "{}", text(&out.stderr));
     }

@@ -6,9 +6,11 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use berth::names;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
+use support::fixtures;
 use support::{Berth, Nodes, fresh_namespace};
 
 const NODES: Nodes = Nodes {
@@ -29,7 +31,7 @@ async fn with_berth_stopped_pods_are_still_created_everywhere() {
     let client = berth.cluster.client().await;
     let opted_in = fresh_namespace(&client, "opted-in").await;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let annotate = json!({"metadata": {"annotations": {"berth.io/policies": "cdn"}}});
+    let annotate = json!({"metadata": {"annotations": {names::POLICIES_ANNOTATION: "cdn"}}});
     namespaces
         .patch(&opted_in, &PatchParams::default(), &Patch::Merge(&annotate))
         .await
@@ -64,11 +66,9 @@ async fn with_berth_stopped_pods_are_still_created_everywhere() {
         opted_in.as_str(),
     ] {
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "while-berth-is-down"},
-            "spec": {"containers": [{"name": "c", "image": "example/cdn-uploader:1"}]}
-        }))
-        .unwrap();
+        let pod = fixtures::pod("while-berth-is-down")
+            .image("example/cdn-uploader:1")
+            .build();
         let started = Instant::now();
         pods.create(&PostParams::default(), &pod)
             .await

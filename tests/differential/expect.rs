@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use berth::names;
 use serde_json::{Value, json};
 
 use super::world::{POOL_LABEL, POOL_TAINT, World};
@@ -75,9 +76,8 @@ impl Policy {
     /// Whether a namespace opts in: its annotation names the policy, or its labels
     /// match `namespaceSelector`.
     pub fn opted_in(&self, namespace: &Value) -> bool {
-        let named = namespace
-            .pointer("/metadata/annotations/berth.io~1policies")
-            .and_then(Value::as_str)
+        let named = namespace["metadata"]["annotations"][names::POLICIES_ANNOTATION]
+            .as_str()
             .is_some_and(|a| a.split(',').any(|n| n.trim() == self.name));
         let labels = &namespace["metadata"]["labels"];
         let selected = self

@@ -7,11 +7,12 @@
 //! comparisons, `nodeName`, and DaemonSet pods. Much of it is what the apiserver
 //! would refuse, since the webhook sees pods before validation.
 
+use berth::names;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-pub const POOL_LABEL: &str = "node-restriction.kubernetes.io/berth.pool";
-pub const POOL_TAINT: &str = "berth.io/pool";
+pub const POOL_LABEL: &str = names::POOL_LABEL;
+pub const POOL_TAINT: &str = names::POOL_TAINT;
 const HOSTNAME: &str = "kubernetes.io/hostname";
 /// Policy names; "450" is a number, so a `Gt` toleration could tolerate its taint.
 const POLICY_NAMES: [&str; 4] = ["cdn", "gpu", "450", "edge"];
@@ -323,7 +324,7 @@ fn arb_namespaces(names: Vec<&'static str>) -> impl Strategy<Value = Vec<Value>>
                     labels["platform"] = json!("true");
                 }
                 let annotations = match policies {
-                    Some(p) => json!({"berth.io/policies": p}),
+                    Some(p) => json!({names::POLICIES_ANNOTATION: p}),
                     None => json!({}),
                 };
                 json!({"apiVersion": "v1", "kind": "Namespace",
@@ -354,7 +355,7 @@ fn arb_pod(index: usize, node_count: usize) -> impl Strategy<Value = PodCase> {
                 }
                 if forged {
                     // A tenant's own record claims a policy: berth derives its own.
-                    metadata["annotations"] = json!({"berth.io/applied": "cdn"});
+                    metadata["annotations"] = json!({names::APPLIED_ANNOTATION: "cdn"});
                 }
                 if let Some((key, value)) = selector {
                     spec["nodeSelector"] = json!({key: value});

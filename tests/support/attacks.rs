@@ -10,24 +10,17 @@ use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 use super::TestCluster;
+use super::fixtures;
 use super::fleet::cpu_seconds;
-
-/// A pod with one container and `spec` merged into its spec.
-pub fn pod(name: &str, spec: Value) -> Value {
-    let mut pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {"containers": [{"name": "c", "image": "nginx:1.27"}]}});
-    if let (Some(map), Some(extra)) = (pod["spec"].as_object_mut(), spec.as_object()) {
-        map.extend(extra.clone());
-    }
-    pod
-}
 
 /// A pod with `count` tolerations, the first a wildcard, so that every admission
 /// policy that looks at tolerations looks at it: 30,000 are about 1 MB.
 pub fn many_tolerations(count: usize) -> Value {
     let mut tolerations = vec![json!({"operator": "Exists"})];
     tolerations.extend((1..count).map(|i| json!({"key": format!("k{i}"), "operator": "Exists"})));
-    pod("tolerant", json!({"tolerations": tolerations}))
+    fixtures::pod("tolerant")
+        .spec(json!({"tolerations": tolerations}))
+        .json()
 }
 
 /// The costliest pod within berth's bounds for the admission policies: every list
@@ -45,12 +38,13 @@ pub fn worst_within_bounds() -> Value {
     let term = json!({"matchExpressions": (1..TERM_REQUIREMENTS.most)
         .map(|_| json!({"key": berth::names::POOL_LABEL, "operator": "NotIn", "values": values}))
         .collect::<Vec<_>>()});
-    pod(
-        "worst",
-        json!({"tolerations": tolerations, "affinity": {"nodeAffinity": {
+    fixtures::pod("worst")
+        .spec(
+            json!({"tolerations": tolerations, "affinity": {"nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": vec![term; REQUIRED_TERMS.most]}}}}),
-    )
+        )
+        .json()
 }
 
 /// What one dry-run create of `pod` as `client` cost: kube-apiserver's CPU seconds

@@ -33,6 +33,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use berth::names::{self, APPLIED_ANNOTATION, POOL_LABEL, POOL_TAINT};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::Client;
@@ -44,12 +45,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::load::LOAD_LABEL;
 
-pub const POOL_LABEL: &str = "node-restriction.kubernetes.io/berth.pool";
-pub const RUNS_PREFIX: &str = "node-restriction.kubernetes.io/berth.runs.";
-pub const PLACED_PREFIX: &str = "node-restriction.kubernetes.io/berth.placed.";
+/// Where every node label of berth's starts (the pool, anchor and placed labels of
+/// `berth::names`): a label there that the policies do not call for is wrong.
 pub const BERTH_LABEL_PREFIX: &str = "node-restriction.kubernetes.io/berth.";
-pub const POOL_TAINT: &str = "berth.io/pool";
-pub const APPLIED: &str = "berth.io/applied";
 
 type Labels = BTreeMap<String, String>;
 
@@ -206,7 +204,7 @@ impl PodView {
             applied: meta
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get(APPLIED))
+                .and_then(|a| a.get(APPLIED_ANNOTATION))
                 .map(|a| a.split(',').map(|p| p.trim().to_owned()).collect())
                 .unwrap_or_default(),
             images: spec
@@ -264,7 +262,7 @@ pub struct World {
 
 pub fn policy_api(client: &Client) -> Api<DynamicObject> {
     let resource = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("berth.io", "v1alpha1", "PlacementPolicy"),
+        &GroupVersionKind::gvk(names::GROUP, "v1alpha1", "PlacementPolicy"),
         "placementpolicies",
     );
     Api::all_with(client.clone(), &resource)
@@ -301,7 +299,7 @@ impl World {
                 let names = ns
                     .metadata
                     .annotations?
-                    .get("berth.io/policies")?
+                    .get(names::POLICIES_ANNOTATION)?
                     .split(',')
                     .map(|p| p.trim().to_owned())
                     .filter(|p| !p.is_empty())
@@ -375,7 +373,10 @@ impl World {
                         && self.counts_for(policy, p)
                 });
                 if anchored {
-                    want.insert(format!("{RUNS_PREFIX}{}", policy.name), "true".into());
+                    want.insert(
+                        format!("{}{}", names::ANCHOR_LABEL_PREFIX, policy.name),
+                        "true".into(),
+                    );
                 }
             }
             if policy.avoid.is_some()
@@ -383,7 +384,10 @@ impl World {
                     p.has_applied(&policy.name) && self.opts_in(&p.namespace, &policy.name)
                 })
             {
-                want.insert(format!("{PLACED_PREFIX}{}", policy.name), "true".into());
+                want.insert(
+                    format!("{}{}", names::PLACED_LABEL_PREFIX, policy.name),
+                    "true".into(),
+                );
             }
         }
         (want, taints)

@@ -14,11 +14,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use berth::names;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+
+use super::fixtures;
 
 /// The label every pod of the load carries, with the stream's name as value.
 pub const STREAM_LABEL: &str = "berth.test/stream";
@@ -165,12 +168,12 @@ pub fn stream_pod(stream: &Stream, name: &str, i: u64) -> Pod {
         labels.insert(k.to_string(), json!(v));
     }
     let image = stream.images[i as usize % stream.images.len()];
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"containers": [{"name": "c", "image": image,
-            "resources": {"requests": {"cpu": "1m", "memory": "1Mi"}}}]}
-    }))
-    .unwrap()
+    fixtures::pod(name)
+        .image(image)
+        .cpu("1m")
+        .memory("1Mi")
+        .labels(Value::Object(labels))
+        .build()
 }
 
 /// The streams in the order their creates go out: smooth weighted round robin, so
@@ -200,7 +203,7 @@ fn wrongly_decided(pod: &Pod, expects_none: bool) -> Option<String> {
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get("berth.io/applied"))
+        .and_then(|a| a.get(names::APPLIED_ANNOTATION))
         .cloned()
         .unwrap_or_default();
     let names: Vec<&str> = applied.split(',').filter(|s| !s.is_empty()).collect();
@@ -247,7 +250,7 @@ fn applied_names(pod: &Pod) -> Vec<String> {
     pod.metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get("berth.io/applied"))
+        .and_then(|a| a.get(names::APPLIED_ANNOTATION))
         .map(|a| a.split(',').map(|p| p.trim().to_owned()).collect())
         .unwrap_or_default()
 }
@@ -479,11 +482,8 @@ pub async fn flood(
 ) -> FloodReport {
     use futures::StreamExt;
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let big: Value = json!({
-        "metadata": {"name": "flood"},
-        "spec": {"containers": [{"name": "c", "image": "nginx:1.27",
-            "env": [{"name": "X", "value": "<".repeat(2_000_000)}]}]}
-    });
+    let mut big = fixtures::pod("flood").json();
+    big["spec"]["containers"][0]["env"] = json!([{"name": "X", "value": "<".repeat(2_000_000)}]);
     let big: Pod = serde_json::from_value(big).unwrap();
     let dry = PostParams {
         dry_run: true,

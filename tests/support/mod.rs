@@ -8,6 +8,7 @@
 
 pub mod attacks;
 pub mod audit;
+pub mod fixtures;
 pub mod fleet;
 pub mod load;
 pub mod proxy;
@@ -18,6 +19,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use berth::names;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -170,9 +172,7 @@ impl TestCluster {
     pub fn apply_app_policy(&self, name: &str, spec: Value) {
         let mut spec = spec;
         spec["podSelector"] = json!({"matchLabels": {"app": name}});
-        let policy = json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
-            "metadata": {"name": name}, "spec": spec});
-        self.apply(&policy.to_string());
+        self.apply_policies(&[fixtures::policy(name, spec)]);
     }
 
     /// `kubectl apply -f -` of `yaml`, which must succeed.
@@ -601,7 +601,7 @@ pub async fn annotate(client: &Client, ns: &str, key: &str, value: &str) {
 /// are eventually consistent, and a pod created the same instant as the annotation
 /// may be admitted by a cache that has not seen it yet.
 pub async fn opt_in(client: &Client, ns: &str, policies: &str, probe: &Pod, limit: Duration) {
-    annotate(client, ns, "berth.io/policies", policies).await;
+    annotate(client, ns, names::POLICIES_ANNOTATION, policies).await;
     let wanted = policies.split(',').next().unwrap_or_default().trim();
     wait_admitted(
         client,
@@ -658,7 +658,7 @@ pub fn has_applied(pod: &Pod, policy: &str) -> bool {
     pod.metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get("berth.io/applied"))
+        .and_then(|a| a.get(names::APPLIED_ANNOTATION))
         .is_some_and(|applied| applied.split(',').any(|p| p == policy))
 }
 
@@ -674,29 +674,25 @@ pub fn daemonset_made_all(daemonset: &k8s_openapi::api::apps::v1::DaemonSet) -> 
         .then_some(status.desired_number_scheduled)
 }
 
-/// A pod with one small container and `labels`; `extra_spec` is merged into its spec.
+/// A pod with one small container (`redis:7`, 100m CPU) and `labels`;
+/// `extra_spec` is merged into its spec.
 pub fn test_pod(name: &str, labels: Value, extra_spec: Value) -> Pod {
-    let mut spec = json!({"containers": [{"name": "redis", "image": "redis:7",
-        "resources": {"requests": {"cpu": "100m"}}}]});
-    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
-        spec.extend(extra.clone());
-    }
-    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": spec}))
-        .unwrap()
+    fixtures::pod(name)
+        .container("redis", "redis:7")
+        .cpu("100m")
+        .labels(labels)
+        .spec(extra_spec)
+        .build()
 }
 
 /// Gang member `name` of group `group` of `size` under the policy that selects
 /// `app: <policy>` (the default `podGroup`/`minAvailable` labels), requesting `cpu`.
 pub fn gang_member(policy: &str, name: &str, group: &str, size: u32, cpu: &str) -> Pod {
-    let mut pod = test_pod(
-        name,
-        json!({"app": policy, "podGroup": group, "minAvailable": size.to_string()}),
-        json!({}),
-    );
-    let spec = pod.spec.as_mut().expect("spec");
-    spec.containers[0].resources =
-        Some(serde_json::from_value(json!({"requests": {"cpu": cpu}})).expect("resources"));
-    pod
+    fixtures::pod(name)
+        .container("redis", "redis:7")
+        .cpu(cpu)
+        .labels(json!({"app": policy, "podGroup": group, "minAvailable": size.to_string()}))
+        .build()
 }
 
 /// Creates all pods concurrently, as a StatefulSet or a burst of Jobs would.
