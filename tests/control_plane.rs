@@ -119,18 +119,18 @@ async fn a_daemonset_gets_one_pod_per_node() {
         .await
         .expect("create daemonset");
 
+    // As many agent pods as nodes, bound to every node: one on each.
     let want: BTreeSet<String> = cluster().node_names().into_iter().collect();
-    let placed = eventually(
+    eventually(
         "one agent pod per node",
         Duration::from_secs(60),
         || async {
             let pods = bound_pods(&client, &ns, "agent").await;
             let nodes: BTreeSet<String> = pods.values().flatten().cloned().collect();
-            (pods.len() == want.len() && nodes == want).then_some(pods)
+            (pods.len() == want.len() && nodes == want).then_some(())
         },
     )
     .await;
-    assert_eq!(placed.len(), NODES.count as usize);
 }
 
 #[tokio::test]

@@ -104,6 +104,31 @@ async fn none_bound(client: &Client, ns: &str) -> Vec<Pod> {
     pods
 }
 
+/// Asserts from the cluster's own record that no pod in `ns` was bound before
+/// `last` was created: each one's PodScheduled became True (the binding sets it,
+/// with nodeName) no earlier than `last`'s creationTimestamp. Both are the
+/// apiserver's clock, in whole seconds, so a pod bound after `last` never reads
+/// as earlier.
+async fn held_until_created(client: &Client, ns: &str, last: &str) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pods = api.list(&ListParams::default()).await.unwrap().items;
+    let created = pods
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some(last))
+        .and_then(|p| p.metadata.creation_timestamp.clone())
+        .unwrap_or_else(|| panic!("{last} in {ns}"));
+    for pod in &pods {
+        let scheduled = became_true(pod, "PodScheduled").expect("bound");
+        assert!(
+            scheduled >= created,
+            "{:?} bound at {:?}, before {last} was created at {:?}",
+            pod.metadata.name,
+            scheduled.0,
+            created.0
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_gang_waits_for_its_last_member_then_goes_at_once() {
     let client = berth().cluster.client().await;
@@ -129,8 +154,8 @@ async fn a_gang_waits_for_its_last_member_then_goes_at_once() {
         vec![gang_member("gang-count", "c", "g1", 3, "100m")],
     )
     .await;
-    let bound = all_bound(&client, &ns, 3).await;
-    assert_eq!(bound.len(), 3, "{bound:?}");
+    all_bound(&client, &ns, 3).await;
+    held_until_created(&client, &ns, "c").await;
 }
 
 #[tokio::test]
@@ -492,7 +517,8 @@ async fn a_tenant_can_neither_release_its_gang_nor_claim_a_higher_queue_place() 
     );
     assert_eq!(spec.priority, Some(1));
 
-    // The third member completes the gang: berth releases all three.
-    let bound = all_bound(&client, &ns, 3).await;
-    assert_eq!(bound.len(), 3);
+    // The third member completes the gang: berth releases all three, and none
+    // before it.
+    all_bound(&client, &ns, 3).await;
+    held_until_created(&client, &ns, "c").await;
 }

@@ -1,9 +1,12 @@
 //! The HTTPS server on a real socket: its graceful shutdown, and its HTTP/2 flow
 //! control under a large body that waits unread.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -15,9 +18,9 @@ use berth::admission::tls::ReloadingCert;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
@@ -194,12 +197,236 @@ async fn reads(body: Body) -> String {
     bytes.len().to_string()
 }
 
+/// HTTP/2's frame types and flags that flow control turns on (RFC 9113, 6).
+const DATA: u8 = 0x0;
+const HEADERS: u8 = 0x1;
+const SETTINGS: u8 = 0x4;
+const WINDOW_UPDATE: u8 = 0x8;
+const END_STREAM: u8 = 0x1;
+const ACK: u8 = 0x1;
+const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
+/// Every window before the peer's SETTINGS or WINDOW_UPDATE says otherwise.
+const DEFAULT_WINDOW: u64 = 65_535;
+
+/// One HTTP/2 frame.
+struct Frame {
+    kind: u8,
+    flags: u8,
+    stream: u32,
+    payload: Vec<u8>,
+}
+
+/// Cuts one direction of a connection's bytes into frames, however they were
+/// split into writes or reads.
+struct Frames {
+    /// The bytes of the client's connection preface still to pass.
+    preface: usize,
+    pending: Vec<u8>,
+}
+
+impl Frames {
+    fn new(preface: usize) -> Frames {
+        Frames {
+            preface,
+            pending: Vec::new(),
+        }
+    }
+
+    /// The frames that `bytes` completes.
+    fn feed(&mut self, mut bytes: &[u8]) -> Vec<Frame> {
+        let skip = self.preface.min(bytes.len());
+        self.preface -= skip;
+        bytes = &bytes[skip..];
+        self.pending.extend_from_slice(bytes);
+        let mut frames = Vec::new();
+        while self.pending.len() >= 9 {
+            let header = &self.pending[..9];
+            let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+            if self.pending.len() < 9 + length {
+                break;
+            }
+            let stream = u32::from_be_bytes([header[5], header[6], header[7], header[8]]);
+            frames.push(Frame {
+                kind: header[3],
+                flags: header[4],
+                stream: stream & 0x7fff_ffff,
+                payload: self.pending[9..9 + length].to_vec(),
+            });
+            self.pending.drain(..9 + length);
+        }
+        frames
+    }
+}
+
+/// What the client's HTTP/2 connection has said and heard so far, from its own
+/// frames: the windows the server gave it, and the body bytes it sent.
+#[derive(Debug)]
+struct Wire {
+    /// The server's SETTINGS have come (the first frame a server sends).
+    settings: bool,
+    /// Each stream's window as the server set it (SETTINGS_INITIAL_WINDOW_SIZE).
+    stream_window: u64,
+    /// The WINDOW_UPDATE increments the server sent, by stream (0: the connection).
+    updates: BTreeMap<u32, u64>,
+    /// The stream of the first request the client sent.
+    first: Option<u32>,
+    /// The DATA bytes the client sent, by stream, and the streams it ended.
+    sent: BTreeMap<u32, u64>,
+    ended: BTreeSet<u32>,
+}
+
+impl Wire {
+    fn new() -> Wire {
+        Wire {
+            settings: false,
+            stream_window: DEFAULT_WINDOW,
+            updates: BTreeMap::new(),
+            first: None,
+            sent: BTreeMap::new(),
+            ended: BTreeSet::new(),
+        }
+    }
+
+    fn client_sent(&mut self, frame: &Frame) {
+        match frame.kind {
+            HEADERS => {
+                self.first.get_or_insert(frame.stream);
+            }
+            // Flow control counts the whole payload, padding included.
+            DATA => {
+                *self.sent.entry(frame.stream).or_default() += frame.payload.len() as u64;
+                if frame.flags & END_STREAM != 0 {
+                    self.ended.insert(frame.stream);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn server_sent(&mut self, frame: &Frame) {
+        match frame.kind {
+            SETTINGS if frame.flags & ACK == 0 => {
+                self.settings = true;
+                for setting in frame.payload.chunks_exact(6) {
+                    let id = u16::from_be_bytes([setting[0], setting[1]]);
+                    let value =
+                        u32::from_be_bytes([setting[2], setting[3], setting[4], setting[5]]);
+                    if id == SETTINGS_INITIAL_WINDOW_SIZE {
+                        self.stream_window = u64::from(value);
+                    }
+                }
+            }
+            WINDOW_UPDATE => {
+                let p = &frame.payload;
+                let increment = u32::from_be_bytes([p[0], p[1], p[2], p[3]]) & 0x7fff_ffff;
+                *self.updates.entry(frame.stream).or_default() += u64::from(increment);
+            }
+            _ => {}
+        }
+    }
+
+    /// The DATA bytes the client sent on `stream`.
+    fn sent_on(&self, stream: u32) -> u64 {
+        self.sent.get(&stream).copied().unwrap_or_default()
+    }
+
+    /// The window the server gave `stream`: its initial window and its updates.
+    fn window_of(&self, stream: u32) -> u64 {
+        self.stream_window + self.updates.get(&stream).copied().unwrap_or_default()
+    }
+
+    /// The first request's stream and the body bytes sent on it, once the client
+    /// has sent as much of that body as the windows let it: the whole window the
+    /// server gave the stream (it releases none of it while the body waits
+    /// unread), or the whole body.
+    fn first_body_held(&self) -> Option<(u32, u64)> {
+        let stream = self.first?;
+        let sent = self.sent_on(stream);
+        (self.settings && (sent >= self.window_of(stream) || self.ended.contains(&stream)))
+            .then_some((stream, sent))
+    }
+}
+
+/// The client's side of a connection, under TLS: tells `wire` of every HTTP/2
+/// frame the client writes and reads.
+struct Tap<T> {
+    inner: T,
+    written: Frames,
+    read: Frames,
+    wire: watch::Sender<Wire>,
+}
+
+impl<T> Tap<T> {
+    fn new(inner: T) -> (Tap<T>, watch::Receiver<Wire>) {
+        let (wire, seen) = watch::channel(Wire::new());
+        let tap = Tap {
+            inner,
+            // "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+            written: Frames::new(24),
+            read: Frames::new(0),
+            wire,
+        };
+        (tap, seen)
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Tap<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            let frames = this.read.feed(&buf.filled()[before..]);
+            if !frames.is_empty() {
+                this.wire
+                    .send_modify(|wire| frames.iter().for_each(|f| wire.server_sent(f)));
+            }
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Tap<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(written)) = polled {
+            let frames = this.written.feed(&buf[..written]);
+            if !frames.is_empty() {
+                this.wire
+                    .send_modify(|wire| frames.iter().for_each(|f| wire.client_sent(f)));
+            }
+        }
+        polled
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
 /// The apiserver sends its reviews as streams of one HTTP/2 connection, and a
 /// large body that waits unread (berth holds a 2 MB pod until its memory budget
 /// has room) must not stall the ordinary reviews beside it. With hyper's default
 /// windows it did: the waiting stream took the whole connection window, every
 /// small review behind it waited, and the apiserver let those pods through
 /// without berth after its 3 s timeout.
+///
+/// The small request goes only once the client's own frames show the large body
+/// sent as far as the server's windows let it; had the connection's window run
+/// out first, that never comes and the test fails there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_body_waiting_unread_does_not_stall_small_requests_on_the_connection() {
     let gate = Arc::new(Gate::default());
@@ -212,6 +439,7 @@ async fn a_large_body_waiting_unread_does_not_stall_small_requests_on_the_connec
     // One HTTP/2 connection, as the apiserver's webhook client keeps.
     let tls = served.connect().await;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (tls, mut wire) = Tap::new(tls);
     let (sender, connection) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
             .await
@@ -227,9 +455,23 @@ async fn a_large_body_waiting_unread_does_not_stall_small_requests_on_the_connec
     let large_request = request("/large", LARGE);
     let large = tokio::spawn(async move { large_sender.send_request(large_request).await });
     gate.entered.notified().await;
-    // Let the client push what the windows allow of the large body: with a window
-    // shared by the connection, that is all of it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The client has pushed what the windows allow of the large body, by its own
+    // frames: the stream's whole window. A connection window that ran out first
+    // would stop it short of that, the stall this test is about.
+    let held = tokio::time::timeout(Duration::from_secs(10), async {
+        let held = wire.wait_for(|w| w.first_body_held().is_some()).await?;
+        Ok::<_, watch::error::RecvError>(held.first_body_held().unwrap())
+    })
+    .await;
+    let (stream, pushed) = match held {
+        Ok(Ok(held)) => held,
+        Ok(Err(_)) => panic!("the connection closed before the large body was pushed"),
+        Err(_) => panic!(
+            "within 10 s the client did not push the large body as far as its stream's \
+             window: the connection's window ran out first? {:?}",
+            *wire.borrow()
+        ),
+    };
 
     let mut small_sender = sender.clone();
     let small = tokio::time::timeout(
@@ -241,6 +483,11 @@ async fn a_large_body_waiting_unread_does_not_stall_small_requests_on_the_connec
     .unwrap();
     let text = small.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(text, "2048", "the small body arrived whole");
+    assert_eq!(
+        wire.borrow().sent_on(stream),
+        pushed,
+        "the large body waited, holding its window, while the small one was answered"
+    );
 
     gate.release.notify_one();
     let large = large.await.unwrap().expect("the large request");

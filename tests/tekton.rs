@@ -188,7 +188,7 @@ async fn without_coscheduled_the_upload_cannot_sit_beside_its_assistant_and_the_
     // The assistant is off the pool (its image is no cdn image); the upload must
     // be on the pool and beside it: the scheduler finds no node.
     let pods: Api<Pod> = Api::namespaced(client, &ns);
-    let reason = eventually("the upload reported Unschedulable", WAIT, || async {
+    let message = eventually("the upload reported Unschedulable", WAIT, || async {
         let pod = pods
             .list(&ListParams::default().labels("tekton.dev/taskRun=unrouted-upload"))
             .await
@@ -201,10 +201,15 @@ async fn without_coscheduled_the_upload_cannot_sit_beside_its_assistant_and_the_
             .conditions?
             .into_iter()
             .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
-        condition.reason.filter(|r| r == "Unschedulable")
+        (condition.reason.as_deref() == Some("Unschedulable")).then_some(())?;
+        condition.message
     })
     .await;
-    assert_eq!(reason, "Unschedulable");
+    // The scheduler's own record of why: the pool's node fails the pod affinity.
+    assert!(
+        message.contains("didn't match pod affinity rules"),
+        "{message}"
+    );
     // `berth explain pod` tells the truth: no node, because of the pod's own pod
     // affinity beside the assistant, and the admission warning says what to do.
     let upload = task_pod(&pods, "unrouted-upload").await;
