@@ -242,8 +242,12 @@ async fn side_by_side(
 }
 
 /// A dedicated pool over every node: how long until each carries its label and
-/// taint.
+/// taint. The policies before it go first (a node in an older policy's pool would
+/// never be this one's).
 async fn pool_over_every_node(berth: &Berth, client: &Client, node_count: usize) -> Duration {
+    berth
+        .cluster
+        .kubectl_ok(&["delete", "placementpolicies", "--all", "--wait=true"]);
     let nodes: Api<Node> = Api::all(client.clone());
     let started = Instant::now();
     apply_policy(
