@@ -119,9 +119,14 @@ fn pods(app: &str, count: usize, extra: &Value) -> Vec<Pod> {
 /// Creates `pods` in `ns` at once; the time until every one is bound.
 async fn time_to_bind(client: &Client, ns: &str, pods: Vec<Pod>) -> Duration {
     let count = pods.len();
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     let started = Instant::now();
     create_at_once(client, ns, pods).await;
+    until_bound(client, ns, count, started).await
+}
+
+/// Waits until no pod in `ns` is unbound; the time since `started`.
+async fn until_bound(client: &Client, ns: &str, count: usize, started: Instant) -> Duration {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
     // Only the pods not bound yet are listed: listing thousands of bound pods ten
     // times a second would load the apiserver being measured.
     let unbound = ListParams::default().fields("spec.nodeName=");
