@@ -173,10 +173,19 @@ pub struct NodeStatus {
 fn readable_quantities<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Box<[(String, f64)]>, D::Error> {
+    read_quantities(deserializer, None)
+}
+
+/// Resource quantities by name, in order, each read as a number; one that is not
+/// counts as `unreadable` (left out when `None`).
+fn read_quantities<'de, D: Deserializer<'de>>(
+    deserializer: D,
+    unreadable: Option<f64>,
+) -> Result<Box<[(String, f64)]>, D::Error> {
     let raw = Option::<BTreeMap<String, Value>>::deserialize(deserializer)?.unwrap_or_default();
     Ok(raw
         .into_iter()
-        .filter_map(|(k, v)| Some((k, crate::quantity::from_json(&v)?)))
+        .filter_map(|(k, v)| Some((k, crate::quantity::from_json(&v).or(unreadable)?)))
         .collect())
 }
 
@@ -467,15 +476,11 @@ pub struct ContainerResources {
     pub requests: Box<[(String, f64)]>,
 }
 
-/// Resource quantities, read as numbers.
+/// Resource quantities read as numbers, one that is not counting as nothing.
 fn quantities<'de, D: Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Box<[(String, f64)]>, D::Error> {
-    let raw = Option::<BTreeMap<String, Value>>::deserialize(deserializer)?.unwrap_or_default();
-    Ok(raw
-        .into_iter()
-        .map(|(k, v)| (k, crate::quantity::from_json(&v).unwrap_or_default()))
-        .collect())
+    read_quantities(deserializer, Some(0.0))
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -141,9 +141,12 @@ pub struct Writes {
 impl Writes {
     /// Writes of each kind at its rate in `rates`.
     pub fn new(metrics: Arc<Metrics>, leading: watch::Receiver<bool>, rates: Rates) -> Writes {
-        let rate = |kind| match kind {
-            k if k == Kind::Node as usize => rates.nodes,
-            _ => rates.others,
+        let rate = |kind| {
+            if kind == Kind::Node as usize {
+                rates.nodes
+            } else {
+                rates.others
+            }
         };
         Writes {
             metrics,
