@@ -14,6 +14,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, NodeSelectorTerm, Pod, Toleration};
@@ -24,7 +25,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 use crate::names::{POOL_TAINT, is_owned_node_key};
-use crate::placement::bounds;
+use crate::placement::{NodeInfo, bounds};
 use crate::policy::compile::{Labels, PolicySource};
 use crate::policy::{PlacementPolicy, PlacementPolicySpec};
 
@@ -151,14 +152,53 @@ pub type NamespaceMeta = MetaOnly<Namespace>;
 pub type NodeMeta = MetaOnly<Node>;
 
 /// A Node with its taints, for the controller, which writes them.
+///
+/// Its labels are not in `metadata`: they are read into `indexed`, which the
+/// webhook's node index shares, so each node's labels are held once, not once per
+/// reader (at 5,000 nodes, 4 MiB). Read them with [`NodeObject::labels`].
 #[derive(Debug, Clone, Deserialize)]
+#[serde(from = "NodeFields")]
 pub struct NodeObject {
-    #[serde(default, deserialize_with = "lenient_meta")]
     pub metadata: ObjectMeta,
-    #[serde(default, deserialize_with = "nullable")]
+    /// What the webhook's node index holds of the node: its labels (the
+    /// controller reads taints from `spec`, to write them back as they are).
+    pub indexed: Arc<NodeInfo>,
     pub spec: NodeSpec,
-    #[serde(default, deserialize_with = "nullable")]
     pub status: NodeStatus,
+}
+
+impl NodeObject {
+    /// The node's labels. (`ResourceExt::labels` would read the metadata, which
+    /// holds none.)
+    pub fn labels(&self) -> &Labels {
+        &self.indexed.labels
+    }
+}
+
+/// A Node as the apiserver sends it, before its labels move out of `metadata`.
+#[derive(Deserialize)]
+struct NodeFields {
+    #[serde(default, deserialize_with = "lenient_meta")]
+    metadata: ObjectMeta,
+    #[serde(default, deserialize_with = "nullable")]
+    spec: NodeSpec,
+    #[serde(default, deserialize_with = "nullable")]
+    status: NodeStatus,
+}
+
+impl From<NodeFields> for NodeObject {
+    fn from(NodeFields { mut metadata, spec, status }: NodeFields) -> Self {
+        let labels = metadata.labels.take().unwrap_or_default();
+        NodeObject {
+            metadata,
+            indexed: Arc::new(NodeInfo {
+                labels,
+                taints: Vec::new(),
+            }),
+            spec,
+            status,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

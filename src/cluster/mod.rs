@@ -39,7 +39,7 @@ use crate::objects::{
     DaemonSetObject, DeploymentObject, NamespaceMeta, NodeObject, PodObject, PolicyObject,
     StatefulSetObject, WorkloadObject,
 };
-use crate::placement::{NamespaceInfo, NodeIndex, NodeInfo};
+use crate::placement::{NamespaceInfo, NodeIndex};
 use crate::policy::compile::{Compiled, PolicyCompiler};
 use crate::telemetry::Metrics;
 pub use groups::GroupState;
@@ -113,6 +113,20 @@ struct Published {
     gang_mode_known: published::Sender<bool>,
 }
 
+impl Default for Published {
+    fn default() -> Self {
+        Published {
+            in_force: RwLock::default(),
+            node_labels: RwLock::new(Arc::new(NodeIndex::new())),
+            groups: RwLock::default(),
+            policies_synced: published::Sender::new(false),
+            nodes_synced: published::Sender::new(false),
+            namespaces_synced: published::Sender::new(false),
+            gang_mode_known: published::Sender::new(false),
+        }
+    }
+}
+
 fn read<T: ?Sized>(lock: &RwLock<Arc<T>>) -> Arc<T> {
     match lock.read() {
         Ok(value) => value.clone(),
@@ -149,15 +163,7 @@ impl Cluster {
     /// `controller`); they back off and relist on errors.
     pub fn start(client: Client, metrics: Arc<Metrics>, controller: bool) -> Arc<Cluster> {
         let wakes = Arc::new(Wakes::default());
-        let published = Arc::new(Published {
-            in_force: RwLock::default(),
-            node_labels: RwLock::new(Arc::new(NodeIndex::new())),
-            groups: RwLock::default(),
-            policies_synced: published::Sender::new(false),
-            nodes_synced: published::Sender::new(false),
-            namespaces_synced: published::Sender::new(false),
-            gang_mode_known: published::Sender::new(false),
-        });
+        let published = Arc::new(Published::default());
         let pods_by_node = PodsByNode::default();
         let stores = Stores {
             policies: watch(&client, keep, policy_changes(&wakes, &published, metrics)),
@@ -366,37 +372,31 @@ fn node_changes(
     let (wakes, published) = (wakes.clone(), published.clone());
     let mut hashes = Hashes::new(seen::node);
     move |store, event| {
-        let labels = |node: &NodeObject| {
-            Arc::new(NodeInfo {
-                labels: node.labels().clone(),
-                taints: Vec::new(),
-            })
+        // The store's copy of a node shares `indexed` with the index, whatever
+        // changed (a heartbeat too): else the index would keep an older copy of the
+        // labels alive beside it.
+        let current = read(&published.node_labels);
+        let next = match event {
+            Event::Apply(node) => {
+                let name = node.name_any();
+                let shared = current.get(&name).map(|i| Arc::ptr_eq(i, &node.indexed));
+                (shared != Some(true)).then(|| current.update(name, node.indexed.clone()))
+            }
+            Event::Delete(node) => Some(current.without(&node.name_any())),
+            Event::Init | Event::InitApply(_) | Event::InitDone => None,
         };
+        if let Some(next) = next {
+            write(&published.node_labels, Arc::new(next));
+        }
         match hashes.changed(event) {
             Seen::Nothing => return,
-            Seen::Object(name) => {
-                wakes.node(&name);
-                let current = read(&published.node_labels);
-                let next = match event {
-                    Event::Apply(node) => {
-                        if current.get(&name).map(|n| &n.labels) == Some(node.labels()) {
-                            None
-                        } else {
-                            Some(current.update(name, labels(node)))
-                        }
-                    }
-                    _ => Some(current.without(&name)),
-                };
-                if let Some(next) = next {
-                    write(&published.node_labels, Arc::new(next));
-                }
-            }
+            Seen::Object(name) => wakes.node(&name),
             Seen::Relisted => {
                 wakes.relisted();
                 let index = store
                     .state()
                     .iter()
-                    .map(|node| (node.name_any(), labels(node)))
+                    .map(|node| (node.name_any(), node.indexed.clone()))
                     .collect();
                 write(&published.node_labels, Arc::new(index));
                 published.nodes_synced.send_replace(true);
@@ -476,3 +476,44 @@ fn strip_workload<K>(workload: &mut WorkloadObject<K>) {
 }
 
 fn keep<K>(_: &mut K) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, zone: &str, taint: &str) -> NodeObject {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"zone": zone}},
+            "spec": {"taints": [{"key": taint, "effect": "NoSchedule"}]}}))
+        .unwrap()
+    }
+
+    /// The webhook's index and the store hold one copy of each node's labels,
+    /// through a relist, a label change and a change of something else.
+    #[test]
+    fn the_node_index_shares_the_stores_labels() {
+        let (wakes, published) = (Arc::new(Wakes::default()), Arc::new(Published::default()));
+        let mut changed = node_changes(&wakes, &published);
+        let (store, mut writer) = reflector::store::<NodeObject>();
+        let mut apply = |event: Event<NodeObject>| {
+            writer.apply_watcher_event(&event);
+            changed(&store, &event);
+        };
+        apply(Event::Init);
+        apply(Event::InitApply(node("n1", "a", "t1")));
+        apply(Event::InitApply(node("n2", "a", "t1")));
+        apply(Event::InitDone);
+        apply(Event::Apply(node("n1", "b", "t1")));
+        apply(Event::Apply(node("n2", "a", "t2")));
+        // A heartbeat: nothing berth reads changed, but the store has a new copy.
+        apply(Event::Apply(node("n2", "a", "t2")));
+        let index = read(&published.node_labels);
+        for name in ["n1", "n2"] {
+            let stored = store.get(&ObjectRef::new(name)).unwrap();
+            assert!(Arc::ptr_eq(&stored.indexed, &index[name]), "{name}");
+        }
+        assert_eq!(index["n1"].labels["zone"], "b");
+        apply(Event::Delete(node("n1", "b", "t1")));
+        assert!(!read(&published.node_labels).contains_key("n1"));
+    }
+}

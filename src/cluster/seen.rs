@@ -39,7 +39,7 @@ pub fn daemonset<K: Resource>(object: &K) -> Option<u64> {
 pub fn node(node: &NodeObject) -> Option<u64> {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let mut hasher = DefaultHasher::new();
-    node.metadata.labels.hash(&mut hasher);
+    node.labels().hash(&mut hasher);
     node.metadata.deletion_timestamp.is_some().hash(&mut hasher);
     for taint in &node.spec.taints {
         taint.to_string().hash(&mut hasher);
