@@ -187,7 +187,8 @@ struct NodeFields {
 }
 
 impl From<NodeFields> for NodeObject {
-    fn from(NodeFields { mut metadata, spec, status }: NodeFields) -> Self {
+    fn from(node: NodeFields) -> Self {
+        let mut metadata = node.metadata;
         let labels = metadata.labels.take().unwrap_or_default();
         NodeObject {
             metadata,
@@ -195,8 +196,8 @@ impl From<NodeFields> for NodeObject {
                 labels,
                 taints: Vec::new(),
             }),
-            spec,
-            status,
+            spec: node.spec,
+            status: node.status,
         }
     }
 }
