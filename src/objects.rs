@@ -24,7 +24,7 @@ use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
-use crate::names::{POOL_TAINT, is_owned_node_key};
+use crate::names::{POOL_TAINT, is_berth_gate, is_owned_node_key};
 use crate::placement::{NodeInfo, bounds};
 use crate::policy::compile::{Labels, PolicySource};
 use crate::policy::{PlacementPolicy, PlacementPolicySpec};
@@ -694,6 +694,14 @@ impl PodObject {
             .scheduling_gates
             .iter()
             .position(|g| g.name == name)
+    }
+
+    /// Whether berth holds the pod by one of its scheduling gates.
+    pub fn held_by_berth(&self) -> bool {
+        self.spec
+            .scheduling_gates
+            .iter()
+            .any(|g| is_berth_gate(&g.name))
     }
 }
 

@@ -23,6 +23,7 @@ pub mod pods;
 pub mod seen;
 pub mod wakes;
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -50,6 +51,10 @@ pub use wakes::{Changed, Wakes};
 /// How often the gang mode is looked up again: a feature turned on in the
 /// apiserver is picked up without a restart.
 const GANG_MODE_EVERY: Duration = Duration::from_secs(60);
+
+/// The namespace and uid of every DaemonSet, ordered by namespace: what tells a
+/// DaemonSet's pod from a pod that names one in a forged ownerReference.
+pub type DaemonSets = BTreeSet<(String, String)>;
 
 /// One reflector store per kind.
 #[derive(Clone)]
@@ -106,6 +111,7 @@ struct Published {
     /// Node labels, for the webhook's decisions.
     node_labels: RwLock<Arc<NodeIndex>>,
     groups: RwLock<Arc<GroupState>>,
+    daemonsets: RwLock<Arc<DaemonSets>>,
     /// Whether each was listed whole (the policies compiled) or looked up once.
     policies_synced: published::Sender<bool>,
     nodes_synced: published::Sender<bool>,
@@ -119,6 +125,7 @@ impl Default for Published {
             in_force: RwLock::default(),
             node_labels: RwLock::new(Arc::new(NodeIndex::new())),
             groups: RwLock::default(),
+            daemonsets: RwLock::default(),
             policies_synced: published::Sender::new(false),
             nodes_synced: published::Sender::new(false),
             namespaces_synced: published::Sender::new(false),
@@ -175,7 +182,7 @@ impl Cluster {
             }),
             pods_by_node,
             daemonsets: controller_watch(controller, &client, strip_daemonset, {
-                daemonset_changes(&wakes)
+                daemonset_changes(&wakes, &published)
             }),
             deployments: controller_watch(controller, &client, strip_workload, {
                 releases_only(&wakes)
@@ -191,6 +198,11 @@ impl Cluster {
             wakes,
             published,
         })
+    }
+
+    /// The DaemonSets now, by namespace and uid.
+    pub fn daemonsets(&self) -> Arc<DaemonSets> {
+        read(&self.published.daemonsets)
     }
 
     pub fn client(&self) -> &Client {
@@ -422,11 +434,20 @@ fn class_changes(
 /// desired state may have.
 fn daemonset_changes(
     wakes: &Arc<Wakes>,
+    published: &Arc<Published>,
 ) -> impl FnMut(&Store<DaemonSetObject>, &Event<DaemonSetObject>) + Send + 'static {
-    let wakes = wakes.clone();
+    let (wakes, published) = (wakes.clone(), published.clone());
     let mut hashes = Hashes::new(seen::daemonset::<DaemonSetObject>);
-    move |_, event| {
+    move |store, event| {
         if hashes.changed(event) != Seen::Nothing {
+            // A DaemonSet made, deleted or listed again (a template change
+            // leaves the set as it is, and costs a look at few objects).
+            let daemonsets = store
+                .state()
+                .iter()
+                .filter_map(|d| Some((d.namespace()?, d.uid()?)))
+                .collect();
+            write(&published.daemonsets, Arc::new(daemonsets));
             wakes.everything();
         }
     }
@@ -486,6 +507,39 @@ mod tests {
             "metadata": {"name": name, "labels": {"zone": zone}},
             "spec": {"taints": [{"key": taint, "effect": "NoSchedule"}]}}))
         .unwrap()
+    }
+
+    /// The DaemonSets' namespaces and uids follow creations, deletions and relists,
+    /// and a template change wakes the nodes loop for every node.
+    #[test]
+    fn the_daemonset_index_follows_the_store() {
+        let (wakes, published) = (Arc::new(Wakes::default()), Arc::new(Published::default()));
+        let mut changed = daemonset_changes(&wakes, &published);
+        let (store, mut writer) = reflector::store::<DaemonSetObject>();
+        let mut apply = |event: Event<DaemonSetObject>| {
+            writer.apply_watcher_event(&event);
+            changed(&store, &event);
+        };
+        let daemonset = |name: &str, generation: i64| -> DaemonSetObject {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name,
+                "namespace": "logs", "uid": format!("u-{name}"), "generation": generation}}))
+            .unwrap()
+        };
+        let uids =
+            || -> Vec<(String, String)> { read(&published.daemonsets).iter().cloned().collect() };
+        let key = |name: &str| ("logs".to_string(), format!("u-{name}"));
+        apply(Event::Init);
+        apply(Event::InitApply(daemonset("agent", 1)));
+        apply(Event::InitDone);
+        assert_eq!(uids(), [key("agent")]);
+        wakes.take();
+        apply(Event::Apply(daemonset("shipper", 1)));
+        assert_eq!(uids(), [key("agent"), key("shipper")]);
+        assert_eq!(wakes.take(), Changed::Everything);
+        apply(Event::Apply(daemonset("agent", 2)));
+        assert_eq!(wakes.take(), Changed::Everything, "a template change");
+        apply(Event::Delete(daemonset("agent", 2)));
+        assert_eq!(uids(), [key("shipper")]);
     }
 
     /// The webhook's index and the store hold one copy of each node's labels,

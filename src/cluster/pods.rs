@@ -1,5 +1,6 @@
 //! Pods as the cluster room keeps them: stripped to what berth reads, indexed by
-//! the node they are bound to, with the pods berth holds counted.
+//! the node they are bound to, with the pods berth holds indexed by the policies
+//! they name.
 //!
 //! A pod event wakes only what it concerns: the nodes loop when something the
 //! node's labels and taints depend on changed ([`for_nodes`]: not a container
@@ -8,7 +9,7 @@
 //! pod is not bound (a new pod, one the scheduler cannot place) or belongs to a
 //! native PodGroup. A bound pod's status churn with nothing held wakes nothing.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -17,9 +18,10 @@ use kube::runtime::watcher::Event;
 use super::Wakes;
 use super::seen::{Hashes, Seen};
 
-use crate::names::{APPLIED_ANNOTATION, is_berth_gate};
+use crate::names::APPLIED_ANNOTATION;
 use crate::objects::PodObject;
 use crate::placement::bounds;
+use crate::placement::opt_in::applied_policies;
 
 /// What a pod event changes: the index of bound pods, the node the pod is bound
 /// to (and the one it left), and the held pods.
@@ -99,14 +101,6 @@ fn for_nodes(pod: &PodObject) -> Option<u64> {
     Some(hasher.finish())
 }
 
-/// Whether berth holds `pod` by one of its scheduling gates.
-fn held(pod: &PodObject) -> bool {
-    pod.spec
-        .scheduling_gates
-        .iter()
-        .any(|g| is_berth_gate(&g.name))
-}
-
 /// Bound pods by node: a pass over the nodes that changed finds their pods
 /// without a look at every pod in the cluster.
 #[derive(Clone, Default)]
@@ -133,13 +127,22 @@ impl PodKey {
     }
 }
 
+/// A pod berth holds: its [`PodObject::key`] and the policies its record names, in
+/// order (names shared with the by-policy index).
+struct Held {
+    key: Box<str>,
+    policies: Box<[Arc<str>]>,
+}
+
 #[derive(Default)]
 struct PodIndex {
     /// Node names are shared by the pods on the node.
     pods: HashMap<Arc<str>, HashSet<PodKey>>,
     node_of: HashMap<PodKey, Arc<str>>,
     /// The pods berth holds by a gate.
-    held: HashSet<PodKey>,
+    held: HashMap<PodKey, Held>,
+    /// The same pods by each policy they name.
+    held_by_policy: HashMap<Arc<str>, HashSet<PodKey>>,
     /// The index being built from a new list, which replaces it once whole.
     relisting: Option<Box<PodIndex>>,
 }
@@ -148,10 +151,9 @@ impl PodIndex {
     /// Puts `pod` on its node; returns the node it was on before, if another.
     fn put(&mut self, pod: &PodObject) -> Option<String> {
         let pod_key = PodKey::of(pod);
-        if held(pod) {
-            self.held.insert(pod_key.clone());
-        } else {
-            self.held.remove(&pod_key);
+        self.unhold(&pod_key);
+        if pod.held_by_berth() {
+            self.hold(&pod_key, pod);
         }
         let now = pod.spec.node_name.as_deref();
         let before = match now {
@@ -171,6 +173,42 @@ impl PodIndex {
         let moved = before.filter(|b| Some(&**b) != now)?;
         self.take_off(&moved, &pod_key);
         Some(moved.to_string())
+    }
+
+    /// Indexes a held pod under each policy it names.
+    fn hold(&mut self, key: &PodKey, pod: &PodObject) {
+        let names: Box<[Arc<str>]> = applied_policies(pod.metadata.annotations.as_ref())
+            .into_iter()
+            .map(
+                |name| match self.held_by_policy.get_key_value(name.as_str()) {
+                    Some((shared, _)) => shared.clone(),
+                    None => Arc::from(name),
+                },
+            )
+            .collect();
+        for name in &names {
+            let pods = self.held_by_policy.entry(name.clone()).or_default();
+            pods.insert(key.clone());
+        }
+        let held = Held {
+            key: pod.key().into(),
+            policies: names,
+        };
+        self.held.insert(key.clone(), held);
+    }
+
+    fn unhold(&mut self, key: &PodKey) {
+        let Some(held) = self.held.remove(key) else {
+            return;
+        };
+        for name in held.policies {
+            if let Some(pods) = self.held_by_policy.get_mut(&name) {
+                pods.remove(key);
+                if pods.is_empty() {
+                    self.held_by_policy.remove(&name);
+                }
+            }
+        }
     }
 
     fn take_off(&mut self, node: &str, pod: &PodKey) {
@@ -197,7 +235,7 @@ impl PodsByNode {
     fn delete(&self, pod: &PodObject) -> Option<String> {
         let mut index = self.index();
         let key = PodKey::of(pod);
-        index.held.remove(&key);
+        index.unhold(&key);
         let node = index.node_of.remove(&key)?;
         index.take_off(&node, &key);
         Some(node.to_string())
@@ -206,6 +244,26 @@ impl PodsByNode {
     /// Whether berth holds any pod now.
     pub fn holds_any(&self) -> bool {
         !self.index().held.is_empty()
+    }
+
+    /// The held pods that name a policy `lacking` says is missing, by
+    /// [`PodObject::key`], each with the policies it names that are, in its
+    /// record's order. Costs the policies held pods name, not the pods.
+    pub fn held_naming(&self, lacking: impl Fn(&str) -> bool) -> BTreeMap<String, Vec<String>> {
+        let index = self.index();
+        let pods: HashSet<&PodKey> = index
+            .held_by_policy
+            .iter()
+            .filter(|(name, _)| lacking(name))
+            .flat_map(|(_, pods)| pods)
+            .collect();
+        pods.into_iter()
+            .filter_map(|key| index.held.get(key))
+            .map(|held| {
+                let names = held.policies.iter().filter(|n| lacking(n));
+                (held.key.to_string(), names.map(|n| n.to_string()).collect())
+            })
+            .collect()
     }
 
     fn relist(&self) {
@@ -446,6 +504,38 @@ mod tests {
         index.apply(&gated);
         index.delete(&gated);
         assert!(!index.holds_any(), "deleted while held");
+    }
+
+    #[test]
+    fn held_pods_are_found_by_the_policies_they_name_in_their_records_order() {
+        let index = PodsByNode::default();
+        let held = |name: &str, uid: &str, record: &str| -> PodObject {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ns", "uid": uid,
+                    "annotations": {APPLIED_ANNOTATION: record}},
+                "spec": {"schedulingGates": [{"name": "berth.io/avoid"}]}}))
+            .unwrap()
+        };
+        index.apply(&held("a", "ua", "zeta,new,edge"));
+        index.apply(&held("b", "ub", "edge"));
+        index.apply(&held("c", "uc", "new"));
+        let lacking = |known: &'static [&'static str]| move |name: &str| !known.contains(&name);
+        assert_eq!(
+            index.held_naming(lacking(&["edge"])),
+            BTreeMap::from([
+                ("ua".into(), vec!["zeta".into(), "new".into()]),
+                ("uc".into(), vec!["new".into()]),
+            ]),
+            "by uid, with the names in the record's order"
+        );
+        // c released (bound), a's record changed: the index follows both.
+        index.apply(&pod("c", Some("n1")));
+        index.apply(&held("a", "ua", "edge"));
+        assert!(index.held_naming(lacking(&["edge"])).is_empty());
+        assert_eq!(index.index().held_by_policy.len(), 1, "only edge is named");
+        index.delete(&held("b", "ub", "edge"));
+        index.delete(&held("a", "ua", "edge"));
+        assert!(index.index().held_by_policy.is_empty(), "nothing named");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use tokio::sync::watch;
 
 use super::events::Events;
 use super::writes::Writes;
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, DaemonSets};
 use crate::objects::PolicyObject;
 use crate::policy::NamespaceOptIn;
 use crate::policy::compile::Compiled;
@@ -125,6 +125,7 @@ pub struct Snapshot {
     /// at their last good version.
     pub compiled: Arc<Compiled>,
     pub namespaces: NamespaceOptIn,
+    pub daemonsets: Arc<DaemonSets>,
 }
 
 impl Snapshot {
@@ -137,6 +138,7 @@ impl Snapshot {
             objects,
             compiled,
             namespaces,
+            daemonsets: cluster.daemonsets(),
         }
     }
 

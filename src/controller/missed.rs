@@ -12,23 +12,22 @@
 //! cannot be reached) stops that owner for a while instead of evicting its pods in
 //! a loop.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
 use kube::api::{Api, EvictParams};
 use kube::runtime::events::EventType;
 
-use super::context::Pass;
+use super::context::{Pass, Snapshot};
 use super::events::{Reported, event, reference_of};
 use super::writes::Kind;
 use crate::cluster::Stores;
 use crate::objects::PodObject;
 use crate::placement::NamespaceInfo;
 use crate::placement::missed::{is_candidate, missed_by, recreating_owner};
+use crate::policy::NamespaceConfig;
 use crate::policy::crd::OnMissed;
-use crate::policy::{NamespaceConfig, PolicySet};
 use crate::telemetry::PolicyLabels;
 
 /// Evictions per scan, at most, across every owner.
@@ -73,14 +72,16 @@ struct Found<'a> {
 }
 
 impl Missed {
-    /// Looks at every pod: reports what each policy missed and evicts what may be
-    /// evicted. Returns when to look again, while evictions are under way.
+    /// Looks at every pod: reports what each policy in force in `snapshot` missed
+    /// and evicts what may be evicted. Returns when to look again, while evictions
+    /// are under way.
     pub async fn scan(
         &mut self,
         pass: &Pass<'_>,
         stores: &Stores,
-        policies: &PolicySet,
+        snapshot: &Snapshot,
     ) -> Option<Duration> {
+        let policies = &*snapshot.compiled.set;
         // A namespace whose annotations cannot be read gets no grants from the
         // webhook either: its pods are not missed, and evicting them would loop.
         // Nor are the pods of namespaces the webhook never sees (kube-system's,
@@ -108,16 +109,10 @@ impl Missed {
             .map(|p| (p.name.clone(), Vec::new()))
             .collect();
         let mut found = Vec::new();
-        let daemonsets: BTreeSet<(String, String)> = stores
-            .daemonsets
-            .state()
-            .iter()
-            .filter_map(|d| Some((d.namespace()?, d.uid()?)))
-            .collect();
         for pod in pods
             .iter()
             .map(AsRef::as_ref)
-            .filter(|p| is_candidate(p, &daemonsets))
+            .filter(|p| is_candidate(p, &snapshot.daemonsets))
         {
             let Some((namespace, config)) = pod
                 .metadata

@@ -139,7 +139,7 @@ pub async fn run(
                 .await;
         }
         if std::mem::take(&mut scan) || matches!(changed, Changed::Everything) {
-            let again = missed.scan(&pass, stores, &snapshot.compiled.set).await;
+            let again = missed.scan(&pass, stores, &snapshot).await;
             rescan = again.map(|after| tokio::time::Instant::now() + after);
         }
         let groups = Findings {
@@ -212,12 +212,7 @@ pub async fn reconcile(
     metrics.reconciles.inc();
     let finalized = super::status::add_finalizers(pass, snapshot).await;
     let policies = &snapshot.compiled.set.only(&finalized);
-    let daemonsets: BTreeSet<(String, String)> = stores
-        .daemonsets
-        .state()
-        .iter()
-        .filter_map(|d| Some((d.namespace()?, d.uid()?)))
-        .collect();
+    let daemonsets = &*snapshot.daemonsets;
     // DaemonSet templates depend only on the policies, the namespaces and the
     // DaemonSets, whose changes (and a resync) are changes of everything.
     let templates = changed == Changed::Everything;
@@ -243,7 +238,7 @@ pub async fn reconcile(
         let pods: Vec<BoundPod> = stores
             .pods_on(&name)
             .iter()
-            .filter_map(|pod| BoundPod::from_pod(pod, &daemonsets))
+            .filter_map(|pod| BoundPod::from_pod(pod, daemonsets))
             .collect();
         let on_node: Vec<&BoundPod> = pods.iter().collect();
         let state = desired_node_state(

@@ -114,35 +114,19 @@ pub struct PolicyLookups {
 
 impl PolicyLookups {
     /// The held pods that must wait for a policy the cache has not seen, by pod key,
-    /// with the policy. `held` is every pod a berth gate holds: its key and the
-    /// policies it names.
+    /// with the policy. `missing` is every held pod that names policies the cache
+    /// lacks, by pod key, with those policies in the order its record names them.
     pub async fn waits(
         &mut self,
         client: &kube::Client,
-        snapshot: &Snapshot,
-        held: &[(String, Vec<String>)],
+        missing: &BTreeMap<String, Vec<String>>,
     ) -> BTreeMap<String, String> {
         let now = Instant::now();
-        let missing: Vec<(&String, Vec<&String>)> = held
-            .iter()
-            .map(|(key, applied)| {
-                (
-                    key,
-                    applied
-                        .iter()
-                        .filter(|n| !snapshot.has(n))
-                        .collect::<Vec<_>>(),
-                )
-            })
-            .filter(|(_, names)| !names.is_empty())
-            .collect();
-        let keys: BTreeSet<String> = missing.iter().map(|(key, _)| (*key).clone()).collect();
-        self.first_seen.retain(|key, _| keys.contains(key));
-        for key in keys {
-            self.first_seen.entry(key).or_insert(now);
+        self.first_seen.retain(|key, _| missing.contains_key(key));
+        for key in missing.keys() {
+            self.first_seen.entry(key.clone()).or_insert(now);
         }
-        let listed_since =
-            |at: &Instant| missing.iter().all(|(key, _)| self.first_seen[*key] < *at);
+        let listed_since = |at: &Instant| missing.keys().all(|key| self.first_seen[key] < *at);
         let fresh_enough = self.listed.as_ref().is_some_and(|(at, _)| listed_since(at));
         let may_list = self
             .listed
@@ -166,6 +150,7 @@ impl PolicyLookups {
         let mut waits = BTreeMap::new();
         for (key, names) in missing {
             let first = self.first_seen[key];
+            let names: Vec<&String> = names.iter().collect();
             if let Some(name) = waiting_for(&names, first, self.listed.as_ref()) {
                 waits.insert(key.clone(), name.clone());
             }

@@ -18,13 +18,12 @@ use super::podgroups::PodGroups;
 use super::release::{PolicyLookups, release_held_pods, report_routing_conflicts};
 use super::writes::Kind;
 use crate::cluster::{Changed, Stores};
-use crate::names::{GROUP_GATES, is_berth_gate};
+use crate::names::GROUP_GATES;
 use crate::objects::{PodObject, WorkloadObject};
 use crate::placement::NamespaceInfo;
 use crate::placement::exclusion;
 use crate::placement::groups::GangMode;
 use crate::placement::matching::match_policies;
-use crate::placement::opt_in::applied_policies;
 use crate::placement::rooms::{RoomCache, Rooms};
 
 /// Changes within this window are handled in one release pass: shorter than the
@@ -84,20 +83,13 @@ pub async fn run(
         // predates it (that would release every pod of it at once).
         let pods = stores.pods.state();
         let snapshot = Snapshot::take(cluster);
-        let held: Vec<(String, Vec<String>)> = pods
-            .iter()
-            .filter(|p| {
-                p.spec
-                    .scheduling_gates
-                    .iter()
-                    .any(|g| is_berth_gate(&g.name))
-            })
-            .map(|p| (p.key(), applied_policies(p.metadata.annotations.as_ref())))
-            .collect();
-        let unseen = lookups.waits(client, &snapshot, &held).await;
+        // Read after the pods: every pod they hold is in the index (one let go since
+        // is no longer gated, and a release tests its gate).
+        let missing = stores.pods_by_node.held_naming(|name| !snapshot.has(name));
+        let unseen = lookups.waits(client, &missing).await;
         // Where held pods would fit: kept up to date only while some pod is held
         // (until then, what changed gathers and is taken at once).
-        let rooms = if held.is_empty() {
+        let rooms = if !pods.iter().any(|p| p.held_by_berth()) {
             &no_rooms
         } else {
             update_rooms(&mut room_cache, wakes.take_for_rooms(), stores);
