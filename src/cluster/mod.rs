@@ -502,6 +502,22 @@ fn keep<K>(_: &mut K) {}
 mod tests {
     use super::*;
 
+    /// A store of `K` and what feeds it an event as the reflector does, then hands
+    /// the event to `changed`.
+    fn fed<K>(mut changed: impl FnMut(&Store<K>, &Event<K>)) -> (Store<K>, impl FnMut(Event<K>))
+    where
+        K: Resource + Clone + 'static,
+        K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    {
+        let (store, mut writer) = reflector::store::<K>();
+        let reader = store.clone();
+        let apply = move |event: Event<K>| {
+            writer.apply_watcher_event(&event);
+            changed(&reader, &event);
+        };
+        (store, apply)
+    }
+
     fn node(name: &str, zone: &str, taint: &str) -> NodeObject {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "labels": {"zone": zone}},
@@ -514,12 +530,7 @@ mod tests {
     #[test]
     fn the_daemonset_index_follows_the_store() {
         let (wakes, published) = (Arc::new(Wakes::default()), Arc::new(Published::default()));
-        let mut changed = daemonset_changes(&wakes, &published);
-        let (store, mut writer) = reflector::store::<DaemonSetObject>();
-        let mut apply = |event: Event<DaemonSetObject>| {
-            writer.apply_watcher_event(&event);
-            changed(&store, &event);
-        };
+        let (_, mut apply) = fed(daemonset_changes(&wakes, &published));
         let daemonset = |name: &str, generation: i64| -> DaemonSetObject {
             serde_json::from_value(serde_json::json!({"metadata": {"name": name,
                 "namespace": "logs", "uid": format!("u-{name}"), "generation": generation}}))
@@ -547,12 +558,7 @@ mod tests {
     #[test]
     fn the_node_index_shares_the_stores_labels() {
         let (wakes, published) = (Arc::new(Wakes::default()), Arc::new(Published::default()));
-        let mut changed = node_changes(&wakes, &published);
-        let (store, mut writer) = reflector::store::<NodeObject>();
-        let mut apply = |event: Event<NodeObject>| {
-            writer.apply_watcher_event(&event);
-            changed(&store, &event);
-        };
+        let (store, mut apply) = fed(node_changes(&wakes, &published));
         apply(Event::Init);
         apply(Event::InitApply(node("n1", "a", "t1")));
         apply(Event::InitApply(node("n2", "a", "t1")));
