@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::Notify;
 
@@ -14,8 +15,9 @@ pub enum Changed {
 }
 
 impl Changed {
-    /// No change at all: what a second notice finds when the pass it asked for
-    /// already took its change (the notice came while that pass slept).
+    /// No node changed: what a second notice finds when the pass it asked for
+    /// already took its change (the notice came while that pass slept). Whether
+    /// only the policies' status changed is [`Wakes::take_status`].
     pub fn is_nothing(&self) -> bool {
         matches!(self, Changed::Nodes(nodes) if nodes.is_empty())
     }
@@ -62,6 +64,8 @@ pub struct Wakes {
     pub nodes: Notify,
     for_nodes: Changes,
     for_rooms: Changes,
+    /// Something only the policies' status reports changed.
+    status: AtomicBool,
 }
 
 impl Wakes {
@@ -92,6 +96,13 @@ impl Wakes {
         self.releases.notify_one();
     }
 
+    /// Something only the policies' status reports changed (a gang timed out):
+    /// wakes the nodes loop for a pass that writes it, over no node.
+    pub fn status(&self) {
+        self.status.store(true, Ordering::SeqCst);
+        self.nodes.notify_one();
+    }
+
     /// A watch on nodes or pods listed again: anything may have changed.
     pub(super) fn relisted(&self) {
         self.for_rooms.everything();
@@ -101,6 +112,11 @@ impl Wakes {
     /// What changed for the nodes loop since it last took it.
     pub fn take(&self) -> Changed {
         self.for_nodes.take()
+    }
+
+    /// Whether the policies' status changed since the nodes loop last took it.
+    pub fn take_status(&self) -> bool {
+        self.status.swap(false, Ordering::SeqCst)
     }
 
     /// What changed for the room on nodes since the releases loop last took it.
@@ -129,6 +145,16 @@ mod tests {
         wakes.everything();
         wakes.node("n3");
         assert_eq!(wakes.take(), Changed::Everything);
+    }
+
+    #[test]
+    fn a_status_change_changes_no_node_and_is_taken_once() {
+        let wakes = Wakes::default();
+        wakes.take();
+        wakes.status();
+        assert!(wakes.take().is_nothing(), "no node to look at");
+        assert!(wakes.take_status());
+        assert!(!wakes.take_status(), "taken once");
     }
 
     #[test]

@@ -128,7 +128,8 @@ pub async fn run(
         let started = std::time::Instant::now();
         // Taken before the caches are read: a change after this is in the next pass.
         let changed = wakes.take();
-        if changed.is_nothing() && !scan && !sweep {
+        let status = wakes.take_status();
+        if changed.is_nothing() && !status && !scan && !sweep {
             continue;
         }
         let failures = context.writes.failures(&RETRIED_BY_EVERYTHING);

@@ -126,7 +126,7 @@ pub async fn run(
             .map(|d| tokio::time::Instant::now() + d);
         if shared.set_timed_out(timed_out) {
             // The policies' status reports timed-out gangs.
-            wakes.nodes.notify_one();
+            wakes.status();
         }
         if cluster.groups().gang_mode == GangMode::PodGroup {
             pod_groups
