@@ -70,12 +70,25 @@ fn berth_stopped() -> &'static Berth {
             .kubectl_ok(&["label", "node", "node3", "gpu=true"]);
         berth.cluster.apply_policies(&policies());
         let deadline = Instant::now() + WAIT;
+        // The status is written in the pass that wants the taints; the node writer
+        // writes them on its own: both are waited for.
+        let pool_taint = |node: &str| {
+            let path = format!(
+                "jsonpath={{.spec.taints[?(@.key==\"{}\")].value}}",
+                names::POOL_TAINT
+            );
+            berth
+                .cluster
+                .kubectl_ok(&["get", "node", node, "-o", &path])
+        };
         while !berth
             .cluster
             .kubectl_ok(&["get", "bpp", "gpu", "-o", "jsonpath={.status.nodeNames}"])
             .contains("node3")
+            || pool_taint("node2") != "cdn"
+            || pool_taint("node3") != "gpu"
         {
-            assert!(Instant::now() < deadline, "the gpu pool never listed node3");
+            assert!(Instant::now() < deadline, "the pools were never set up");
             std::thread::sleep(Duration::from_millis(200));
         }
         let pid = berth.pid();
@@ -496,20 +509,22 @@ async fn a_controller_keeps_a_policy_that_stops_compiling_and_no_pod_stalls_it()
         (support::lease_holder(&client).await.as_deref() == Some("successor")).then_some(())
     })
     .await;
-    // A policy created now gets its status at the end of a whole pass of the
-    // successor's, node writes included.
+    // A second pool over node4, created now: edge is older and keeps the node, and
+    // the successor says so in probe's status, computed in the same pass as node4's
+    // state. Had the successor dropped edge, probe would have the node.
     berth
         .cluster
-        .apply_policies(&[policy("probe", json!({"schedulerName": "probe"}))]);
-    eventually("probe's status written", WAIT, || async {
+        .apply_policies(&[policy("probe", json!({"pool": {"nodeNames": ["node4"]}}))]);
+    eventually("probe loses node4 to edge", WAIT, || async {
         let out = berth.cluster.kubectl_ok(&[
             "get",
             "bpp",
             "probe",
             "-o",
-            "jsonpath={.status.conditions}",
+            "jsonpath={.status.conditions[?(@.type==\"Conflict\")].message}",
         ]);
-        out.contains("Ready").then_some(())
+        out.contains("claimed by an older policy: node4")
+            .then_some(())
     })
     .await;
     assert!(

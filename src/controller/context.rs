@@ -10,6 +10,7 @@ use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 
 use super::events::Events;
+use super::node_writer::NodeQueue;
 use super::writes::Writes;
 use crate::cluster::{Cluster, DaemonSets};
 use crate::objects::PolicyObject;
@@ -53,6 +54,8 @@ pub struct Context {
     pub shared: Arc<Shared>,
     /// The door every write goes through.
     pub writes: Writes,
+    /// What the nodes pass wants written, for the node writer.
+    pub node_writes: Arc<NodeQueue>,
 }
 
 impl Context {
@@ -63,6 +66,7 @@ impl Context {
             events: &self.events,
             options: &self.options,
             writes: &self.writes,
+            node_writes: &self.node_writes,
         }
     }
 }
@@ -115,6 +119,7 @@ pub struct Pass<'a> {
     pub events: &'a Events,
     pub options: &'a ControllerOptions,
     pub writes: &'a Writes,
+    pub node_writes: &'a NodeQueue,
 }
 
 /// Policies and namespaces as the cluster room holds them at one instant.

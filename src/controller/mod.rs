@@ -9,6 +9,7 @@ pub mod limit;
 pub mod missed;
 #[cfg(test)]
 mod mock;
+pub mod node_writer;
 pub mod nodes;
 pub mod podgroups;
 pub mod queues;

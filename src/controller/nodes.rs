@@ -1,16 +1,14 @@
 //! Nodes: a pass computes the desired berth labels and taints (a pure function of
 //! the node, the policies and the pods bound there) of the nodes that changed, or
-//! of every node when something they all depend on did, writes the differences
-//! through the door ([`super::writes`]), then the policies' status, finalizers, and DaemonSet
-//! templates that predate a pool. A pod bound or deleted costs its node, not the
-//! cluster; the status is counted from every node's last desired state, kept from
-//! pass to pass.
+//! of every node when something they all depend on did, and hands the differences
+//! to the node writer ([`super::node_writer`]), which writes them on its own; then
+//! it writes the policies' status, finalizers, and DaemonSet templates that predate
+//! a pool. A pod bound or deleted costs its node, not the cluster; the status is
+//! counted from every node's last desired state, kept from pass to pass.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures::{StreamExt, stream};
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::watch;
@@ -23,27 +21,17 @@ use super::missed::Missed;
 use super::queues::{self, QueueClasses};
 use super::status::Findings;
 use super::sweep::Sweeper;
-use super::writer::{Written, in_sync, write_node};
-use super::writes::{self, Kind};
+use super::writer::in_sync;
+use super::writes::{Kind, RETRY_FAILED};
 use crate::cluster::{Changed, Stores};
 use crate::objects::NodeObject;
 use crate::placement::desired::{BoundPod, DesiredNode, desired_node_state};
 use crate::placement::groups::GangMode;
 use crate::policy::OptIn;
-use crate::telemetry::KindLabels;
 
-/// Node writes in flight at once. Enough for `--node-qps` when each write takes
-/// the apiserver 100 ms or more: at 16, a pool over 5,000 nodes went at 170
-/// writes a second (29 s) whatever the rate allowed; at 48, at the rate.
-const WRITE_CONCURRENCY: usize = 48;
-
-/// How long after a failed write its node is looked at again (a quiet cluster
-/// might otherwise wait for the resync).
-const RETRY_FAILED: Duration = Duration::from_secs(5);
-
-/// What a pass over everything writes besides nodes (whose failures are looked at
-/// again node by node): a failed one is retried by another such pass. The missed
-/// scan's evictions have their own rescan, the sweep its resync.
+/// What a pass over everything writes (nodes are the node writer's, which hands
+/// a failed one back node by node): a failed one is retried by another such pass.
+/// The missed scan's evictions have their own rescan, the sweep its resync.
 const RETRIED_BY_EVERYTHING: [Kind; 4] = [
     Kind::Finalizer,
     Kind::PolicyStatus,
@@ -79,7 +67,6 @@ pub async fn run(
     let mut pause = DEBOUNCE;
     let mut desired = DesiredNodes::new();
     let mut retry: Option<tokio::time::Instant> = None;
-    let mut retry_everything = false;
     // Pods the policies missed are looked for on full passes, and again soon
     // while evicting them.
     let mut missed = Missed::default();
@@ -100,6 +87,7 @@ pub async fn run(
                 sweeper = Sweeper::default();
                 queue_classes = QueueClasses::default();
                 missed = Missed::default();
+                context.node_writes.clear();
                 wakes.everything();
                 tracing::info!(leading, identity = %options.identity, "controller leadership changed");
             }
@@ -108,9 +96,7 @@ pub async fn run(
                 retry = None;
                 // A write other than a node's failed (a status, a finalizer, a
                 // DaemonSet): those are looked at on passes over everything.
-                if std::mem::take(&mut retry_everything) {
-                    wakes.everything();
-                }
+                wakes.everything();
             }
             () = until(rescan) => {
                 rescan = None;
@@ -150,7 +136,7 @@ pub async fn run(
             timed_out: shared.timed_out(),
             missed: missed.by_policy.clone(),
         };
-        let failed = reconcile(
+        reconcile(
             &pass,
             stores,
             &snapshot,
@@ -160,14 +146,7 @@ pub async fn run(
             &mut desired,
         )
         .await;
-        // A node whose write failed is looked at again, after a pause.
-        for node in &failed {
-            wakes.node(node);
-        }
         if context.writes.failures(&RETRIED_BY_EVERYTHING) > failures {
-            retry = Some(tokio::time::Instant::now() + RETRY_FAILED);
-            retry_everything = true;
-        } else if !failed.is_empty() {
             retry = Some(tokio::time::Instant::now() + RETRY_FAILED);
         }
         if std::mem::take(&mut sweep) {
@@ -197,9 +176,9 @@ pub async fn run(
 
 /// One pass over the nodes that `changed`, the policies' status and finalizers,
 /// and the DaemonSets that predate a pool; `desired` holds every node's desired
-/// state from pass to pass. A write that fails is logged and left out, without
-/// holding back the others; returns the nodes whose write failed.
-#[allow(clippy::too_many_arguments)]
+/// state from pass to pass. Nodes that differ from what they should carry go to
+/// the node writer; a write here that fails is logged and left out, without
+/// holding back the others.
 pub async fn reconcile(
     pass: &Pass<'_>,
     stores: &Stores,
@@ -208,11 +187,8 @@ pub async fn reconcile(
     reported: &mut Reported,
     changed: Changed,
     desired: &mut DesiredNodes,
-) -> BTreeSet<String> {
-    let Pass {
-        client, metrics, ..
-    } = *pass;
-    metrics.reconciles.inc();
+) {
+    pass.metrics.reconciles.inc();
     let finalized = super::status::add_finalizers(pass, snapshot).await;
     let policies = &snapshot.compiled.set.only(&finalized);
     let daemonsets = &*snapshot.daemonsets;
@@ -231,6 +207,7 @@ pub async fn reconcile(
                 let node = stores.nodes.get(&ObjectRef::new(&name));
                 if node.is_none() {
                     desired.remove(&name);
+                    pass.node_writes.settled(&name);
                 }
                 node
             })
@@ -251,56 +228,21 @@ pub async fn reconcile(
             &on_node,
             &snapshot.namespaces,
         );
+        // A node that carries what it should takes back any older wish, so that
+        // the writer never writes a state that no longer holds.
+        if in_sync(node, &state) {
+            pass.node_writes.settled(&name);
+        } else {
+            pass.node_writes.want(&name, state.clone());
+        }
         desired.insert(name, state);
     }
 
-    // Owned work items: the write futures then borrow nothing from this pass.
-    let work: Vec<(Arc<NodeObject>, DesiredNode)> = nodes
-        .iter()
-        .filter_map(|node| {
-            let wanted = desired.get(&node.name_any())?;
-            (!in_sync(node, wanted)).then(|| (node.clone(), wanted.clone()))
-        })
-        .collect();
-    let results: Vec<(String, Result<Written, writes::Error>)> = stream::iter(work)
-        .map(|(node, desired)| {
-            let client = client.clone();
-            let writes = pass.writes.clone();
-            async move {
-                let written = write_node(&writes, &client, &node, &desired).await;
-                (node.name_any(), written)
-            }
-        })
-        .buffer_unordered(WRITE_CONCURRENCY)
-        .collect()
-        .await;
-    let mut failed = BTreeSet::new();
-    for (node, result) in results {
-        match result {
-            Ok(written) => {
-                for (kind, did) in [("labels", written.labels), ("taints", written.taints)] {
-                    if did {
-                        metrics
-                            .node_writes
-                            .get_or_create(&KindLabels { kind: kind.into() })
-                            .inc();
-                    }
-                }
-                metrics.write_conflicts.inc_by(written.conflicts as u64);
-            }
-            Err(e) => {
-                tracing::warn!(%node, error = %e, "node write failed; retrying in {RETRY_FAILED:?}");
-                failed.insert(node);
-            }
-        }
-    }
-
     super::status::update_statuses(pass, snapshot, desired, groups, reported).await;
-    super::status::release_deleted(pass, snapshot, stores, &failed).await;
+    super::status::release_deleted(pass, snapshot, stores).await;
     if templates {
         bring_daemonsets_in_line(pass, stores, snapshot).await;
     }
-    failed
 }
 
 /// Patches the templates of DaemonSets that miss a pool's toleration or exclusion.

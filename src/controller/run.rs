@@ -7,11 +7,12 @@
 //!   exclusion ([`crate::placement::exclusion`]) and groups ([`crate::placement::group_plan`]);
 //! - the **nodes** ([`super::nodes`]): every node's berth labels and taints, the
 //!   policies' status and finalizers, DaemonSet templates, and the sweep of unused
-//!   objects.
+//!   objects;
 //!
-//! They run side by side, so that node writes (a new pool over a thousand nodes
-//! takes seconds at the write rate) never delay a release, and a burst of releases
-//! never delays a node.
+//! and one task writes what the nodes loop wants of each node
+//! ([`super::node_writer`]). They run side by side, so that node writes (a new
+//! pool over a thousand nodes takes seconds at the write rate) delay neither a
+//! release nor a policy's status, and a burst of releases never delays a node.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::context::{Context, ControllerOptions, Shared};
 use super::events::Events;
+use super::node_writer::{NodeQueue, NodeWriter};
 use super::writes::Writes;
 use crate::cluster::Cluster;
 use crate::telemetry::Metrics;
@@ -68,6 +70,17 @@ pub async fn run(
     tracing::info!("controller caches synced");
     let (leadership, lease_task) = manager.watch().await;
     let writes = Writes::new(metrics.clone(), leadership.clone(), options.write_rates);
+    let node_writes = Arc::new(NodeQueue::default());
+    let node_writer = NodeWriter {
+        queue: node_writes.clone(),
+        writes: writes.clone(),
+        client: client.clone(),
+        nodes: cluster.stores.nodes.clone(),
+        metrics: metrics.clone(),
+    };
+    let retry_cluster = cluster.clone();
+    let node_writer =
+        tokio::spawn(node_writer.run(move |node| retry_cluster.wakes.node(node), shutdown.clone()));
     let context = Context {
         client,
         metrics: metrics.clone(),
@@ -76,6 +89,7 @@ pub async fn run(
         options,
         shared: Arc::new(Shared::default()),
         writes,
+        node_writes,
     };
     let releases = tokio::spawn(super::releaser::run(
         context.clone(),
@@ -83,8 +97,10 @@ pub async fn run(
         shutdown.clone(),
     ));
     super::nodes::run(context, leadership, shutdown).await;
-    // Both loops have dropped their receivers: the lease task releases the Lease.
+    // Both loops and the writer have dropped their receivers: the lease task
+    // releases the Lease.
     let _ = releases.await;
+    let _ = node_writer.await;
     metrics.leader.set(0);
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
 }

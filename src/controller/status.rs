@@ -86,16 +86,12 @@ fn carries(node: &NodeObject, policy: &str) -> bool {
         })
 }
 
-/// Lets a deleted policy go once its own nodes are clean: no node that carries
-/// something of it failed to be written in this pass (the deletion made every node
-/// part of a pass, and a failed one is in every pass until written). Nodes of
-/// other policies that failed to write do not hold it back.
-pub async fn release_deleted(
-    pass: &Pass<'_>,
-    snapshot: &Snapshot,
-    stores: &Stores,
-    failed: &BTreeSet<String>,
-) {
+/// Lets a deleted policy go once its nodes are clean: no node carries anything of
+/// it as the cache holds them. The node writer clears them after the deletion's
+/// pass; the node watch sees each write and wakes a pass over that node, which
+/// looks again. A node whose write fails keeps the policy until it is written.
+/// Nodes of other policies do not hold it back.
+pub async fn release_deleted(pass: &Pass<'_>, snapshot: &Snapshot, stores: &Stores) {
     let api: Api<PolicyObject> = Api::all(pass.client.clone());
     let deleting: Vec<&Arc<PolicyObject>> = snapshot
         .objects
@@ -108,9 +104,7 @@ pub async fn release_deleted(
     let nodes = stores.nodes.state();
     for policy in deleting {
         let name = policy.name_any();
-        let dirty = nodes
-            .iter()
-            .any(|n| carries(n, &name) && failed.contains(&n.name_any()));
+        let dirty = nodes.iter().any(|n| carries(n, &name));
         let ours = policy.finalizers().iter().any(|f| f == FINALIZER);
         if ours && !dirty {
             let rest = policy

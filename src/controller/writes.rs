@@ -29,6 +29,10 @@ use crate::telemetry::{KindLabels, Metrics, WriteLabels};
 /// The longest a single write may take.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long after a failed write what it was for is looked at again (a quiet
+/// cluster might otherwise wait for the resync).
+pub const RETRY_FAILED: Duration = Duration::from_secs(5);
+
 /// What a write is for: the `kind` label of its metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]

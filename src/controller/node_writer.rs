@@ -1,0 +1,337 @@
+//! The node writer: the one task that writes nodes' berth labels and taints.
+//!
+//! The nodes pass computes what each node should carry and hands it over
+//! ([`NodeQueue::want`]); this task writes it, [`WRITE_CONCURRENCY`] nodes at a
+//! time, through the door ([`super::writes`]) at `--node-qps`. So a pass never
+//! waits for its writes: a pool over 5,000 nodes takes its writes seconds, and
+//! meanwhile the policies' status, finalizers, DaemonSet templates and the passes
+//! for other nodes go on.
+//!
+//! - The latest wish for a node wins: one asked for again before it is written is
+//!   written once, as last asked.
+//! - A node is never written twice at once: a wish for a node being written waits
+//!   for that write to end.
+//! - Each write is made against the node as the cache holds it then, and none is
+//!   made when the node already carries what is wanted (or is gone).
+//! - A node whose write failed is handed back to the nodes pass after
+//!   [`RETRY_FAILED`], which computes it again from what holds then.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use kube::Client;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::context::until;
+use super::writer::{in_sync, write_node};
+use super::writes::{Error, RETRY_FAILED, Writes};
+use crate::objects::NodeObject;
+use crate::placement::desired::DesiredNode;
+use crate::telemetry::{KindLabels, Metrics};
+
+/// Node writes in flight at once. Enough for `--node-qps` when each write takes
+/// the apiserver 100 ms or more: at 16, a pool over 5,000 nodes went at 170
+/// writes a second (29 s) whatever the rate allowed; at 48, at the rate.
+pub const WRITE_CONCURRENCY: usize = 48;
+
+/// What the nodes pass wants written and the writer has not finished; shared by
+/// the two.
+#[derive(Debug, Default)]
+pub struct NodeQueue {
+    queue: Mutex<Queue>,
+    /// Told of every wish, so the writer takes it.
+    asked: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    /// Names in the order first asked. A name may be here whose wish was taken
+    /// back, or twice: the wish in `wanted` is what counts.
+    order: VecDeque<String>,
+    /// The latest wish for each node not yet being written.
+    wanted: HashMap<String, DesiredNode>,
+    /// Nodes being written.
+    writing: HashSet<String>,
+    /// Nodes with a wish that waits for their write in flight to end.
+    waiting: HashSet<String>,
+}
+
+/// The value behind `mutex`; a task that panicked holding it left a whole value.
+fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl NodeQueue {
+    /// Asks for node `name` to be brought to `desired`, in place of anything
+    /// asked for it before and not yet written.
+    pub fn want(&self, name: &str, desired: DesiredNode) {
+        let mut queue = locked(&self.queue);
+        let queue = &mut *queue;
+        let new = queue.wanted.insert(name.to_owned(), desired).is_none();
+        if new && !queue.waiting.contains(name) {
+            queue.order.push_back(name.to_owned());
+        }
+        self.asked.notify_one();
+    }
+
+    /// Takes back any wish for `name` not yet being written: the node carries
+    /// what it should, or is gone.
+    pub fn settled(&self, name: &str) {
+        let mut queue = locked(&self.queue);
+        queue.wanted.remove(name);
+        queue.waiting.remove(name);
+    }
+
+    /// Whether a write to `name` is wanted or being made.
+    pub fn pending(&self, name: &str) -> bool {
+        let queue = locked(&self.queue);
+        queue.wanted.contains_key(name) || queue.writing.contains(name)
+    }
+
+    /// Forgets every wish not yet being written (this replica lost the Lease).
+    pub fn clear(&self) {
+        let mut queue = locked(&self.queue);
+        queue.order.clear();
+        queue.wanted.clear();
+        queue.waiting.clear();
+    }
+
+    /// The next node to write and what to write, marked as being written.
+    fn next(&self) -> Option<(String, DesiredNode)> {
+        let mut queue = locked(&self.queue);
+        let queue = &mut *queue;
+        while let Some(name) = queue.order.pop_front() {
+            if queue.writing.contains(&name) {
+                if queue.wanted.contains_key(&name) {
+                    queue.waiting.insert(name);
+                }
+                continue;
+            }
+            if let Some(desired) = queue.wanted.remove(&name) {
+                queue.writing.insert(name.clone());
+                return Some((name, desired));
+            }
+        }
+        None
+    }
+
+    /// The write to `name` ended; a wish that waited for it goes first.
+    fn written(&self, name: &str) {
+        let mut queue = locked(&self.queue);
+        queue.writing.remove(name);
+        if queue.waiting.remove(name) {
+            queue.order.push_front(name.to_owned());
+            self.asked.notify_one();
+        }
+    }
+}
+
+/// What the node writer works with.
+pub struct NodeWriter {
+    pub queue: Arc<NodeQueue>,
+    pub writes: Writes,
+    pub client: Client,
+    /// The cluster room's nodes: each write starts from the node as held there.
+    pub nodes: Store<NodeObject>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl NodeWriter {
+    /// Writes what the queue asks until `shutdown`; hands each node whose write
+    /// failed to `retry` after [`RETRY_FAILED`].
+    pub async fn run(self, retry: impl Fn(&str), shutdown: CancellationToken) {
+        let mut in_flight = FuturesUnordered::new();
+        let mut failed: Vec<String> = Vec::new();
+        let mut retry_at: Option<tokio::time::Instant> = None;
+        loop {
+            while in_flight.len() < WRITE_CONCURRENCY
+                && let Some((name, desired)) = self.queue.next()
+            {
+                match self.nodes.get(&ObjectRef::new(&name)) {
+                    Some(node) if !in_sync(&node, &desired) => {
+                        let (writes, client) = (self.writes.clone(), self.client.clone());
+                        in_flight.push(async move {
+                            let result = write_node(&writes, &client, &node, &desired).await;
+                            (name, result)
+                        });
+                    }
+                    _ => self.queue.written(&name),
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                Some((name, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.queue.written(&name);
+                    if self.count(&name, result) {
+                        failed.push(name);
+                        retry_at.get_or_insert_with(|| tokio::time::Instant::now() + RETRY_FAILED);
+                    }
+                }
+                () = self.queue.asked.notified() => {}
+                () = until(retry_at) => {
+                    retry_at = None;
+                    for name in failed.drain(..) {
+                        retry(&name);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Counts a write's outcome; true when it failed and is worth a retry.
+    fn count(&self, node: &str, result: Result<super::writer::Written, Error>) -> bool {
+        match result {
+            Ok(written) => {
+                for (kind, did) in [("labels", written.labels), ("taints", written.taints)] {
+                    if did {
+                        self.metrics
+                            .node_writes
+                            .get_or_create(&KindLabels { kind: kind.into() })
+                            .inc();
+                    }
+                }
+                self.metrics
+                    .write_conflicts
+                    .inc_by(written.conflicts as u64);
+                false
+            }
+            // Not a failure: a new leader computes every node again.
+            Err(Error::NotLeader) => false,
+            Err(e) => {
+                tracing::warn!(%node, error = %e, "node write failed; retrying in {RETRY_FAILED:?}");
+                true
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::mock::{answer, body, mock_apiserver};
+    use crate::controller::writes::Rates;
+    use crate::names::POOL_LABEL;
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+
+    fn wish(pool: &str) -> DesiredNode {
+        DesiredNode {
+            labels: [(POOL_LABEL.to_string(), pool.to_string())].into(),
+            ..DesiredNode::default()
+        }
+    }
+
+    fn pool_of(desired: &DesiredNode) -> &str {
+        &desired.labels[POOL_LABEL]
+    }
+
+    #[test]
+    fn the_latest_wish_is_written_and_a_node_is_never_written_twice_at_once() {
+        let queue = NodeQueue::default();
+        queue.want("a", wish("one"));
+        queue.want("b", wish("b"));
+        queue.want("a", wish("two"));
+        let (name, desired) = queue.next().unwrap();
+        assert_eq!(
+            (name.as_str(), pool_of(&desired)),
+            ("a", "two"),
+            "once, as last asked"
+        );
+        queue.want("a", wish("three"));
+        let (name, _) = queue.next().unwrap();
+        assert_eq!(name, "b", "a's new wish waits for its write in flight");
+        assert!(queue.next().is_none());
+        assert!(queue.pending("a"));
+        queue.written("a");
+        let (name, desired) = queue.next().unwrap();
+        assert_eq!((name.as_str(), pool_of(&desired)), ("a", "three"));
+        queue.written("a");
+        queue.written("b");
+        assert!(!queue.pending("a") && !queue.pending("b"));
+        assert!(queue.next().is_none());
+    }
+
+    #[test]
+    fn a_wish_taken_back_is_not_written() {
+        let queue = NodeQueue::default();
+        queue.want("a", wish("one"));
+        queue.want("b", wish("one"));
+        queue.settled("a");
+        assert!(!queue.pending("a"));
+        let (name, _) = queue.next().unwrap();
+        assert_eq!(name, "b");
+        // Taken back while its node is being written: nothing follows the write.
+        queue.want("b", wish("two"));
+        queue.settled("b");
+        queue.written("b");
+        assert!(queue.next().is_none());
+        queue.want("c", wish("one"));
+        queue.clear();
+        assert!(
+            queue.next().is_none(),
+            "a replica that lost the Lease forgets"
+        );
+    }
+
+    fn node(name: &str, pool: Option<&str>) -> NodeObject {
+        let labels = pool.map_or(json!({}), |p| json!({POOL_LABEL: p}));
+        serde_json::from_value(json!({"metadata": {"name": name, "resourceVersion": "1",
+            "labels": labels}}))
+        .unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_writer_writes_what_differs_and_hands_back_a_failed_node() {
+        let (client, mut apiserver) = mock_apiserver();
+        let (_leading, leader) = tokio::sync::watch::channel(true);
+        let (nodes, mut feed) = kube::runtime::reflector::store::<NodeObject>();
+        for node in [node("a", None), node("b", Some("p")), node("c", None)] {
+            feed.apply_watcher_event(&Event::Apply(node));
+        }
+        let queue = Arc::new(NodeQueue::default());
+        let writer = NodeWriter {
+            queue: queue.clone(),
+            writes: Writes::new(Arc::default(), leader, Rates::all(100)),
+            client,
+            nodes,
+            metrics: Arc::default(),
+        };
+        let (retried, mut retries) = tokio::sync::mpsc::unbounded_channel();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(writer.run(
+            move |node| retried.send(node.to_owned()).unwrap(),
+            shutdown.clone(),
+        ));
+        queue.want("a", wish("p"));
+        queue.want("b", wish("p"));
+        queue.want("c", wish("p"));
+        queue.want("gone", wish("p"));
+        let mut written = Vec::new();
+        for _ in 0..2 {
+            let (request, send) = apiserver.next_request().await.expect("a write");
+            assert_eq!(request.method(), "PATCH");
+            let node = request.uri().path().rsplit('/').next().unwrap().to_owned();
+            assert_eq!(body(request).await["metadata"]["labels"][POOL_LABEL], "p");
+            let status = if node == "c" { 500 } else { 200 };
+            send.send_response(answer(
+                status,
+                json!({"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": node, "resourceVersion": "2"}}),
+            ));
+            written.push(node);
+        }
+        written.sort();
+        assert_eq!(written, ["a", "c"], "b carries its pool, gone is gone");
+        let started = tokio::time::Instant::now();
+        assert_eq!(retries.recv().await.unwrap(), "c");
+        assert_eq!(started.elapsed(), RETRY_FAILED);
+        shutdown.cancel();
+        task.await.unwrap();
+        assert!(apiserver.next_request().await.is_none(), "no other write");
+        assert!(!queue.pending("a") && !queue.pending("c"));
+    }
+}
