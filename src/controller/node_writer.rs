@@ -54,8 +54,8 @@ struct Queue {
     order: VecDeque<String>,
     /// The latest wish for each node not yet being written.
     wanted: HashMap<String, DesiredNode>,
-    /// Nodes being written.
-    writing: HashSet<String>,
+    /// Nodes being written, and what they are being brought to.
+    writing: HashMap<String, DesiredNode>,
     /// Nodes with a wish that waits for their write in flight to end.
     waiting: HashSet<String>,
 }
@@ -86,13 +86,15 @@ impl NodeQueue {
         queue.waiting.remove(name);
     }
 
-    /// Whether a write to `name` is wanted or being made.
-    pub fn pending(&self, name: &str) -> bool {
-        let queue = locked(&self.queue);
-        queue.wanted.contains_key(name) || queue.writing.contains(name)
+    /// Whether any write being made brings its node to a state that `test`
+    /// holds for. A wish not yet taken is left out: the pass that asks replaces
+    /// it.
+    pub fn writing_any(&self, test: impl Fn(&DesiredNode) -> bool) -> bool {
+        locked(&self.queue).writing.values().any(test)
     }
 
-    /// Forgets every wish not yet being written (this replica lost the Lease).
+    /// Forgets every wish not yet being written (this replica lost the Lease, or
+    /// stopped leading for good).
     pub fn clear(&self) {
         let mut queue = locked(&self.queue);
         queue.order.clear();
@@ -105,14 +107,14 @@ impl NodeQueue {
         let mut queue = locked(&self.queue);
         let queue = &mut *queue;
         while let Some(name) = queue.order.pop_front() {
-            if queue.writing.contains(&name) {
+            if queue.writing.contains_key(&name) {
                 if queue.wanted.contains_key(&name) {
                     queue.waiting.insert(name);
                 }
                 continue;
             }
             if let Some(desired) = queue.wanted.remove(&name) {
-                queue.writing.insert(name.clone());
+                queue.writing.insert(name.clone(), desired.clone());
                 return Some((name, desired));
             }
         }
@@ -171,7 +173,8 @@ impl NodeWriter {
                         retry_at.get_or_insert_with(|| tokio::time::Instant::now() + RETRY_FAILED);
                     }
                 }
-                () = self.queue.asked.notified() => {}
+                // With every write slot taken, a wish waits for a write to end.
+                () = self.queue.asked.notified(), if in_flight.len() < WRITE_CONCURRENCY => {}
                 () = until(retry_at) => {
                     retry_at = None;
                     for name in failed.drain(..) {
@@ -217,6 +220,7 @@ mod tests {
     use crate::names::POOL_LABEL;
     use kube::runtime::watcher::Event;
     use serde_json::json;
+    use std::time::Duration;
 
     fn wish(pool: &str) -> DesiredNode {
         DesiredNode {
@@ -245,13 +249,14 @@ mod tests {
         let (name, _) = queue.next().unwrap();
         assert_eq!(name, "b", "a's new wish waits for its write in flight");
         assert!(queue.next().is_none());
-        assert!(queue.pending("a"));
+        assert!(queue.writing_any(|d| pool_of(d) == "two"));
+        assert!(!queue.writing_any(|d| pool_of(d) == "three"), "not taken");
         queue.written("a");
         let (name, desired) = queue.next().unwrap();
         assert_eq!((name.as_str(), pool_of(&desired)), ("a", "three"));
         queue.written("a");
         queue.written("b");
-        assert!(!queue.pending("a") && !queue.pending("b"));
+        assert!(!queue.writing_any(|_| true));
         assert!(queue.next().is_none());
     }
 
@@ -261,20 +266,24 @@ mod tests {
         queue.want("a", wish("one"));
         queue.want("b", wish("one"));
         queue.settled("a");
-        assert!(!queue.pending("a"));
         let (name, _) = queue.next().unwrap();
         assert_eq!(name, "b");
-        // Taken back while its node is being written: nothing follows the write.
+        assert!(queue.next().is_none(), "a was taken back");
+        // Taken back while it waits for its node's write to end: nothing follows
+        // the write.
         queue.want("b", wish("two"));
+        assert!(queue.next().is_none(), "b's wish waits");
         queue.settled("b");
         queue.written("b");
         assert!(queue.next().is_none());
+        // A replica that lost the Lease forgets what is asked, not what is being
+        // written: no second write of c starts before the first ends.
         queue.want("c", wish("one"));
+        queue.next().unwrap();
+        queue.want("d", wish("one"));
         queue.clear();
-        assert!(
-            queue.next().is_none(),
-            "a replica that lost the Lease forgets"
-        );
+        assert!(queue.next().is_none());
+        assert!(queue.writing_any(|_| true), "c's write is still on its way");
     }
 
     fn node(name: &str, pool: Option<&str>) -> NodeObject {
@@ -282,6 +291,35 @@ mod tests {
         serde_json::from_value(json!({"metadata": {"name": name, "resourceVersion": "1",
             "labels": labels}}))
         .unwrap()
+    }
+
+    /// The next request, a node write: the node's name and the pool it writes.
+    async fn next_write(
+        apiserver: &mut tower_test::mock::Handle<
+            hyper::Request<kube::client::Body>,
+            hyper::Response<kube::client::Body>,
+        >,
+    ) -> (
+        String,
+        String,
+        tower_test::mock::SendResponse<hyper::Response<kube::client::Body>>,
+    ) {
+        let (request, send) = apiserver.next_request().await.expect("a write");
+        assert_eq!(request.method(), "PATCH");
+        let node = request.uri().path().rsplit('/').next().unwrap().to_owned();
+        let pool = body(request).await["metadata"]["labels"][POOL_LABEL]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        (node, pool, send)
+    }
+
+    fn written(node: &str) -> hyper::Response<kube::client::Body> {
+        answer(
+            200,
+            json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": node, "resourceVersion": "2"}}),
+        )
     }
 
     #[tokio::test(start_paused = true)]
@@ -310,28 +348,43 @@ mod tests {
         queue.want("b", wish("p"));
         queue.want("c", wish("p"));
         queue.want("gone", wish("p"));
-        let mut written = Vec::new();
+        let mut firsts = Vec::new();
+        let mut failed_at = None;
         for _ in 0..2 {
-            let (request, send) = apiserver.next_request().await.expect("a write");
-            assert_eq!(request.method(), "PATCH");
-            let node = request.uri().path().rsplit('/').next().unwrap().to_owned();
-            assert_eq!(body(request).await["metadata"]["labels"][POOL_LABEL], "p");
-            let status = if node == "c" { 500 } else { 200 };
-            send.send_response(answer(
-                status,
-                json!({"apiVersion": "v1", "kind": "Node",
-                    "metadata": {"name": node, "resourceVersion": "2"}}),
-            ));
-            written.push(node);
+            let (node, pool, send) = next_write(&mut apiserver).await;
+            assert_eq!(pool, "p");
+            if node == "c" {
+                send.send_response(answer(500, json!({"kind": "Status", "code": 500})));
+                failed_at = Some(tokio::time::Instant::now());
+            } else {
+                // Asked again while its write is on its way: written after it.
+                queue.want("a", wish("r"));
+                send.send_response(written(&node));
+            }
+            firsts.push(node);
         }
-        written.sort();
-        assert_eq!(written, ["a", "c"], "b carries its pool, gone is gone");
-        let started = tokio::time::Instant::now();
+        firsts.sort();
+        assert_eq!(firsts, ["a", "c"], "b carries its pool, gone is gone");
+        let (node, pool, send) = next_write(&mut apiserver).await;
+        assert_eq!((node.as_str(), pool.as_str()), ("a", "r"));
+        send.send_response(written("a"));
+
         assert_eq!(retries.recv().await.unwrap(), "c");
-        assert_eq!(started.elapsed(), RETRY_FAILED);
+        assert!(failed_at.unwrap().elapsed() >= RETRY_FAILED);
+        // Asked while the writer waits for work: it wakes for it.
+        queue.want("b", wish("q"));
+        let (node, pool, send) = next_write(&mut apiserver).await;
+        assert_eq!((node.as_str(), pool.as_str()), ("b", "q"));
+        send.send_response(written("b"));
+        for _ in 0..100 {
+            if !queue.writing_any(|_| true) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!queue.writing_any(|_| true), "every write ended");
         shutdown.cancel();
         task.await.unwrap();
         assert!(apiserver.next_request().await.is_none(), "no other write");
-        assert!(!queue.pending("a") && !queue.pending("c"));
     }
 }

@@ -228,8 +228,10 @@ pub async fn reconcile(
             &on_node,
             &snapshot.namespaces,
         );
-        // A node that carries what it should takes back any older wish, so that
-        // the writer never writes a state that no longer holds.
+        // A node that carries what it should takes back any older wish not yet
+        // taken, so that the writer does not start a write that no longer holds
+        // (one already on its way lands; the watch shows it, and a pass then
+        // corrects it).
         if in_sync(node, &state) {
             pass.node_writes.settled(&name);
         } else {

@@ -79,8 +79,13 @@ pub async fn run(
         metrics: metrics.clone(),
     };
     let retry_cluster = cluster.clone();
-    let node_writer =
-        tokio::spawn(node_writer.run(move |node| retry_cluster.wakes.node(node), shutdown.clone()));
+    // Stops with the nodes loop, whatever stopped it (leader election may stop
+    // without a shutdown): no write is made once no loop looks after the Lease.
+    let writer_stop = shutdown.child_token();
+    let node_writer = tokio::spawn(node_writer.run(
+        move |node| retry_cluster.wakes.node(node),
+        writer_stop.clone(),
+    ));
     let context = Context {
         client,
         metrics: metrics.clone(),
@@ -97,6 +102,7 @@ pub async fn run(
         shutdown.clone(),
     ));
     super::nodes::run(context, leadership, shutdown).await;
+    writer_stop.cancel();
     // Both loops and the writer have dropped their receivers: the lease task
     // releases the Lease.
     let _ = releases.await;

@@ -20,6 +20,7 @@ use super::writes::{self, Kind};
 use crate::cluster::Stores;
 use crate::names::{FIELD_MANAGER, POOL_LABEL, POOL_TAINT, policy_of_node_label};
 use crate::objects::{NodeObject, PolicyObject};
+use crate::placement::desired::DesiredNode;
 use crate::policy::crd::PlacementPolicyStatus;
 
 /// The finalizer that lets berth clean a deleted policy's labels and taints.
@@ -74,23 +75,50 @@ pub async fn add_finalizers(pass: &Pass<'_>, snapshot: &Snapshot) -> BTreeSet<St
     finalized
 }
 
-/// Whether `node` still carries anything of `policy`: its pool label, an anchor or
-/// placed label, or its taint.
-fn carries(node: &NodeObject, policy: &str) -> bool {
-    node.labels()
+/// Whether labels and taints (as key and value) carry anything of `policy`: its
+/// pool label, an anchor or placed label, or its taint.
+fn carries<'a>(
+    mut labels: impl Iterator<Item = (&'a str, &'a str)>,
+    mut taints: impl Iterator<Item = (Option<&'a str>, Option<&'a str>)>,
+    policy: &str,
+) -> bool {
+    labels.any(|(k, v)| policy_of_node_label(k, v) == Some(policy))
+        || taints.any(|(key, value)| key == Some(POOL_TAINT) && value == Some(policy))
+}
+
+/// Whether `node`, as the cache holds it, carries anything of `policy`.
+fn node_carries(node: &NodeObject, policy: &str) -> bool {
+    let labels = node.labels().iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    let taints = node
+        .spec
+        .taints
         .iter()
-        .any(|(k, v)| policy_of_node_label(k, v) == Some(policy))
-        || node.spec.taints.iter().any(|t| {
-            t.get("key").and_then(|k| k.as_str()) == Some(POOL_TAINT)
-                && t.get("value").and_then(|v| v.as_str()) == Some(policy)
-        })
+        .map(|t| (text(t, "key"), text(t, "value")));
+    carries(labels, taints, policy)
+}
+
+/// A taint's field `name`, when it is a string.
+fn text<'a>(taint: &'a serde_json::Value, name: &str) -> Option<&'a str> {
+    taint.get(name)?.as_str()
+}
+
+/// Whether a node write on its way would leave anything of `policy` on its node.
+fn write_carries(desired: &DesiredNode, policy: &str) -> bool {
+    let labels = desired.labels.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    let taints = desired
+        .taints
+        .iter()
+        .map(|t| (Some(t.key.as_str()), t.value.as_deref()));
+    carries(labels, taints, policy)
 }
 
 /// Lets a deleted policy go once its nodes are clean: no node carries anything of
-/// it as the cache holds them. The node writer clears them after the deletion's
-/// pass; the node watch sees each write and wakes a pass over that node, which
-/// looks again. A node whose write fails keeps the policy until it is written.
-/// Nodes of other policies do not hold it back.
+/// it as the cache holds them, and no node write on its way (taken by the node
+/// writer before the deletion's pass) would put something of it back. The node
+/// writer clears the nodes after the deletion's pass; the node watch sees each
+/// write and wakes a pass over that node, which looks again. A node whose write
+/// fails keeps the policy until it is written. Nodes of other policies do not hold
+/// it back.
 pub async fn release_deleted(pass: &Pass<'_>, snapshot: &Snapshot, stores: &Stores) {
     let api: Api<PolicyObject> = Api::all(pass.client.clone());
     let deleting: Vec<&Arc<PolicyObject>> = snapshot
@@ -104,7 +132,8 @@ pub async fn release_deleted(pass: &Pass<'_>, snapshot: &Snapshot, stores: &Stor
     let nodes = stores.nodes.state();
     for policy in deleting {
         let name = policy.name_any();
-        let dirty = nodes.iter().any(|n| carries(n, &name));
+        let dirty = nodes.iter().any(|n| node_carries(n, &name))
+            || pass.node_writes.writing_any(|d| write_carries(d, &name));
         let ours = policy.finalizers().iter().any(|f| f == FINALIZER);
         if ours && !dirty {
             let rest = policy
@@ -436,4 +465,37 @@ pub async fn update_statuses(
     }
     pass.metrics.unentitled_pods.set_all(&unentitled_counts);
     pass.metrics.exclusion_clashes.set_all(&clash_counts);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::ANCHOR_LABEL_PREFIX;
+    use k8s_openapi::api::core::v1::Taint;
+
+    #[test]
+    fn a_node_or_a_write_on_its_way_carries_a_policy_by_label_or_taint() {
+        let node: NodeObject = serde_json::from_value(json!({
+            "metadata": {"name": "n", "labels": {format!("{ANCHOR_LABEL_PREFIX}apart"): "true"}},
+            "spec": {"taints": [{"key": POOL_TAINT, "value": "edge", "effect": "NoSchedule"}]}
+        }))
+        .unwrap();
+        assert!(node_carries(&node, "apart"), "its anchor label");
+        assert!(node_carries(&node, "edge"), "its pool taint");
+        assert!(!node_carries(&node, "other"));
+
+        let write = DesiredNode {
+            labels: [(POOL_LABEL.to_string(), "cdn".to_string())].into(),
+            taints: vec![Taint {
+                key: POOL_TAINT.into(),
+                value: Some("gpu".into()),
+                effect: "NoSchedule".into(),
+                time_added: None,
+            }],
+            ..DesiredNode::default()
+        };
+        assert!(write_carries(&write, "cdn"), "its pool label");
+        assert!(write_carries(&write, "gpu"), "its pool taint");
+        assert!(!write_carries(&write, "edge"));
+    }
 }
