@@ -89,17 +89,7 @@ fn berth() -> &'static Berth {
                     "-o",
                     "jsonpath={.status.nodeNames}",
                 ]);
-                let taint = berth.cluster.kubectl_ok(&[
-                    "get",
-                    "node",
-                    node,
-                    "-o",
-                    &format!(
-                        "jsonpath={{.spec.taints[?(@.key==\"{}\")].value}}",
-                        names::POOL_TAINT
-                    ),
-                ]);
-                if out.contains(node) && taint == policy {
+                if out.contains(node) && berth.cluster.pool_taint(node) == policy {
                     break;
                 }
                 assert!(

@@ -72,15 +72,7 @@ fn berth_stopped() -> &'static Berth {
         let deadline = Instant::now() + WAIT;
         // The status is written in the pass that wants the taints; the node writer
         // writes them on its own: both are waited for.
-        let pool_taint = |node: &str| {
-            let path = format!(
-                "jsonpath={{.spec.taints[?(@.key==\"{}\")].value}}",
-                names::POOL_TAINT
-            );
-            berth
-                .cluster
-                .kubectl_ok(&["get", "node", node, "-o", &path])
-        };
+        let pool_taint = |node| berth.cluster.pool_taint(node);
         while !berth
             .cluster
             .kubectl_ok(&["get", "bpp", "gpu", "-o", "jsonpath={.status.nodeNames}"])

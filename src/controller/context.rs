@@ -79,8 +79,8 @@ pub struct Shared {
     timed_out: Mutex<BTreeMap<String, Vec<String>>>,
 }
 
-/// The value behind `mutex`; a loop that panicked holding it left a whole value.
-fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// The value behind `mutex`; a task that panicked holding it left a whole value.
+pub fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 

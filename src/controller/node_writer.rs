@@ -4,8 +4,8 @@
 //! ([`NodeQueue::want`]); this task writes it, [`WRITE_CONCURRENCY`] nodes at a
 //! time, through the door ([`super::writes`]) at `--node-qps`. So a pass never
 //! waits for its writes: a pool over 5,000 nodes takes its writes seconds, and
-//! meanwhile the policies' status, finalizers, DaemonSet templates and the passes
-//! for other nodes go on.
+//! meanwhile the policies' status, DaemonSet templates and the passes for other
+//! nodes go on (a deleted policy's finalizer waits for its nodes, as it should).
 //!
 //! - The latest wish for a node wins: one asked for again before it is written is
 //!   written once, as last asked.
@@ -16,7 +16,7 @@
 //! - A node whose write failed is handed back to the nodes pass after
 //!   [`RETRY_FAILED`], which computes it again from what holds then.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -26,7 +26,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::context::until;
+use super::context::{locked, until};
 use super::writer::{in_sync, write_node};
 use super::writes::{Error, RETRY_FAILED, Writes};
 use crate::objects::NodeObject;
@@ -50,19 +50,13 @@ pub struct NodeQueue {
 #[derive(Debug, Default)]
 struct Queue {
     /// Names in the order first asked. A name may be here whose wish was taken
-    /// back, or twice: the wish in `wanted` is what counts.
+    /// back, or twice: the wish in `wanted` is what counts. A node being written
+    /// leaves it until its write ends.
     order: VecDeque<String>,
     /// The latest wish for each node not yet being written.
     wanted: HashMap<String, DesiredNode>,
     /// Nodes being written, and what they are being brought to.
     writing: HashMap<String, DesiredNode>,
-    /// Nodes with a wish that waits for their write in flight to end.
-    waiting: HashSet<String>,
-}
-
-/// The value behind `mutex`; a task that panicked holding it left a whole value.
-fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl NodeQueue {
@@ -71,8 +65,7 @@ impl NodeQueue {
     pub fn want(&self, name: &str, desired: DesiredNode) {
         let mut queue = locked(&self.queue);
         let queue = &mut *queue;
-        let new = queue.wanted.insert(name.to_owned(), desired).is_none();
-        if new && !queue.waiting.contains(name) {
+        if queue.wanted.insert(name.to_owned(), desired).is_none() {
             queue.order.push_back(name.to_owned());
         }
         self.asked.notify_one();
@@ -81,9 +74,7 @@ impl NodeQueue {
     /// Takes back any wish for `name` not yet being written: the node carries
     /// what it should, or is gone.
     pub fn settled(&self, name: &str) {
-        let mut queue = locked(&self.queue);
-        queue.wanted.remove(name);
-        queue.waiting.remove(name);
+        locked(&self.queue).wanted.remove(name);
     }
 
     /// Whether any write being made brings its node to a state that `test`
@@ -99,7 +90,6 @@ impl NodeQueue {
         let mut queue = locked(&self.queue);
         queue.order.clear();
         queue.wanted.clear();
-        queue.waiting.clear();
     }
 
     /// The next node to write and what to write, marked as being written.
@@ -107,10 +97,8 @@ impl NodeQueue {
         let mut queue = locked(&self.queue);
         let queue = &mut *queue;
         while let Some(name) = queue.order.pop_front() {
+            // A node being written comes back when its write ends.
             if queue.writing.contains_key(&name) {
-                if queue.wanted.contains_key(&name) {
-                    queue.waiting.insert(name);
-                }
                 continue;
             }
             if let Some(desired) = queue.wanted.remove(&name) {
@@ -125,7 +113,7 @@ impl NodeQueue {
     fn written(&self, name: &str) {
         let mut queue = locked(&self.queue);
         queue.writing.remove(name);
-        if queue.waiting.remove(name) {
+        if queue.wanted.contains_key(name) {
             queue.order.push_front(name.to_owned());
             self.asked.notify_one();
         }

@@ -161,6 +161,15 @@ impl TestCluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The value of berth's pool taint on `node` (empty when it has none).
+    pub fn pool_taint(&self, node: &str) -> String {
+        let path = format!(
+            "jsonpath={{.spec.taints[?(@.key==\"{}\")].value}}",
+            names::POOL_TAINT
+        );
+        self.kubectl_ok(&["get", "node", node, "-o", &path])
+    }
+
     /// The kubeconfig berth-up wrote: it acts as the ServiceAccount
     /// `berth-system/berth` with the shipped `manifests/rbac.yaml`, so berth started
     /// with it has exactly the permissions an installation grants.
