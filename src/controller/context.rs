@@ -9,8 +9,10 @@ use std::time::Duration;
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 
+use super::daemonsets::DaemonSetWrites;
 use super::events::Events;
 use super::node_writer::NodeQueue;
+use super::policy_writer::PolicyWrites;
 use super::writes::Writes;
 use crate::cluster::{Cluster, DaemonSets};
 use crate::objects::PolicyObject;
@@ -54,8 +56,10 @@ pub struct Context {
     pub shared: Arc<Shared>,
     /// The door every write goes through.
     pub writes: Writes,
-    /// What the nodes pass wants written, for the node writer.
+    /// What the nodes pass wants written, for the writer of each kind.
     pub node_writes: Arc<NodeQueue>,
+    pub policy_writes: Arc<PolicyWrites>,
+    pub daemonset_writes: Arc<DaemonSetWrites>,
 }
 
 impl Context {
@@ -67,6 +71,8 @@ impl Context {
             options: &self.options,
             writes: &self.writes,
             node_writes: &self.node_writes,
+            policy_writes: &self.policy_writes,
+            daemonset_writes: &self.daemonset_writes,
         }
     }
 }
@@ -120,6 +126,8 @@ pub struct Pass<'a> {
     pub options: &'a ControllerOptions,
     pub writes: &'a Writes,
     pub node_writes: &'a NodeQueue,
+    pub policy_writes: &'a PolicyWrites,
+    pub daemonset_writes: &'a DaemonSetWrites,
 }
 
 /// Policies and namespaces as the cluster room holds them at one instant.

@@ -9,13 +9,23 @@
 //! replaced as its `updateStrategy` says), so it writes only when a toleration or an
 //! exclusion of a policy in force is missing or wrong, never to tidy up after a pool
 //! that is gone.
+//!
+//! The nodes pass finds the DaemonSets that drift and hands them to the DaemonSet
+//! writer ([`super::wishes`]), which works out the patch again from the DaemonSet,
+//! the namespaces and the policies as they are when it writes.
+
+use std::future::Future;
+use std::sync::Arc;
 
 use json_patch::Patch;
 use kube::api::{Api, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use super::wishes::{Wishes, Writer};
 use super::writes::{Error, Kind, Writes};
+use crate::cluster::Cluster;
 use crate::names::FIELD_MANAGER;
 use crate::objects::{DaemonSetObject, NamespaceMeta};
 use crate::placement::NamespaceInfo;
@@ -23,6 +33,57 @@ use crate::placement::daemonset::template_drift;
 use crate::placement::patch as ops;
 use crate::policy::PolicySet;
 use crate::policy::exempt::Exempt;
+use crate::telemetry::Metrics;
+
+/// The DaemonSets the nodes pass found drifting. A wish carries nothing: the
+/// writer works out the patch from what holds when it writes.
+pub type DaemonSetWrites = Wishes<ObjectRef<DaemonSetObject>, ()>;
+
+/// What the DaemonSet writer works with.
+pub struct DaemonSetWriter {
+    pub writes: Writes,
+    pub client: Client,
+    pub cluster: Arc<Cluster>,
+    pub exempt: Exempt,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Writer for DaemonSetWriter {
+    type Key = ObjectRef<DaemonSetObject>;
+    type Wish = ();
+
+    /// Each write rolls a DaemonSet: one at a time.
+    const CONCURRENCY: usize = 1;
+
+    fn write(
+        &self,
+        key: &ObjectRef<DaemonSetObject>,
+        (): (),
+    ) -> Option<impl Future<Output = bool> + Send + 'static> {
+        let daemonset = self.cluster.stores.daemonsets.get(key)?;
+        let patch = daemonset_patch(
+            &daemonset,
+            &self.cluster.stores.namespaces.state(),
+            &self.cluster.in_force().set,
+            &self.exempt,
+        )?;
+        let (writes, client) = (self.writes.clone(), self.client.clone());
+        let metrics = self.metrics.clone();
+        Some(async move {
+            match write_daemonset(&writes, &client, &daemonset, patch).await {
+                Ok(()) => {
+                    metrics.daemonset_updates.inc();
+                    false
+                }
+                Err(Error::NotLeader) => false,
+                Err(e) => {
+                    tracing::warn!(daemonset = %daemonset.name_any(), error = %e, "DaemonSet update failed; retrying on a pass over everything");
+                    true
+                }
+            }
+        })
+    }
+}
 
 /// The patch for `daemonset`, with a `resourceVersion` test first: a template
 /// changed since the cache saw it is left for the next pass. The DaemonSets of

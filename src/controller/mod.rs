@@ -12,12 +12,14 @@ mod mock;
 pub mod node_writer;
 pub mod nodes;
 pub mod podgroups;
+pub mod policy_writer;
 pub mod queues;
 pub mod release;
 pub mod releaser;
 pub mod run;
 pub mod status;
 pub mod sweep;
+pub mod wishes;
 pub mod writer;
 pub mod writes;
 

@@ -1,9 +1,11 @@
 //! Nodes: a pass computes the desired berth labels and taints (a pure function of
 //! the node, the policies and the pods bound there) of the nodes that changed, or
 //! of every node when something they all depend on did, and hands the differences
-//! to the node writer ([`super::node_writer`]), which writes them on its own; then
-//! it writes the policies' status, finalizers, and DaemonSet templates that predate
-//! a pool. A pod bound or deleted costs its node, not the cluster; the status is
+//! to the node writer ([`super::node_writer`]); then it works out the policies'
+//! status and finalizers, for the policy writer ([`super::policy_writer`]), and
+//! the DaemonSet templates that predate a pool, for the DaemonSet writer
+//! ([`super::daemonsets`]). Each writer writes on its own, so a pass waits for no
+//! write. A pod bound or deleted costs its node, not the cluster; the status is
 //! counted from every node's last desired state, kept from pass to pass.
 
 use std::collections::HashMap;
@@ -15,7 +17,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::context::{Context, DEBOUNCE, Pass, Snapshot, leadership_changed, until};
-use super::daemonsets::{daemonset_patch, write_daemonset};
+use super::daemonsets::daemonset_patch;
 use super::events::Reported;
 use super::missed::Missed;
 use super::queues::{self, QueueClasses};
@@ -29,15 +31,11 @@ use crate::placement::desired::{BoundPod, DesiredNode, desired_node_state};
 use crate::placement::groups::GangMode;
 use crate::policy::OptIn;
 
-/// What a pass over everything writes (nodes are the node writer's, which hands
-/// a failed one back node by node): a failed one is retried by another such pass.
-/// The missed scan's evictions have their own rescan, the sweep its resync.
-const RETRIED_BY_EVERYTHING: [Kind; 4] = [
-    Kind::Finalizer,
-    Kind::PolicyStatus,
-    Kind::DaemonSet,
-    Kind::PriorityClass,
-];
+/// What a pass over everything writes itself (nodes, policies and DaemonSets are
+/// their writers', which hand a failed one back): a failed one is retried by
+/// another such pass. The missed scan's evictions have their own rescan, the sweep
+/// its resync.
+const RETRIED_BY_EVERYTHING: [Kind; 1] = [Kind::PriorityClass];
 
 /// Every node's desired state as last computed, by name: what the policies'
 /// status counts.
@@ -88,14 +86,16 @@ pub async fn run(
                 queue_classes = QueueClasses::default();
                 missed = Missed::default();
                 context.node_writes.clear();
+                context.policy_writes.clear();
+                context.daemonset_writes.clear();
                 wakes.everything();
                 tracing::info!(leading, identity = %options.identity, "controller leadership changed");
             }
             () = wakes.nodes.notified() => tokio::time::sleep(pause).await,
             () = until(retry) => {
                 retry = None;
-                // A write other than a node's failed (a status, a finalizer, a
-                // DaemonSet): those are looked at on passes over everything.
+                // A PriorityClass could not be made: looked at on passes over
+                // everything.
                 wakes.everything();
             }
             () = until(rescan) => {
@@ -144,8 +144,7 @@ pub async fn run(
             &mut reported,
             changed,
             &mut desired,
-        )
-        .await;
+        );
         if context.writes.failures(&RETRIED_BY_EVERYTHING) > failures {
             retry = Some(tokio::time::Instant::now() + RETRY_FAILED);
         }
@@ -176,10 +175,9 @@ pub async fn run(
 
 /// One pass over the nodes that `changed`, the policies' status and finalizers,
 /// and the DaemonSets that predate a pool; `desired` holds every node's desired
-/// state from pass to pass. Nodes that differ from what they should carry go to
-/// the node writer; a write here that fails is logged and left out, without
-/// holding back the others.
-pub async fn reconcile(
+/// state from pass to pass. What differs from what it should be goes to its
+/// writer.
+pub fn reconcile(
     pass: &Pass<'_>,
     stores: &Stores,
     snapshot: &Snapshot,
@@ -189,7 +187,7 @@ pub async fn reconcile(
     desired: &mut DesiredNodes,
 ) {
     pass.metrics.reconciles.inc();
-    let finalized = super::status::add_finalizers(pass, snapshot).await;
+    let finalized = super::status::finalized_policies(pass, snapshot);
     let policies = &snapshot.compiled.set.only(&finalized);
     let daemonsets = &*snapshot.daemonsets;
     // DaemonSet templates depend only on the policies, the namespaces and the
@@ -235,37 +233,35 @@ pub async fn reconcile(
         if in_sync(node, &state) {
             pass.node_writes.settled(&name);
         } else {
-            pass.node_writes.want(&name, state.clone());
+            pass.node_writes.want(name.clone(), state.clone());
         }
         desired.insert(name, state);
     }
 
-    super::status::update_statuses(pass, snapshot, desired, groups, reported).await;
-    super::status::release_deleted(pass, snapshot, stores).await;
+    super::status::update_statuses(pass, snapshot, desired, groups, reported);
+    super::status::release_deleted(pass, snapshot, stores);
     if templates {
-        bring_daemonsets_in_line(pass, stores, snapshot).await;
+        bring_daemonsets_in_line(pass, stores, snapshot);
     }
 }
 
-/// Patches the templates of DaemonSets that miss a pool's toleration or exclusion.
-async fn bring_daemonsets_in_line(pass: &Pass<'_>, stores: &Stores, snapshot: &Snapshot) {
+/// Hands the DaemonSets whose templates miss a pool's toleration or exclusion to
+/// the DaemonSet writer.
+fn bring_daemonsets_in_line(pass: &Pass<'_>, stores: &Stores, snapshot: &Snapshot) {
     let namespaces = stores.namespaces.state();
     for daemonset in stores.daemonsets.state() {
-        let Some(patch) = daemonset_patch(
+        let drifts = daemonset_patch(
             &daemonset,
             &namespaces,
             &snapshot.compiled.set,
             &pass.options.exempt,
-        ) else {
-            continue;
-        };
-        match write_daemonset(pass.writes, pass.client, &daemonset, patch).await {
-            Ok(()) => {
-                pass.metrics.daemonset_updates.inc();
-            }
-            Err(e) => {
-                tracing::warn!(daemonset = %daemonset.name_any(), error = %e, "DaemonSet update failed; retrying at the next resync or change of the pools")
-            }
+        )
+        .is_some();
+        let key = ObjectRef::from_obj(&*daemonset);
+        if drifts {
+            pass.daemonset_writes.want(key, ());
+        } else {
+            pass.daemonset_writes.settled(&key);
         }
     }
 }

@@ -9,8 +9,10 @@
 //!   policies' status and finalizers, DaemonSet templates, and the sweep of unused
 //!   objects;
 //!
-//! and one task writes what the nodes loop wants of each node
-//! ([`super::node_writer`]). They run side by side, so that node writes (a new
+//! and a writer task for each kind of write the nodes loop wants
+//! ([`super::wishes`]): nodes ([`super::node_writer`]), policies' finalizers and
+//! status ([`super::policy_writer`]), DaemonSet templates
+//! ([`super::daemonsets`]). They run side by side, so that node writes (a new
 //! pool over a thousand nodes takes seconds at the write rate) delay neither a
 //! release nor a policy's status, and a burst of releases never delays a node.
 
@@ -21,8 +23,11 @@ use kube::runtime::events::{Recorder, Reporter};
 use tokio_util::sync::CancellationToken;
 
 use super::context::{Context, ControllerOptions, Shared};
+use super::daemonsets::DaemonSetWriter;
 use super::events::Events;
-use super::node_writer::{NodeQueue, NodeWriter};
+use super::node_writer::NodeWriter;
+use super::policy_writer::PolicyWriter;
+use super::wishes;
 use super::writes::Writes;
 use crate::cluster::Cluster;
 use crate::telemetry::Metrics;
@@ -70,43 +75,76 @@ pub async fn run(
     tracing::info!("controller caches synced");
     let (leadership, lease_task) = manager.watch().await;
     let writes = Writes::new(metrics.clone(), leadership.clone(), options.write_rates);
-    let node_writes = Arc::new(NodeQueue::default());
-    let node_writer = NodeWriter {
-        queue: node_writes.clone(),
+    let context = Context {
+        client: client.clone(),
+        metrics: metrics.clone(),
+        events: Events::start(recorder),
+        cluster: cluster.clone(),
+        options,
+        shared: Arc::new(Shared::default()),
+        writes: writes.clone(),
+        node_writes: Arc::default(),
+        policy_writes: Arc::default(),
+        daemonset_writes: Arc::default(),
+    };
+    // The writers stop with the nodes loop, whatever stopped it (leader election
+    // may stop without a shutdown): no write is made once no loop looks after the
+    // Lease. Each hands a failed write back to the nodes loop.
+    let writers_stop = shutdown.child_token();
+    let nodes = NodeWriter {
         writes: writes.clone(),
         client: client.clone(),
         nodes: cluster.stores.nodes.clone(),
         metrics: metrics.clone(),
     };
-    let retry_cluster = cluster.clone();
-    // Stops with the nodes loop, whatever stopped it (leader election may stop
-    // without a shutdown): no write is made once no loop looks after the Lease.
-    let writer_stop = shutdown.child_token();
-    let node_writer = tokio::spawn(node_writer.run(
-        move |node| retry_cluster.wakes.node(node),
-        writer_stop.clone(),
-    ));
-    let context = Context {
-        client,
-        metrics: metrics.clone(),
-        events: Events::start(recorder),
-        cluster,
-        options,
-        shared: Arc::new(Shared::default()),
-        writes,
-        node_writes,
+    let policies = PolicyWriter {
+        writes: writes.clone(),
+        client: client.clone(),
+        policies: cluster.stores.policies.clone(),
     };
+    let daemonsets = DaemonSetWriter {
+        writes,
+        client,
+        cluster: cluster.clone(),
+        exempt: context.options.exempt.clone(),
+        metrics: metrics.clone(),
+    };
+    let (on_node, on_policy, on_daemonset) = (cluster.clone(), cluster.clone(), cluster.clone());
+    let writers = [
+        tokio::spawn(wishes::run(
+            nodes,
+            context.node_writes.clone(),
+            move |node: &String| on_node.wakes.node(node),
+            writers_stop.clone(),
+        )),
+        tokio::spawn(wishes::run(
+            policies,
+            context.policy_writes.clone(),
+            // Every pass looks at every policy: one over no node will do.
+            move |_: &_| on_policy.wakes.status(),
+            writers_stop.clone(),
+        )),
+        tokio::spawn(wishes::run(
+            daemonsets,
+            context.daemonset_writes.clone(),
+            // DaemonSets are looked at on passes over everything.
+            move |_: &_| on_daemonset.wakes.everything(),
+            writers_stop.clone(),
+        )),
+    ];
     let releases = tokio::spawn(super::releaser::run(
         context.clone(),
         leadership.clone(),
         shutdown.clone(),
     ));
     super::nodes::run(context, leadership, shutdown).await;
-    writer_stop.cancel();
-    // Both loops and the writer have dropped their receivers: the lease task
+    writers_stop.cancel();
+    // Both loops and the writers have dropped their receivers: the lease task
     // releases the Lease.
     let _ = releases.await;
-    let _ = node_writer.await;
+    for writer in writers {
+        let _ = writer.await;
+    }
     metrics.leader.set(0);
     let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
 }

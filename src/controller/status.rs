@@ -1,76 +1,43 @@
-//! What the controller writes on policies: the finalizer that lets it clean a
-//! deleted policy's nodes, and `status` (nodes, conditions) with Events for new
-//! problems.
+//! What the controller wants of policies: the finalizer that lets it clean a
+//! deleted policy's nodes, and `status` (nodes, conditions), handed to the policy
+//! writer ([`super::policy_writer`]); and Events for new problems.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use serde::Deserialize;
-use serde_json::json;
 
 use super::context::Pass;
 use super::context::Snapshot;
 use super::events::{Reported, event};
 use super::nodes::DesiredNodes;
-use super::writes::{self, Kind};
+use super::policy_writer::{self, Part, PolicyWish};
 use crate::cluster::Stores;
-use crate::names::{FIELD_MANAGER, POOL_LABEL, POOL_TAINT, policy_of_node_label};
+use crate::names::{POOL_LABEL, POOL_TAINT, policy_of_node_label};
 use crate::objects::{NodeObject, PolicyObject};
 use crate::placement::desired::DesiredNode;
 use crate::policy::crd::PlacementPolicyStatus;
 
-/// The finalizer that lets berth clean a deleted policy's labels and taints.
-pub const FINALIZER: &str = "berth.io/cleanup";
-
-fn params() -> PatchParams {
-    PatchParams {
-        field_manager: Some(FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    }
-}
-
-/// Sets `policy`'s finalizers to `finalizers`, if its resourceVersion still holds.
-async fn set_finalizers(
-    pass: &Pass<'_>,
-    api: &Api<PolicyObject>,
-    policy: &PolicyObject,
-    finalizers: Vec<&String>,
-) -> Result<(), writes::Error> {
-    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": policy.resource_version()}});
-    pass.writes
-        .make(
-            Kind::Finalizer,
-            api.patch(&policy.name_any(), &params(), &Patch::Merge(&patch)),
-        )
-        .await
-        .map(drop)
-}
-
 /// Live policies get the finalizer before they have any effect on nodes. Returns
-/// the policies that have it: one whose finalizer could not be added (it changed a
-/// moment ago: a 409) is left out of this pass's node work and tried again next.
-pub async fn add_finalizers(pass: &Pass<'_>, snapshot: &Snapshot) -> BTreeSet<String> {
-    let api: Api<PolicyObject> = Api::all(pass.client.clone());
+/// the policies that have it as the cache holds them; the others are handed to the
+/// policy writer, and join a pass once their finalizer is seen (the policy watch
+/// wakes one).
+pub fn finalized_policies(pass: &Pass<'_>, snapshot: &Snapshot) -> BTreeSet<String> {
     let mut finalized = BTreeSet::new();
     for policy in snapshot
         .objects
         .iter()
         .filter(|p| p.meta().deletion_timestamp.is_none())
     {
-        if !policy.finalizers().iter().any(|f| f == FINALIZER) {
-            let mut finalizers: Vec<&String> = policy.finalizers().iter().collect();
-            let ours = FINALIZER.to_string();
-            finalizers.push(&ours);
-            if let Err(e) = set_finalizers(pass, &api, policy, finalizers).await {
-                tracing::warn!(policy = %policy.name_any(), error = %e, "cannot add the finalizer; retrying on the next pass");
-                continue;
-            }
+        let key = (policy.name_any(), Part::Finalizer);
+        if policy_writer::finalized(policy) {
+            pass.policy_writes.settled(&key);
+            finalized.insert(key.0);
+        } else {
+            pass.policy_writes.want(key, PolicyWish::AddFinalizer);
         }
-        finalized.insert(policy.name_any());
     }
     finalized
 }
@@ -119,12 +86,11 @@ fn write_carries(desired: &DesiredNode, policy: &str) -> bool {
 /// write and wakes a pass over that node, which looks again. A node whose write
 /// fails keeps the policy until it is written. Nodes of other policies do not hold
 /// it back.
-pub async fn release_deleted(pass: &Pass<'_>, snapshot: &Snapshot, stores: &Stores) {
-    let api: Api<PolicyObject> = Api::all(pass.client.clone());
+pub fn release_deleted(pass: &Pass<'_>, snapshot: &Snapshot, stores: &Stores) {
     let deleting: Vec<&Arc<PolicyObject>> = snapshot
         .objects
         .iter()
-        .filter(|p| p.meta().deletion_timestamp.is_some())
+        .filter(|p| p.meta().deletion_timestamp.is_some() && policy_writer::finalized(p))
         .collect();
     if deleting.is_empty() {
         return;
@@ -134,16 +100,11 @@ pub async fn release_deleted(pass: &Pass<'_>, snapshot: &Snapshot, stores: &Stor
         let name = policy.name_any();
         let dirty = nodes.iter().any(|n| node_carries(n, &name))
             || pass.node_writes.writing_any(|d| write_carries(d, &name));
-        let ours = policy.finalizers().iter().any(|f| f == FINALIZER);
-        if ours && !dirty {
-            let rest = policy
-                .finalizers()
-                .iter()
-                .filter(|f| *f != FINALIZER)
-                .collect();
-            if let Err(e) = set_finalizers(pass, &api, policy, rest).await {
-                tracing::warn!(policy = %name, error = %e, "cannot remove the finalizer; retrying on the next pass");
-            }
+        let key = (name, Part::Finalizer);
+        if dirty {
+            pass.policy_writes.settled(&key);
+        } else {
+            pass.policy_writes.want(key, PolicyWish::RemoveFinalizer);
         }
     }
 }
@@ -238,16 +199,15 @@ pub struct Findings {
     pub missed: BTreeMap<String, Vec<String>>,
 }
 
-/// Writes each live policy's status when it changed; Events for new conflicts and
-/// pods without entitlement.
-pub async fn update_statuses(
+/// Hands each live policy's status to the policy writer when it changed; Events
+/// for new conflicts and pods without entitlement.
+pub fn update_statuses(
     pass: &Pass<'_>,
     snapshot: &Snapshot,
     desired: &DesiredNodes,
     groups: &Findings,
     reported: &mut Reported,
 ) {
-    let api: Api<PolicyObject> = Api::all(pass.client.clone());
     let mut owned: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for (node, desired) in desired {
         if let Some(pool) = desired.labels.get(POOL_LABEL) {
@@ -301,10 +261,7 @@ pub async fn update_statuses(
             clash_counts.insert(name.clone(), clashing.len() as i64);
         }
 
-        let current = policy
-            .status
-            .as_ref()
-            .and_then(|s| PlacementPolicyStatus::deserialize(s).ok());
+        let current = policy_writer::current_status(policy);
         let previous = current
             .as_ref()
             .map(|s| s.conditions.as_slice())
@@ -403,18 +360,12 @@ pub async fn update_statuses(
             gang_mode: gang.then(|| groups.gang_mode.as_str().to_owned()),
             conditions,
         };
-        if current.as_ref() != Some(&status) {
-            let patch = json!({"status": status});
-            if let Err(e) = pass
-                .writes
-                .make(
-                    Kind::PolicyStatus,
-                    api.patch_status(&name, &params(), &Patch::Merge(&patch)),
-                )
-                .await
-            {
-                tracing::warn!(policy = %name, error = %e, "cannot write the status; retrying on the next pass");
-            }
+        let key = (name.clone(), Part::Status);
+        if current.as_ref() == Some(&status) {
+            pass.policy_writes.settled(&key);
+        } else {
+            pass.policy_writes
+                .want(key, PolicyWish::Status(Box::new(status)));
         }
 
         let reference = policy.object_ref(&());
@@ -472,6 +423,7 @@ mod tests {
     use super::*;
     use crate::names::ANCHOR_LABEL_PREFIX;
     use k8s_openapi::api::core::v1::Taint;
+    use serde_json::json;
 
     #[test]
     fn a_node_or_a_write_on_its_way_carries_a_policy_by_label_or_taint() {

@@ -1,0 +1,268 @@
+//! The policy writer: the one task that writes PlacementPolicies, their
+//! finalizer and their status. The nodes pass decides ([`super::status`]) and
+//! hands its wishes over ([`super::wishes`]), so a slow or failing status write
+//! holds back neither the pass nor any node.
+//!
+//! Each write starts from the policy as the cache holds it then: the finalizer is
+//! added to, or taken from, the finalizers the policy has then, under its
+//! resourceVersion; a status already as wished, and any write to a policy gone,
+//! is not made. A deleted policy gets no status and no new finalizer.
+
+use std::future::Future;
+
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::wishes::{Wishes, Writer};
+use super::writes::{Kind, RETRY_FAILED, Writes};
+use crate::names::FIELD_MANAGER;
+use crate::objects::PolicyObject;
+use crate::policy::crd::PlacementPolicyStatus;
+
+/// The finalizer that lets berth clean a deleted policy's labels and taints.
+pub const FINALIZER: &str = "berth.io/cleanup";
+
+/// The part of a policy a wish is for: the two are written apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Part {
+    Finalizer,
+    Status,
+}
+
+/// What a policy should be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PolicyWish {
+    /// Carry berth's finalizer: before the policy has any effect on nodes.
+    AddFinalizer,
+    /// Let the deleted policy go: its nodes are clean.
+    RemoveFinalizer,
+    Status(Box<PlacementPolicyStatus>),
+}
+
+impl PolicyWish {
+    pub fn part(&self) -> Part {
+        match self {
+            PolicyWish::AddFinalizer | PolicyWish::RemoveFinalizer => Part::Finalizer,
+            PolicyWish::Status(_) => Part::Status,
+        }
+    }
+}
+
+/// What the nodes pass wants of each policy, by name and part.
+pub type PolicyWrites = Wishes<(String, Part), PolicyWish>;
+
+/// `policy`'s status as berth writes it, if it has one berth can read.
+pub fn current_status(policy: &PolicyObject) -> Option<PlacementPolicyStatus> {
+    policy
+        .status
+        .as_ref()
+        .and_then(|s| PlacementPolicyStatus::deserialize(s).ok())
+}
+
+/// Whether `policy` carries berth's finalizer.
+pub fn finalized(policy: &PolicyObject) -> bool {
+    policy.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+/// What the policy writer works with.
+pub struct PolicyWriter {
+    pub writes: Writes,
+    pub client: Client,
+    /// The cluster room's policies: each write starts from the policy as held there.
+    pub policies: Store<PolicyObject>,
+}
+
+impl Writer for PolicyWriter {
+    type Key = (String, Part);
+    type Wish = PolicyWish;
+
+    /// Policies are few, and each write is small.
+    const CONCURRENCY: usize = 8;
+
+    fn write(
+        &self,
+        (name, _): &(String, Part),
+        wish: PolicyWish,
+    ) -> Option<impl Future<Output = bool> + Send + 'static> {
+        let policy = self.policies.get(&ObjectRef::new(name))?;
+        let deleted = policy.meta().deletion_timestamp.is_some();
+        let (kind, patch) = match wish {
+            PolicyWish::AddFinalizer if !deleted && !finalized(&policy) => {
+                let mut finalizers = policy.finalizers().to_vec();
+                finalizers.push(FINALIZER.into());
+                (Kind::Finalizer, finalizers_patch(&policy, finalizers))
+            }
+            PolicyWish::RemoveFinalizer if deleted && finalized(&policy) => {
+                let rest = policy
+                    .finalizers()
+                    .iter()
+                    .filter(|f| *f != FINALIZER)
+                    .cloned()
+                    .collect();
+                (Kind::Finalizer, finalizers_patch(&policy, rest))
+            }
+            PolicyWish::Status(status)
+                if !deleted && current_status(&policy).as_ref() != Some(&*status) =>
+            {
+                (Kind::PolicyStatus, json!({"status": status}))
+            }
+            _ => return None,
+        };
+        let api: Api<PolicyObject> = Api::all(self.client.clone());
+        let (writes, name) = (self.writes.clone(), name.clone());
+        Some(async move {
+            let params = PatchParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PatchParams::default()
+            };
+            let patch = Patch::Merge(&patch);
+            let result = match kind {
+                Kind::PolicyStatus => {
+                    writes
+                        .make(kind, api.patch_status(&name, &params, &patch))
+                        .await
+                }
+                _ => writes.make(kind, api.patch(&name, &params, &patch)).await,
+            };
+            match result {
+                Ok(_) | Err(super::writes::Error::NotLeader) => false,
+                Err(e) => {
+                    let what = kind.as_str();
+                    tracing::warn!(policy = %name, error = %e, "cannot write the policy's {what}; retrying in {RETRY_FAILED:?}");
+                    true
+                }
+            }
+        })
+    }
+}
+
+/// A merge patch that sets `policy`'s finalizers, if its resourceVersion still
+/// holds (a policy changed since the cache saw it answers 409, and is tried again
+/// from its new version).
+fn finalizers_patch(policy: &PolicyObject, finalizers: Vec<String>) -> serde_json::Value {
+    json!({"metadata": {"finalizers": finalizers, "resourceVersion": policy.resource_version()}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::mock::{answer, body, mock_apiserver};
+    use crate::controller::writes::Rates;
+    use crate::controller::{wishes, writes::RETRY_FAILED};
+    use kube::runtime::watcher::Event;
+    use std::sync::Arc;
+    use tokio_util::sync::CancellationToken;
+
+    fn policy(name: &str, finalizers: &[&str], deleted: bool, nodes: Option<i32>) -> PolicyObject {
+        let mut metadata = json!({"name": name, "resourceVersion": "7", "finalizers": finalizers});
+        if deleted {
+            metadata["deletionTimestamp"] = json!("2026-11-26T00:00:00Z");
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+            "metadata": metadata, "spec": {"pool": {"nodeNames": ["n"]}},
+            "status": nodes.map(|n| json!({"nodes": n}))}))
+        .unwrap()
+    }
+
+    fn status(nodes: i32) -> PolicyWish {
+        PolicyWish::Status(Box::new(PlacementPolicyStatus {
+            nodes: Some(nodes),
+            ..PlacementPolicyStatus::default()
+        }))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_writer_writes_finalizers_and_status_from_the_policy_as_cached() {
+        let (client, mut apiserver) = mock_apiserver();
+        let (_leading, leader) = tokio::sync::watch::channel(true);
+        let (policies, mut feed) = kube::runtime::reflector::store::<PolicyObject>();
+        for p in [
+            policy("new", &["other.io/keep"], false, None),
+            policy("done", &[FINALIZER], false, Some(3)),
+            policy("deleted", &["other.io/keep", FINALIZER], true, Some(3)),
+            policy("going", &[], true, None),
+        ] {
+            feed.apply_watcher_event(&Event::Apply(p));
+        }
+        let wishes = Arc::new(PolicyWrites::default());
+        let writer = PolicyWriter {
+            writes: Writes::new(Arc::default(), leader, Rates::all(100)),
+            client,
+            policies,
+        };
+        let (retried, mut retries) = tokio::sync::mpsc::unbounded_channel();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(wishes::run(
+            writer,
+            wishes.clone(),
+            move |key: &(String, Part)| retried.send(key.clone()).unwrap(),
+            shutdown.clone(),
+        ));
+        let want = |name: &str, wish: PolicyWish| wishes.want((name.into(), wish.part()), wish);
+        want("new", PolicyWish::AddFinalizer);
+        // Nothing to write: already carried, already as wished, deleted, gone.
+        want("done", PolicyWish::AddFinalizer);
+        want("done", status(3));
+        want("deleted", status(1));
+        want("going", PolicyWish::AddFinalizer);
+        want("gone", status(1));
+        want("deleted", PolicyWish::RemoveFinalizer);
+        want("new", status(2));
+
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let (request, send) = apiserver.next_request().await.expect("a write");
+            assert_eq!(request.method(), "PATCH");
+            assert_eq!(request.uri().query(), Some("&fieldManager=berth"));
+            assert_eq!(
+                request.headers()["content-type"],
+                "application/merge-patch+json"
+            );
+            let path = request.uri().path().to_owned();
+            let patch = body(request).await;
+            if path.ends_with("/status") {
+                send.send_response(answer(500, json!({"kind": "Status", "code": 500})));
+            } else {
+                send.send_response(answer(
+                    200,
+                    json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+                        "metadata": {"name": "x", "resourceVersion": "8"}}),
+                ));
+            }
+            seen.push((path, patch));
+        }
+        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        let base = "/apis/berth.io/v1alpha1/placementpolicies";
+        assert_eq!(
+            seen,
+            [
+                (
+                    format!("{base}/deleted"),
+                    json!({"metadata": {"finalizers": ["other.io/keep"], "resourceVersion": "7"}})
+                ),
+                (
+                    format!("{base}/new"),
+                    json!({"metadata": {"finalizers": ["other.io/keep", FINALIZER], "resourceVersion": "7"}})
+                ),
+                (
+                    format!("{base}/new/status"),
+                    json!({"status": {"nodes": 2}})
+                ),
+            ]
+        );
+        let failed_at = tokio::time::Instant::now();
+        assert_eq!(
+            retries.recv().await.unwrap(),
+            ("new".to_string(), Part::Status),
+            "the failed status is handed back"
+        );
+        assert!(failed_at.elapsed() >= RETRY_FAILED);
+        shutdown.cancel();
+        task.await.unwrap();
+        assert!(apiserver.next_request().await.is_none(), "no other write");
+    }
+}

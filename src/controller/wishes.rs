@@ -1,0 +1,235 @@
+//! The shape of every writer task: a loop computes what an object should be and
+//! hands it over as a wish ([`Wishes::want`]); the object's writer task makes the
+//! writes, a few at a time, through the door ([`super::writes`]). So a loop never
+//! waits for its writes, and a slow or failing kind of write holds back no other.
+//!
+//! - The latest wish for an object wins: one asked for again before it is written
+//!   is written once, as last asked.
+//! - An object is never written twice at once: a wish for an object being written
+//!   waits for that write to end, then goes first.
+//! - Each writer starts its write from the object as the cache holds it then, and
+//!   makes none when the object already is as wished (or is gone).
+//! - An object whose write failed is handed back to its loop after
+//!   [`RETRY_FAILED`], which computes it again from what holds then.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::context::{locked, until};
+use super::writes::RETRY_FAILED;
+
+/// What a loop wants written and the writer has not finished; shared by the two.
+#[derive(Debug)]
+pub struct Wishes<K, W> {
+    queue: Mutex<Queue<K, W>>,
+    /// Told of every wish, so the writer takes it.
+    asked: Notify,
+}
+
+#[derive(Debug)]
+struct Queue<K, W> {
+    /// Keys in the order first asked. A key may be here whose wish was taken back,
+    /// or twice: the wish in `wanted` is what counts. A key being written leaves
+    /// it until its write ends.
+    order: VecDeque<K>,
+    /// The latest wish for each object not yet being written.
+    wanted: HashMap<K, W>,
+    /// Objects being written, and what they are being brought to.
+    writing: HashMap<K, W>,
+}
+
+impl<K, W> Default for Wishes<K, W> {
+    fn default() -> Self {
+        Wishes {
+            queue: Mutex::new(Queue {
+                order: VecDeque::new(),
+                wanted: HashMap::new(),
+                writing: HashMap::new(),
+            }),
+            asked: Notify::new(),
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash, W: Clone> Wishes<K, W> {
+    /// Asks for `key` to be brought to `wish`, in place of anything asked for it
+    /// before and not yet written.
+    pub fn want(&self, key: K, wish: W) {
+        let mut queue = locked(&self.queue);
+        let queue = &mut *queue;
+        if queue.wanted.insert(key.clone(), wish).is_none() {
+            queue.order.push_back(key);
+        }
+        self.asked.notify_one();
+    }
+
+    /// Takes back any wish for `key` not yet being written: the object is as it
+    /// should be, or is gone.
+    pub fn settled(&self, key: &K) {
+        locked(&self.queue).wanted.remove(key);
+    }
+
+    /// Whether any write being made brings its object to a state that `test`
+    /// holds for. A wish not yet taken is left out: the pass that asks replaces
+    /// it.
+    pub fn writing_any(&self, test: impl Fn(&W) -> bool) -> bool {
+        locked(&self.queue).writing.values().any(test)
+    }
+
+    /// Forgets every wish not yet being written (this replica lost the Lease, or
+    /// stopped leading for good).
+    pub fn clear(&self) {
+        let mut queue = locked(&self.queue);
+        queue.order.clear();
+        queue.wanted.clear();
+    }
+
+    /// The next object to write and what to write, marked as being written.
+    fn next(&self) -> Option<(K, W)> {
+        let mut queue = locked(&self.queue);
+        let queue = &mut *queue;
+        while let Some(key) = queue.order.pop_front() {
+            // An object being written comes back when its write ends.
+            if queue.writing.contains_key(&key) {
+                continue;
+            }
+            if let Some(wish) = queue.wanted.remove(&key) {
+                queue.writing.insert(key.clone(), wish.clone());
+                return Some((key, wish));
+            }
+        }
+        None
+    }
+
+    /// The write to `key` ended; a wish that waited for it goes first.
+    fn written(&self, key: &K) {
+        let mut queue = locked(&self.queue);
+        queue.writing.remove(key);
+        if queue.wanted.contains_key(key) {
+            queue.order.push_front(key.clone());
+            self.asked.notify_one();
+        }
+    }
+}
+
+/// One kind of write: how an object is brought to a wish.
+pub trait Writer: Send + 'static {
+    type Key: Clone + Eq + Hash + Send + 'static;
+    type Wish: Clone + Send + 'static;
+
+    /// Writes of this kind in flight at once.
+    const CONCURRENCY: usize;
+
+    /// The write that brings `key` to `wish`, from the object as the cache holds it
+    /// now; `None` when there is nothing to write. The write logs and counts its
+    /// own outcome, and ends true when it failed and is worth a retry.
+    fn write(
+        &self,
+        key: &Self::Key,
+        wish: Self::Wish,
+    ) -> Option<impl Future<Output = bool> + Send + 'static>;
+}
+
+/// Writes what `wishes` asks until `shutdown`; hands each object whose write
+/// failed to `retry` after [`RETRY_FAILED`].
+pub async fn run<T: Writer>(
+    writer: T,
+    wishes: Arc<Wishes<T::Key, T::Wish>>,
+    retry: impl Fn(&T::Key),
+    shutdown: CancellationToken,
+) {
+    let mut in_flight = FuturesUnordered::new();
+    let mut failed: Vec<T::Key> = Vec::new();
+    let mut retry_at: Option<tokio::time::Instant> = None;
+    loop {
+        while in_flight.len() < T::CONCURRENCY
+            && let Some((key, wish)) = wishes.next()
+        {
+            match writer.write(&key, wish) {
+                Some(write) => in_flight.push(async move { (key, write.await) }),
+                None => wishes.written(&key),
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            Some((key, failure)) = in_flight.next(), if !in_flight.is_empty() => {
+                wishes.written(&key);
+                if failure {
+                    failed.push(key);
+                    retry_at.get_or_insert_with(|| tokio::time::Instant::now() + RETRY_FAILED);
+                }
+            }
+            // With every write slot taken, a wish waits for a write to end.
+            () = wishes.asked.notified(), if in_flight.len() < T::CONCURRENCY => {}
+            () = until(retry_at) => {
+                retry_at = None;
+                for key in failed.drain(..) {
+                    retry(&key);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Queue = Wishes<&'static str, &'static str>;
+
+    #[test]
+    fn the_latest_wish_is_written_and_an_object_is_never_written_twice_at_once() {
+        let queue = Queue::default();
+        queue.want("a", "one");
+        queue.want("b", "b");
+        queue.want("a", "two");
+        assert_eq!(queue.next(), Some(("a", "two")), "once, as last asked");
+        queue.want("a", "three");
+        assert_eq!(
+            queue.next(),
+            Some(("b", "b")),
+            "a's new wish waits for its write in flight"
+        );
+        assert!(queue.next().is_none());
+        assert!(queue.writing_any(|w| *w == "two"));
+        assert!(!queue.writing_any(|w| *w == "three"), "not taken");
+        queue.written(&"a");
+        assert_eq!(queue.next(), Some(("a", "three")));
+        queue.written(&"a");
+        queue.written(&"b");
+        assert!(!queue.writing_any(|_| true));
+        assert!(queue.next().is_none());
+    }
+
+    #[test]
+    fn a_wish_taken_back_is_not_written() {
+        let queue = Queue::default();
+        queue.want("a", "one");
+        queue.want("b", "one");
+        queue.settled(&"a");
+        assert_eq!(queue.next(), Some(("b", "one")));
+        assert!(queue.next().is_none(), "a was taken back");
+        // Taken back while it waits for its object's write to end: nothing follows
+        // the write.
+        queue.want("b", "two");
+        assert!(queue.next().is_none(), "b's wish waits");
+        queue.settled(&"b");
+        queue.written(&"b");
+        assert!(queue.next().is_none());
+        // A replica that lost the Lease forgets what is asked, not what is being
+        // written: no second write of c starts before the first ends.
+        queue.want("c", "one");
+        queue.next().unwrap();
+        queue.want("d", "one");
+        queue.clear();
+        assert!(queue.next().is_none());
+        assert!(queue.writing_any(|_| true), "c's write is still on its way");
+    }
+}
