@@ -925,13 +925,48 @@ const CONTAINER_ESSENTIALS: [&str; 3] = ["name", "image", "resources"];
 /// skipped unparsed: serde_json skips a value without recursion, so no depth
 /// there can fail the read. `null` is no object.
 pub fn read_json(text: &str, skip: Skip) -> serde_json::Result<Option<Value>> {
-    if text.trim() == "null" {
-        return Ok(None);
-    }
     let mut deserializer = serde_json::Deserializer::from_str(text);
-    let object = LenientSeed { top: true, skip }.deserialize(&mut deserializer)?;
+    let object = LenientObject(skip).deserialize(&mut deserializer)?;
     deserializer.end()?;
-    Ok(Some(Value::Object(object)))
+    Ok(object)
+}
+
+/// [`read_json`] as a seed, for an object read where it stands in a larger
+/// document (a review's `request.object`).
+#[derive(Clone, Copy)]
+pub struct LenientObject(pub Skip);
+
+impl<'de> DeserializeSeed<'de> for LenientObject {
+    type Value = Option<Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for LenientObject {
+    type Value = Option<Value>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object or null")
+    }
+
+    fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        let object = LenientSeed {
+            top: true,
+            skip: self.0,
+        }
+        .deserialize(deserializer)?;
+        Ok(Some(Value::Object(object)))
+    }
 }
 
 /// Reads an object (`top`) or its metadata, skipping what [`read_json`] skips.

@@ -140,13 +140,20 @@ pub fn parse_cost(body: &[u8]) -> usize {
             b'"' => {
                 let start = i + 1;
                 let mut escaped = false;
-                i += 1;
-                while i < body.len() && body[i] != b'"' {
-                    if body[i] == b'\\' {
-                        escaped = true;
-                        i += 1;
+                // To the closing quote, jumping over plain text (most of a body).
+                i = start;
+                while i < body.len() {
+                    match memchr::memchr2(b'"', b'\\', &body[i..]) {
+                        Some(at) if body[i + at] == b'"' => {
+                            i += at;
+                            break;
+                        }
+                        Some(at) => {
+                            escaped = true;
+                            i += at + 2;
+                        }
+                        None => i = body.len(),
                     }
-                    i += 1;
                 }
                 let text = &body[start..i.min(body.len())];
                 match walk.open.last_mut() {

@@ -69,11 +69,27 @@ impl AdmissionRequest {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Envelope<'a> {
+struct Envelope<R> {
     api_version: Option<String>,
     kind: Option<String>,
-    #[serde(borrow)]
-    request: Option<RawRequest<'a>>,
+    request: Option<R>,
+}
+
+impl<R> Envelope<R> {
+    /// The request, once the envelope is an AdmissionReview berth speaks.
+    fn request(self) -> Result<R, String> {
+        if self.kind.as_deref() != Some("AdmissionReview") {
+            return Err("the body is not an AdmissionReview: kind must be AdmissionReview".into());
+        }
+        if self.api_version.as_deref() != Some(API_VERSION) {
+            return Err(format!(
+                "unsupported AdmissionReview version {:?}; berth speaks {API_VERSION}",
+                self.api_version.unwrap_or_default()
+            ));
+        }
+        self.request
+            .ok_or_else(|| "the AdmissionReview has no request".to_string())
+    }
 }
 
 #[derive(Deserialize)]
@@ -99,28 +115,35 @@ struct RawRequest<'a> {
     old_object: Option<&'a RawValue>,
 }
 
-/// Reads a request body; the error is the reason for a 400.
-pub fn parse(body: &[u8]) -> Result<AdmissionRequest, String> {
-    let envelope: Envelope = serde_json::from_slice(body)
-        .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
-    if envelope.kind.as_deref() != Some("AdmissionReview") {
-        return Err("the body is not an AdmissionReview: kind must be AdmissionReview".into());
-    }
-    if envelope.api_version.as_deref() != Some(API_VERSION) {
-        return Err(format!(
-            "unsupported AdmissionReview version {:?}; berth speaks {API_VERSION}",
-            envelope.api_version.unwrap_or_default()
-        ));
-    }
-    let raw = envelope
-        .request
-        .ok_or_else(|| "the AdmissionReview has no request".to_string())?;
-    // A pod's container details are neither read nor patched (see `Skip`).
-    let skip = if raw.kind.group.is_empty() && raw.kind.kind == "Pod" {
+/// What is skipped of an object of `kind`: a pod's container details are neither
+/// read nor patched (see `Skip`).
+fn skip_for(kind: &GroupVersionKind) -> Skip {
+    if kind.group.is_empty() && kind.kind == "Pod" {
         Skip::PodContainerDetail
     } else {
         Skip::Status
-    };
+    }
+}
+
+/// Reads a request body; the error is the reason for a 400.
+///
+/// A well-formed review is read in one pass ([`OnePass`]); anything else (an
+/// object berth cannot read, an object before its kind, a duplicate field) is read
+/// again in two, which finds the uid whatever the object holds and says what is
+/// wrong. The two read every review they both read alike.
+pub fn parse(body: &[u8]) -> Result<AdmissionRequest, String> {
+    match serde_json::from_slice::<Envelope<OnePass>>(body) {
+        Ok(envelope) => envelope.request().map(|OnePass(request)| request),
+        Err(_) => parse_in_two(body),
+    }
+}
+
+/// Reads the envelope with the objects raw, then each object on its own.
+fn parse_in_two(body: &[u8]) -> Result<AdmissionRequest, String> {
+    let envelope: Envelope<RawRequest> = serde_json::from_slice(body)
+        .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
+    let raw = envelope.request()?;
+    let skip = skip_for(&raw.kind);
     let mut unreadable = None;
     let read_object = |raw: &RawValue| crate::objects::read_json(raw.get(), skip);
     let mut read = |raw: Option<&RawValue>, what: &str| match raw.map(read_object).transpose() {
@@ -145,6 +168,81 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest, String> {
         old_object,
         unreadable,
     })
+}
+
+/// A request read in one pass, its objects read leniently where they stand: the
+/// apiserver writes `kind` before them, and says by it what to skip. Any surprise
+/// is an error, and [`parse`] reads the body again in two passes.
+struct OnePass(AdmissionRequest);
+
+impl<'de> Deserialize<'de> for OnePass {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(OnePassVisitor)
+    }
+}
+
+struct OnePassVisitor;
+
+impl<'de> serde::de::Visitor<'de> for OnePassVisitor {
+    type Value = OnePass;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an admission request")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<OnePass, A::Error> {
+        use serde::de::Error;
+        /// Sets a field once: a second one is a surprise.
+        fn once<T, E: Error>(field: &mut Option<T>, value: T, name: &'static str) -> Result<(), E> {
+            match field.replace(value) {
+                None => Ok(()),
+                Some(_) => Err(E::duplicate_field(name)),
+            }
+        }
+        let (mut uid, mut kind, mut sub_resource, mut operation) = (None, None, None, None);
+        let (mut namespace, mut name, mut user_info, mut dry_run) = (None, None, None, None);
+        let (mut object, mut old_object) = (None, None);
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match &*key {
+                "uid" => once(&mut uid, map.next_value::<String>()?, "uid")?,
+                "kind" => once(&mut kind, map.next_value::<GroupVersionKind>()?, "kind")?,
+                "subResource" => once(&mut sub_resource, map.next_value()?, "subResource")?,
+                "operation" => once(&mut operation, map.next_value::<String>()?, "operation")?,
+                "namespace" => once(&mut namespace, map.next_value()?, "namespace")?,
+                "name" => once(&mut name, map.next_value()?, "name")?,
+                "userInfo" => once(&mut user_info, map.next_value::<UserInfo>()?, "userInfo")?,
+                "dryRun" => once(&mut dry_run, map.next_value::<Option<bool>>()?, "dryRun")?,
+                "object" | "oldObject" => {
+                    let skip = skip_for(
+                        kind.as_ref()
+                            .ok_or_else(|| A::Error::custom("an object before its kind"))?,
+                    );
+                    let value = map.next_value_seed(crate::objects::LenientObject(skip))?;
+                    let (field, name) = match &*key {
+                        "object" => (&mut object, "object"),
+                        _ => (&mut old_object, "oldObject"),
+                    };
+                    once(field, value, name)?;
+                }
+                _ => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(OnePass(AdmissionRequest {
+            uid: uid.ok_or_else(|| A::Error::missing_field("uid"))?,
+            kind: kind.ok_or_else(|| A::Error::missing_field("kind"))?,
+            sub_resource: sub_resource.flatten(),
+            operation: operation.ok_or_else(|| A::Error::missing_field("operation"))?,
+            namespace: namespace.flatten(),
+            name: name.flatten(),
+            user_info: user_info.unwrap_or_default(),
+            dry_run: dry_run.flatten().unwrap_or(false),
+            object: object.flatten(),
+            old_object: old_object.flatten(),
+            unreadable: None,
+        }))
+    }
 }
 
 /// The request uid from the first bytes of a body too large to read whole, when
@@ -480,6 +578,81 @@ mod tests {
             why.starts_with("the object: recursion limit exceeded"),
             "{why}"
         );
+    }
+
+    /// Reads `body` in one pass only: `None` when that pass gives up.
+    fn in_one(body: &str) -> Option<AdmissionRequest> {
+        let envelope = serde_json::from_str::<Envelope<OnePass>>(body).ok()?;
+        envelope.request().ok().map(|OnePass(request)| request)
+    }
+
+    #[test]
+    fn one_pass_and_two_read_every_review_alike() {
+        let pod = deployment_pod().to_string();
+        let request = |fields: &str| {
+            format!(
+                r#"{{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{{{fields}}}}}"#
+            )
+        };
+        let kind = r#""kind":{"group":"","version":"v1","kind":"Pod"}"#;
+        let read_in_one = [
+            review(&pod),
+            review("null"),
+            review(
+                r#"{"kind":"Pod","status":{"phase":"Pending"},"spec":{"containers":[{"name":"c","env":[1]}]}}"#,
+            ),
+            request(&format!(
+                r#""uid":"u",{kind},"subResource":null,"operation":"UPDATE","namespace":"n","name":"p",
+                "dryRun":true,"extra":{{"a":[1,2]}},"object":{pod},"oldObject":{pod}"#
+            )),
+            request(&format!(
+                r#""\u0075id":"u",{kind},"operation":"CREATE","namespace":null,"object":{{}}"#
+            )),
+            review(
+                &json!({"kind": "DaemonSet", "spec": {"template": {"spec": {"containers": [
+                {"name": "agent", "env": [{"name": "A", "value": "b"}]}]}}}})
+                .to_string(),
+            )
+            .replace(
+                r#""group":"","version":"v1","kind":"Pod""#,
+                r#""group":"apps","version":"v1","kind":"DaemonSet""#,
+            ),
+        ];
+        let read_in_two = [
+            request(&format!(
+                r#""uid":"u","object":{pod},{kind},"operation":"CREATE""#
+            )),
+            request(&format!(
+                r#""uid":"u","uid":"v",{kind},"operation":"CREATE""#
+            )),
+            request(r#""uid":"u","operation":"CREATE""#),
+            review(r#"{"kind":"Pod","spec":"not an object"}"#),
+            review(r#"{"kind":"Pod","spec":{"containers":{"name":"c"}}}"#),
+            review(&format!(
+                r#"{{"x":{}1{}}}"#,
+                "[".repeat(126),
+                "]".repeat(126)
+            )),
+            review(&pod).replace("AdmissionReview", "Review"),
+            request(&format!(r#"{kind},"operation":"CREATE""#)),
+        ];
+        for body in &read_in_one {
+            let one = in_one(body).unwrap_or_else(|| panic!("one pass reads {body}"));
+            let two = parse_in_two(body.as_bytes()).unwrap();
+            assert_eq!(format!("{one:?}"), format!("{two:?}"), "{body}");
+            assert_eq!(
+                format!("{:?}", parse(body.as_bytes())),
+                format!("{:?}", Ok::<_, String>(two))
+            );
+        }
+        for body in &read_in_two {
+            assert!(in_one(body).is_none(), "{body}");
+            assert_eq!(
+                format!("{:?}", parse(body.as_bytes())),
+                format!("{:?}", parse_in_two(body.as_bytes())),
+                "{body}"
+            );
+        }
     }
 
     #[test]
