@@ -80,24 +80,7 @@ fn berth() -> &'static Berth {
     READY.get_or_init(|| {
         berth.cluster.apply_policies(&policies());
         for (policy, node) in [("cdn", "node2"), ("edge", "node3")] {
-            let deadline = std::time::Instant::now() + WAIT;
-            loop {
-                let out = berth.cluster.kubectl_ok(&[
-                    "get",
-                    "bpp",
-                    policy,
-                    "-o",
-                    "jsonpath={.status.nodeNames}",
-                ]);
-                if out.contains(node) && berth.cluster.pool_taint(node) == policy {
-                    break;
-                }
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "pool {policy} never set up"
-                );
-                std::thread::sleep(Duration::from_millis(200));
-            }
+            berth.cluster.wait_for_pool(policy, &[node], WAIT);
         }
     });
     berth

@@ -168,6 +168,10 @@ async fn a_gang_that_does_not_fit_stays_held_until_a_node_is_added() {
     berth()
         .cluster
         .apply_app_policy("gang-fit", pool(&["gnode1", "gnode2"]));
+    // The pods come once the pool is in place: what they do not fit is room.
+    berth()
+        .cluster
+        .wait_for_pool("gang-fit", &["gnode1", "gnode2"], WAIT);
     let probe = json!({"app": "gang-fit"});
     let ns = opted_in(&client, "gang-fit", "gang-fit", probe, WAIT).await;
     let pods = ["a", "b", "c"]

@@ -196,6 +196,10 @@ async fn a_native_gang_that_does_not_fit_stays_unbound_until_a_node_is_added() {
     berth()
         .cluster
         .apply_app_policy("pg-fit", pool(&["pgnode1", "pgnode2"]));
+    // The pods come once the pool is in place: what they do not fit is room.
+    berth()
+        .cluster
+        .wait_for_pool("pg-fit", &["pgnode1", "pgnode2"], WAIT);
     let probe = json!({"app": "pg-fit"});
     let ns = opted_in(&client, "pg-fit", "pg-fit", probe, WAIT).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);

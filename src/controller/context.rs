@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use super::daemonsets::DaemonSetWrites;
 use super::events::Events;
 use super::node_writer::NodeQueue;
+use super::podgroups::{PodGroupWrites, PodGroups};
 use super::policy_writer::PolicyWrites;
 use super::writes::Writes;
 use crate::cluster::{Cluster, DaemonSets};
@@ -60,6 +61,9 @@ pub struct Context {
     pub node_writes: Arc<NodeQueue>,
     pub policy_writes: Arc<PolicyWrites>,
     pub daemonset_writes: Arc<DaemonSetWrites>,
+    pub pod_group_writes: Arc<PodGroupWrites>,
+    /// The PodGroups the writer made sure of, for the releases loop.
+    pub pod_groups: PodGroups,
 }
 
 impl Context {
@@ -73,6 +77,7 @@ impl Context {
             node_writes: &self.node_writes,
             policy_writes: &self.policy_writes,
             daemonset_writes: &self.daemonset_writes,
+            pod_group_writes: &self.pod_group_writes,
         }
     }
 }
@@ -128,6 +133,7 @@ pub struct Pass<'a> {
     pub node_writes: &'a NodeQueue,
     pub policy_writes: &'a PolicyWrites,
     pub daemonset_writes: &'a DaemonSetWrites,
+    pub pod_group_writes: &'a PodGroupWrites,
 }
 
 /// Policies and namespaces as the cluster room holds them at one instant.

@@ -41,7 +41,7 @@ impl Events {
     }
 
     /// Queues an Event; false when the queue is full.
-    fn queue(&self, event: Event, reference: &ObjectReference) -> bool {
+    pub fn send(&self, event: Event, reference: &ObjectReference) -> bool {
         self.queue.try_send((event, reference.clone())).is_ok()
     }
 }
@@ -83,7 +83,7 @@ impl Reported {
         event: Event,
         reference: &ObjectReference,
     ) {
-        if self.first(key.clone()) && !events.queue(event, reference) {
+        if self.first(key.clone()) && !events.send(event, reference) {
             tracing::debug!(%key, "event queue full; reported on a later pass");
             self.current.remove(&key);
         }

@@ -3,33 +3,53 @@
 //! puts each gang member in its group (`spec.schedulingGroup`) and the controller
 //! keeps one PodGroup per group with `minCount`, so kube-scheduler itself places
 //! the group all at once or not at all.
+//!
+//! The releases loop works out which PodGroups the gangs need ([`PodGroups::keep`])
+//! and hands them to the PodGroup writer ([`super::wishes`]), which looks each one
+//! up and makes or puts it right: a pass never waits for those reads and writes,
+//! and with them neither does a release.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::scheduling::v1beta1::{
     GangSchedulingPolicy, PodGroup, PodGroupSchedulingPolicy, PodGroupSpec,
 };
-use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
+use kube::{Client, Resource};
 use serde_json::json;
 
-use super::context::Pass;
-use super::context::Snapshot;
-use super::events::{Reported, event};
-use super::writes::{self, Kind};
+use super::context::{Pass, Snapshot, locked};
+use super::events::{Events, event};
+use super::wishes::{Wishes, Writer};
+use super::writes::{self, Kind, RETRY_FAILED, Writes};
 use crate::names::{FIELD_MANAGER, owned_metadata};
 use crate::objects::PodObject;
 use crate::placement::opt_in::pod_entitlements;
 
 pub use crate::cluster::groups::POD_GROUP_API;
 
-/// The PodGroups this controller has made sure of since the last resync: each is
-/// checked once, not on every pass; a resync checks them all again.
-#[derive(Debug, Default)]
+/// A PodGroup, by namespace and name.
+pub type GroupKey = (String, String);
+
+/// What a gang needs of its PodGroup: `minCount`, and the members' priority class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupWish {
+    pub min_count: u32,
+    pub class: Option<String>,
+}
+
+/// What the releases loop wants of each gang's PodGroup, for the PodGroup writer.
+pub type PodGroupWrites = Wishes<GroupKey, GroupWish>;
+
+/// The PodGroups made sure of since the last resync: each is checked once, not on
+/// every pass; a resync checks them all again. The writer adds to it, the loop
+/// reads and forgets it.
+#[derive(Debug, Default, Clone)]
 pub struct PodGroups {
-    known: BTreeSet<(String, String)>,
+    known: Arc<Mutex<BTreeSet<GroupKey>>>,
 }
 
 /// What berth's PodGroup of a gang holds, as the controller finds it.
@@ -77,8 +97,12 @@ fn compare(spec: &PodGroupSpec, min_count: u32, class: Option<&str>) -> Found {
 impl PodGroups {
     /// Forgets what it made sure of, so a PodGroup deleted or changed by hand is
     /// put right.
-    pub fn forget(&mut self) {
-        self.known.clear();
+    pub fn forget(&self) {
+        locked(&self.known).clear();
+    }
+
+    fn knows(&self, key: &GroupKey) -> bool {
+        locked(&self.known).contains(key)
     }
 
     /// Keeps the PodGroup of every group whose members the webhook joined to one
@@ -90,46 +114,76 @@ impl PodGroups {
     /// it): its `minCount` is put back, or, where Kubernetes allows no change, it
     /// is deleted and made again. PodGroups are left to Kubernetes' own protection
     /// once their pods are gone.
-    pub async fn keep(
-        &mut self,
-        pass: &Pass<'_>,
-        pods: &[Arc<PodObject>],
-        snapshot: &Snapshot,
-        reported: &mut Reported,
-    ) {
-        for ((namespace, name), (min_count, class)) in wanted(pods, snapshot) {
-            let key = (namespace.clone(), name.clone());
-            if self.known.contains(&key) {
-                continue;
-            }
-            let api: Api<PodGroup> = Api::namespaced(pass.client.clone(), &namespace);
-            let result = match api.get_opt(&name).await {
-                Ok(None) => create(pass, &api, &name, min_count, class).await,
-                Ok(Some(found)) => {
-                    let verdict = compare(&found.spec, min_count, class.as_deref());
-                    put_right(pass, &api, &found, verdict, min_count, reported).await
-                }
-                Err(e) => Err(e.into()),
-            };
-            match result {
-                Ok(true) => {
-                    self.known.insert(key);
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!(%namespace, %name, error = %e, "cannot keep the PodGroup; retrying on the next pass")
-                }
+    pub fn keep(&self, pass: &Pass<'_>, pods: &[Arc<PodObject>], snapshot: &Snapshot) {
+        for (key, wish) in wanted(pods, snapshot) {
+            if self.knows(&key) {
+                pass.pod_group_writes.settled(&key);
+            } else {
+                pass.pod_group_writes.want(key, wish);
             }
         }
     }
 }
 
+/// What the PodGroup writer works with.
+pub struct PodGroupWriter {
+    pub writes: Writes,
+    pub client: Client,
+    pub events: Events,
+    /// Shared with the releases loop: the writer notes each PodGroup it found or
+    /// made as berth's.
+    pub known: PodGroups,
+}
+
+impl Writer for PodGroupWriter {
+    type Key = GroupKey;
+    type Wish = GroupWish;
+
+    /// A look-up and a write each; gangs are few.
+    const CONCURRENCY: usize = 4;
+
+    fn write(
+        &self,
+        key: &GroupKey,
+        wish: GroupWish,
+    ) -> Option<impl Future<Output = bool> + Send + 'static> {
+        if self.known.knows(key) {
+            return None;
+        }
+        let (writes, events, known) =
+            (self.writes.clone(), self.events.clone(), self.known.clone());
+        let api: Api<PodGroup> = Api::namespaced(self.client.clone(), &key.0);
+        let key = key.clone();
+        Some(async move {
+            let name = &key.1;
+            let result = match api.get_opt(name).await {
+                Ok(None) => create(&writes, &api, name, &wish).await,
+                Ok(Some(found)) => {
+                    let verdict = compare(&found.spec, wish.min_count, wish.class.as_deref());
+                    put_right(&writes, &events, &api, &found, verdict, wish.min_count).await
+                }
+                Err(e) => Err(e.into()),
+            };
+            match result {
+                Ok(true) => {
+                    locked(&known.known).insert(key);
+                    false
+                }
+                // Made meanwhile, or being deleted: looked at on the next pass.
+                Ok(false) | Err(writes::Error::NotLeader) => false,
+                Err(e) => {
+                    let (namespace, name) = &key;
+                    tracing::warn!(%namespace, %name, error = %e, "cannot keep the PodGroup; retrying in {RETRY_FAILED:?}");
+                    true
+                }
+            }
+        })
+    }
+}
+
 /// The PodGroups the gangs need, by namespace and name: `minCount` and class.
-fn wanted(
-    pods: &[Arc<PodObject>],
-    snapshot: &Snapshot,
-) -> BTreeMap<(String, String), (u32, Option<String>)> {
-    let mut wanted: BTreeMap<(String, String), (u32, Option<String>)> = BTreeMap::new();
+fn wanted(pods: &[Arc<PodObject>], snapshot: &Snapshot) -> BTreeMap<GroupKey, GroupWish> {
+    let mut wanted: BTreeMap<GroupKey, GroupWish> = BTreeMap::new();
     for pod in pods.iter().filter(|p| !p.is_terminated()) {
         let Some(group) = pod.pod_group_name() else {
             continue;
@@ -145,34 +199,33 @@ fn wanted(
         let Some(member) = member else { continue };
         let entry = wanted
             .entry((namespace, group.to_owned()))
-            .or_insert((0, pod.spec.priority_class_name.clone()));
-        entry.0 = entry.0.max(member.min_available);
+            .or_insert(GroupWish {
+                min_count: 0,
+                class: pod.spec.priority_class_name.clone(),
+            });
+        entry.min_count = entry.min_count.max(member.min_available);
     }
     wanted
 }
 
 /// Creates a PodGroup; true once it exists.
 async fn create(
-    pass: &Pass<'_>,
+    writes: &Writes,
     api: &Api<PodGroup>,
     name: &str,
-    min_count: u32,
-    class: Option<String>,
+    wish: &GroupWish,
 ) -> Result<bool, writes::Error> {
     let params = PostParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PostParams::default()
     };
-    match pass
-        .writes
-        .make(
-            Kind::PodGroup,
-            api.create(&params, &pod_group(name, min_count, class)),
-        )
+    let group = pod_group(name, wish.min_count, wish.class.clone());
+    match writes
+        .make(Kind::PodGroup, api.create(&params, &group))
         .await
     {
         Ok(_) => {
-            tracing::info!(name, min_count, "PodGroup created");
+            tracing::info!(name, min_count = wish.min_count, "PodGroup created");
             Ok(true)
         }
         // Made meanwhile: checked on the next pass.
@@ -181,14 +234,15 @@ async fn create(
     }
 }
 
-/// Puts a found PodGroup right; true when it is berth's as it stands.
+/// Puts a found PodGroup right, with a Warning Event on it; true when it is
+/// berth's as it stands.
 async fn put_right(
-    pass: &Pass<'_>,
+    writes: &Writes,
+    events: &Events,
     api: &Api<PodGroup>,
     found: &PodGroup,
     verdict: Found,
     min_count: u32,
-    reported: &mut Reported,
 ) -> Result<bool, writes::Error> {
     let name = found.metadata.name.clone().unwrap_or_default();
     let (note, kept) = match verdict {
@@ -198,7 +252,7 @@ async fn put_right(
         Found::MinCount => {
             let patch = json!({"spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}}});
             let params = PatchParams::apply(FIELD_MANAGER);
-            pass.writes
+            writes
                 .make(
                     Kind::PodGroup,
                     api.patch(&name, &params, &Patch::Merge(&patch)),
@@ -210,7 +264,7 @@ async fn put_right(
             )
         }
         Found::Foreign(why) => {
-            pass.writes
+            writes
                 .make(Kind::PodGroup, api.delete(&name, &DeleteParams::default()))
                 .await?;
             (
@@ -222,18 +276,11 @@ async fn put_right(
         }
     };
     tracing::warn!(namespace = ?found.metadata.namespace, %name, %note, "PodGroup put right");
-    let reference = found.object_ref(&());
-    let key = format!(
-        "podgroup/{}/{}",
-        found.metadata.uid.as_deref().unwrap_or_default(),
-        found
-            .metadata
-            .resource_version
-            .as_deref()
-            .unwrap_or_default()
-    );
+    // Each write is its own cause: one Event, sent at once.
     let event = event(EventType::Warning, "PodGroupTampered", "Restore", note);
-    reported.publish(pass.events, key, event, &reference);
+    if !events.send(event, &found.object_ref(&())) {
+        tracing::debug!(%name, "event queue full; the PodGroup's Event is dropped");
+    }
     Ok(kept)
 }
 
@@ -258,6 +305,105 @@ fn pod_group(name: &str, min_count: u32, class: Option<String>) -> PodGroup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::controller::mock::{answer, body, mock_apiserver};
+    use crate::controller::wishes;
+    use crate::controller::writes::Rates;
+    use tokio_util::sync::CancellationToken;
+
+    #[tokio::test]
+    async fn the_writer_makes_a_missing_pod_group_and_puts_back_a_changed_min_count() {
+        let (client, mut apiserver) = mock_apiserver();
+        let (_leading, leader) = tokio::sync::watch::channel(true);
+        let (recorder_client, _events) = mock_apiserver();
+        let recorder = kube::runtime::events::Recorder::new(recorder_client, "berth".into());
+        let known = PodGroups::default();
+        let writer = PodGroupWriter {
+            writes: Writes::new(Arc::default(), leader, Rates::all(100)),
+            client,
+            events: Events::start(recorder),
+            known: known.clone(),
+        };
+        let wishes = Arc::new(PodGroupWrites::default());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(wishes::run(
+            writer,
+            wishes.clone(),
+            |_: &GroupKey| panic!("nothing fails"),
+            shutdown.clone(),
+        ));
+        let path = "/apis/scheduling.k8s.io/v1beta1/namespaces/jobs/podgroups";
+        let wish = |min_count| GroupWish {
+            min_count,
+            class: Some("berth-queue-jobs-3".into()),
+        };
+        let key = |name: &str| ("jobs".to_string(), name.to_string());
+
+        wishes.want(key("berth-a"), wish(3));
+        let (request, send) = apiserver.next_request().await.unwrap();
+        assert_eq!(
+            (request.method().as_str(), request.uri().path()),
+            ("GET", &*format!("{path}/berth-a"))
+        );
+        send.send_response(answer(
+            404,
+            json!({"kind": "Status", "code": 404, "reason": "NotFound"}),
+        ));
+        let (request, send) = apiserver.next_request().await.unwrap();
+        assert_eq!(
+            (request.method().as_str(), request.uri().path()),
+            ("POST", path)
+        );
+        assert_eq!(request.uri().query(), Some("&fieldManager=berth"));
+        let made = body(request).await;
+        assert_eq!(made["spec"]["schedulingPolicy"]["gang"]["minCount"], 3);
+        assert_eq!(made["spec"]["priorityClassName"], "berth-queue-jobs-3");
+        send.send_response(answer(201, made));
+
+        // Someone set minCount to 1: put back, under berth's field manager.
+        let mut changed =
+            serde_json::to_value(pod_group("berth-b", 1, Some("berth-queue-jobs-3".into())))
+                .unwrap();
+        changed["metadata"]["namespace"] = json!("jobs");
+        wishes.want(key("berth-b"), wish(3));
+        let (request, send) = apiserver.next_request().await.unwrap();
+        assert_eq!(
+            (request.method().as_str(), request.uri().path()),
+            ("GET", &*format!("{path}/berth-b"))
+        );
+        send.send_response(answer(200, changed.clone()));
+        let (request, send) = apiserver.next_request().await.unwrap();
+        assert_eq!(
+            (request.method().as_str(), request.uri().path()),
+            ("PATCH", &*format!("{path}/berth-b"))
+        );
+        assert!(
+            request
+                .uri()
+                .query()
+                .unwrap()
+                .contains("fieldManager=berth")
+        );
+        assert_eq!(
+            body(request).await,
+            json!({"spec": {"schedulingPolicy": {"gang": {"minCount": 3}}}})
+        );
+        send.send_response(answer(200, changed));
+
+        // Both are berth's now: asked again, nothing is read or written.
+        for _ in 0..100 {
+            if known.knows(&key("berth-a")) && known.knows(&key("berth-b")) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(known.knows(&key("berth-a")) && known.knows(&key("berth-b")));
+        wishes.want(key("berth-a"), wish(3));
+        wishes.want(key("berth-b"), wish(3));
+        shutdown.cancel();
+        task.await.unwrap();
+        assert!(apiserver.next_request().await.is_none(), "no other request");
+    }
 
     #[test]
     fn a_pod_group_is_berths_only_as_berth_made_it() {

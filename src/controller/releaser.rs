@@ -1,7 +1,11 @@
 //! The releases loop: on every change that concerns held pods, lets go those
 //! that may go now (exclusion, ordered start, gangs), tells the others why they
-//! wait, and keeps the PodGroups of gangs in PodGroup mode. It runs beside the
-//! nodes loop, so that node writes never delay a release.
+//! wait, and hands the PodGroups gangs need in PodGroup mode to their writer
+//! ([`super::podgroups`]). It runs beside the nodes loop, so that node writes
+//! never delay a release. Releases and the evictions of pods that block them are
+//! written by the pass itself: what it may release next depends on what its own
+//! writes did (an exclusion release is recorded as soon as it lands, before the
+//! watch shows it), which a queue where the latest wish wins would hide.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,7 +18,6 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::context::{Context, Pass, Snapshot, leadership_changed, until};
 use super::events::Reported;
-use super::podgroups::PodGroups;
 use super::release::{PolicyLookups, release_held_pods, report_routing_conflicts};
 use super::writes::Kind;
 use crate::cluster::{Changed, Stores};
@@ -33,7 +36,7 @@ const DEBOUNCE: Duration = Duration::from_millis(25);
 
 /// What this loop writes: a failure of one, and of nothing the nodes loop
 /// writes, is retried by its next pass.
-const RELEASES_WRITE: [Kind; 3] = [Kind::Release, Kind::Eviction, Kind::PodGroup];
+const RELEASES_WRITE: [Kind; 2] = [Kind::Release, Kind::Eviction];
 
 /// How soon a pass whose write failed is followed by another.
 const RETRY_FAILED: Duration = Duration::from_secs(5);
@@ -56,16 +59,19 @@ pub async fn run(
     let mut reported = Reported::default();
     let mut released = exclusion::Released::default();
     let mut lookups = PolicyLookups::default();
-    let mut pod_groups = PodGroups::default();
+    let pod_groups = &context.pod_groups;
     let mut room_cache = RoomCache::default();
     let no_rooms = Rooms::new();
     let mut wake_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
-            changed = leadership_changed(&mut leadership) => if changed.is_none() {
-                break;
-            },
+            changed = leadership_changed(&mut leadership) => {
+                if changed.is_none() {
+                    break;
+                }
+                context.pod_group_writes.clear();
+            }
             () = wakes.releases.notified() => tokio::time::sleep(DEBOUNCE).await,
             // A held gang reaches its timeoutSeconds (reported on time), or a
             // ranked pod has waited long enough for lower ranks to show.
@@ -116,7 +122,7 @@ pub async fn run(
             &mut reported,
         )
         .await;
-        // A write that failed (a release, an eviction, a PodGroup) is tried again
+        // A write that failed (a release, an eviction) is tried again
         // soon, whatever else wakes the loop.
         let retry = (context.writes.failures(&RELEASES_WRITE) > failures).then_some(RETRY_FAILED);
         wake_at = wake_after
@@ -129,9 +135,7 @@ pub async fn run(
             wakes.status();
         }
         if cluster.groups().gang_mode == GangMode::PodGroup {
-            pod_groups
-                .keep(&pass, &pods, &snapshot, &mut reported)
-                .await;
+            pod_groups.keep(&pass, &pods, &snapshot);
         }
         reported.end_pass();
     }

@@ -12,7 +12,8 @@
 //! and a writer task for each kind of write the nodes loop wants
 //! ([`super::wishes`]): nodes ([`super::node_writer`]), policies' finalizers and
 //! status ([`super::policy_writer`]), DaemonSet templates
-//! ([`super::daemonsets`]). They run side by side, so that node writes (a new
+//! ([`super::daemonsets`]), and one for the PodGroups the releases loop wants
+//! ([`super::podgroups`]). They run side by side, so that node writes (a new
 //! pool over a thousand nodes takes seconds at the write rate) delay neither a
 //! release nor a policy's status, and a burst of releases never delays a node.
 
@@ -26,6 +27,7 @@ use super::context::{Context, ControllerOptions, Shared};
 use super::daemonsets::DaemonSetWriter;
 use super::events::Events;
 use super::node_writer::NodeWriter;
+use super::podgroups::PodGroupWriter;
 use super::policy_writer::PolicyWriter;
 use super::wishes;
 use super::writes::Writes;
@@ -86,6 +88,8 @@ pub async fn run(
         node_writes: Arc::default(),
         policy_writes: Arc::default(),
         daemonset_writes: Arc::default(),
+        pod_group_writes: Arc::default(),
+        pod_groups: Default::default(),
     };
     // The writers stop with the nodes loop, whatever stopped it (leader election
     // may stop without a shutdown): no write is made once no loop looks after the
@@ -102,6 +106,12 @@ pub async fn run(
         client: client.clone(),
         policies: cluster.stores.policies.clone(),
     };
+    let pod_groups = PodGroupWriter {
+        writes: writes.clone(),
+        client: client.clone(),
+        events: context.events.clone(),
+        known: context.pod_groups.clone(),
+    };
     let daemonsets = DaemonSetWriter {
         writes,
         client,
@@ -109,7 +119,8 @@ pub async fn run(
         exempt: context.options.exempt.clone(),
         metrics: metrics.clone(),
     };
-    let (on_node, on_policy, on_daemonset) = (cluster.clone(), cluster.clone(), cluster.clone());
+    let (on_node, on_policy) = (cluster.clone(), cluster.clone());
+    let (on_daemonset, on_pod_group) = (cluster.clone(), cluster.clone());
     let writers = [
         tokio::spawn(wishes::run(
             nodes,
@@ -129,6 +140,12 @@ pub async fn run(
             context.daemonset_writes.clone(),
             // DaemonSets are looked at on passes over everything.
             move |_: &_| on_daemonset.wakes.everything(),
+            writers_stop.clone(),
+        )),
+        tokio::spawn(wishes::run(
+            pod_groups,
+            context.pod_group_writes.clone(),
+            move |_: &_| on_pod_group.wakes.releases.notify_one(),
             writers_stop.clone(),
         )),
     ];

@@ -170,6 +170,28 @@ impl TestCluster {
         self.kubectl_ok(&["get", "node", node, "-o", &path])
     }
 
+    /// Waits, up to `limit`, until `policy`'s pool is in place on each of `nodes`:
+    /// its status counts the node, and the node carries the pool's taint (written
+    /// in one request with its label). A policy has no effect on nodes until its
+    /// finalizer is in place, so a pool comes a moment after its policy.
+    pub fn wait_for_pool(&self, policy: &str, nodes: &[&str], limit: Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        for node in nodes {
+            loop {
+                let counted =
+                    self.kubectl_ok(&["get", "bpp", policy, "-o", "jsonpath={.status.nodeNames}"]);
+                if counted.contains(node) && self.pool_taint(node) == policy {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "pool {policy} never set up on {node}"
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+
     /// The kubeconfig berth-up wrote: it acts as the ServiceAccount
     /// `berth-system/berth` with the shipped `manifests/rbac.yaml`, so berth started
     /// with it has exactly the permissions an installation grants.
