@@ -2,11 +2,13 @@
 //! the node, the policies and the pods bound there) of the nodes that changed, or
 //! of every node when something they all depend on did, and hands the differences
 //! to the node writer ([`super::node_writer`]); then it works out the policies'
-//! status and finalizers, for the policy writer ([`super::policy_writer`]), and
-//! the DaemonSet templates that predate a pool, for the DaemonSet writer
-//! ([`super::daemonsets`]). Each writer writes on its own, so a pass waits for no
-//! write. A pod bound or deleted costs its node, not the cluster; the status is
-//! counted from every node's last desired state, kept from pass to pass.
+//! status and which deleted ones may go, for the policy writer
+//! ([`super::policy_writer`]), and the DaemonSet templates that predate a pool,
+//! for the DaemonSet writer ([`super::daemonsets`]). Each writer writes on its
+//! own, so a pass waits for none of those writes; the one write it makes itself
+//! is a new policy's finalizer, which the policy's node work waits for. A pod
+//! bound or deleted costs its node, not the cluster; the status is counted from
+//! every node's last desired state, kept from pass to pass.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,11 +33,11 @@ use crate::placement::desired::{BoundPod, DesiredNode, desired_node_state};
 use crate::placement::groups::GangMode;
 use crate::policy::OptIn;
 
-/// What a pass over everything writes itself (nodes, policies and DaemonSets are
-/// their writers', which hand a failed one back): a failed one is retried by
-/// another such pass. The missed scan's evictions have their own rescan, the sweep
+/// What a pass over everything writes itself (nodes, policies' status, a deleted
+/// policy's finalizer and DaemonSets are their writers', which hand a failed one
+/// back): a failed one is retried by another such pass. The missed scan's evictions have their own rescan, the sweep
 /// its resync.
-const RETRIED_BY_EVERYTHING: [Kind; 1] = [Kind::PriorityClass];
+const RETRIED_BY_EVERYTHING: [Kind; 2] = [Kind::Finalizer, Kind::PriorityClass];
 
 /// Every node's desired state as last computed, by name: what the policies'
 /// status counts.
@@ -94,8 +96,8 @@ pub async fn run(
             () = wakes.nodes.notified() => tokio::time::sleep(pause).await,
             () = until(retry) => {
                 retry = None;
-                // A PriorityClass could not be made: looked at on passes over
-                // everything.
+                // A finalizer could not be added, or a PriorityClass made:
+                // looked at on passes over everything.
                 wakes.everything();
             }
             () = until(rescan) => {
@@ -144,7 +146,8 @@ pub async fn run(
             &mut reported,
             changed,
             &mut desired,
-        );
+        )
+        .await;
         if context.writes.failures(&RETRIED_BY_EVERYTHING) > failures {
             retry = Some(tokio::time::Instant::now() + RETRY_FAILED);
         }
@@ -177,7 +180,7 @@ pub async fn run(
 /// and the DaemonSets that predate a pool; `desired` holds every node's desired
 /// state from pass to pass. What differs from what it should be goes to its
 /// writer.
-pub fn reconcile(
+pub async fn reconcile(
     pass: &Pass<'_>,
     stores: &Stores,
     snapshot: &Snapshot,
@@ -187,7 +190,7 @@ pub fn reconcile(
     desired: &mut DesiredNodes,
 ) {
     pass.metrics.reconciles.inc();
-    let finalized = super::status::finalized_policies(pass, snapshot);
+    let finalized = super::status::add_finalizers(pass, snapshot).await;
     let policies = &snapshot.compiled.set.only(&finalized);
     let daemonsets = &*snapshot.daemonsets;
     // DaemonSet templates depend only on the policies, the namespaces and the

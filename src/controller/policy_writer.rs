@@ -1,12 +1,20 @@
-//! The policy writer: the one task that writes PlacementPolicies, their
-//! finalizer and their status. The nodes pass decides ([`super::status`]) and
-//! hands its wishes over ([`super::wishes`]), so a slow or failing status write
-//! holds back neither the pass nor any node.
+//! The policy writer: the task that writes PlacementPolicies' status, and takes
+//! berth's finalizer off a deleted policy once its nodes are clean. The nodes
+//! pass decides ([`super::status`]) and hands its wishes over
+//! ([`super::wishes`]), so a slow or failing status write holds back neither the
+//! pass nor any node.
 //!
 //! Each write starts from the policy as the cache holds it then: the finalizer is
-//! added to, or taken from, the finalizers the policy has then, under its
-//! resourceVersion; a status already as wished, and any write to a policy gone,
-//! is not made. A deleted policy gets no status and no new finalizer.
+//! taken from the finalizers the policy has then, under its resourceVersion; a
+//! status already as wished, and any write to a policy gone, is not made. A
+//! deleted policy gets no status.
+//!
+//! The one policy write the nodes pass makes itself is adding the finalizer
+//! ([`add_finalizer`]): a policy acts on nodes only once it carries it, so the
+//! pass that first sees a policy waits for that write and does the policy's node
+//! work at once. Handed to the writer, it would wait for the watch to show the
+//! finalizer and then for the next pass (5 s more for a new pool at 5,000
+//! nodes, whose pass is paused twice its own length).
 
 use std::future::Future;
 
@@ -17,7 +25,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::wishes::{Wishes, Writer};
-use super::writes::{Kind, RETRY_FAILED, Writes};
+use super::writes::{Error, Kind, RETRY_FAILED, Writes};
 use crate::names::FIELD_MANAGER;
 use crate::objects::PolicyObject;
 use crate::policy::crd::PlacementPolicyStatus;
@@ -35,8 +43,6 @@ pub enum Part {
 /// What a policy should be.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PolicyWish {
-    /// Carry berth's finalizer: before the policy has any effect on nodes.
-    AddFinalizer,
     /// Let the deleted policy go: its nodes are clean.
     RemoveFinalizer,
     Status(Box<PlacementPolicyStatus>),
@@ -45,7 +51,7 @@ pub enum PolicyWish {
 impl PolicyWish {
     pub fn part(&self) -> Part {
         match self {
-            PolicyWish::AddFinalizer | PolicyWish::RemoveFinalizer => Part::Finalizer,
+            PolicyWish::RemoveFinalizer => Part::Finalizer,
             PolicyWish::Status(_) => Part::Status,
         }
     }
@@ -90,11 +96,6 @@ impl Writer for PolicyWriter {
         let policy = self.policies.get(&ObjectRef::new(name))?;
         let deleted = policy.meta().deletion_timestamp.is_some();
         let (kind, patch) = match wish {
-            PolicyWish::AddFinalizer if !deleted && !finalized(&policy) => {
-                let mut finalizers = policy.finalizers().to_vec();
-                finalizers.push(FINALIZER.into());
-                (Kind::Finalizer, finalizers_patch(&policy, finalizers))
-            }
             PolicyWish::RemoveFinalizer if deleted && finalized(&policy) => {
                 let rest = policy
                     .finalizers()
@@ -111,24 +112,10 @@ impl Writer for PolicyWriter {
             }
             _ => return None,
         };
-        let api: Api<PolicyObject> = Api::all(self.client.clone());
-        let (writes, name) = (self.writes.clone(), name.clone());
+        let (writes, client, name) = (self.writes.clone(), self.client.clone(), name.clone());
         Some(async move {
-            let params = PatchParams {
-                field_manager: Some(FIELD_MANAGER.into()),
-                ..PatchParams::default()
-            };
-            let patch = Patch::Merge(&patch);
-            let result = match kind {
-                Kind::PolicyStatus => {
-                    writes
-                        .make(kind, api.patch_status(&name, &params, &patch))
-                        .await
-                }
-                _ => writes.make(kind, api.patch(&name, &params, &patch)).await,
-            };
-            match result {
-                Ok(_) | Err(super::writes::Error::NotLeader) => false,
+            match write(&writes, &client, kind, &name, patch).await {
+                Ok(()) | Err(Error::NotLeader) => false,
                 Err(e) => {
                     let what = kind.as_str();
                     tracing::warn!(policy = %name, error = %e, "cannot write the policy's {what}; retrying in {RETRY_FAILED:?}");
@@ -137,6 +124,45 @@ impl Writer for PolicyWriter {
             }
         })
     }
+}
+
+/// Adds berth's finalizer to `policy` (live, without it), under its
+/// resourceVersion.
+pub async fn add_finalizer(
+    writes: &Writes,
+    client: &Client,
+    policy: &PolicyObject,
+) -> Result<(), Error> {
+    let mut finalizers = policy.finalizers().to_vec();
+    finalizers.push(FINALIZER.into());
+    let patch = finalizers_patch(policy, finalizers);
+    write(writes, client, Kind::Finalizer, &policy.name_any(), patch).await
+}
+
+/// Merge-patches policy `name` (its status, for a status write) under berth's
+/// field manager.
+async fn write(
+    writes: &Writes,
+    client: &Client,
+    kind: Kind,
+    name: &str,
+    patch: serde_json::Value,
+) -> Result<(), Error> {
+    let api: Api<PolicyObject> = Api::all(client.clone());
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let patch = Patch::Merge(&patch);
+    match kind {
+        Kind::PolicyStatus => {
+            writes
+                .make(kind, api.patch_status(name, &params, &patch))
+                .await
+        }
+        _ => writes.make(kind, api.patch(name, &params, &patch)).await,
+    }
+    .map(drop)
 }
 
 /// A merge patch that sets `policy`'s finalizers, if its resourceVersion still
@@ -176,7 +202,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_writer_writes_finalizers_and_status_from_the_policy_as_cached() {
+    async fn finalizers_and_status_are_written_from_the_policy_as_cached() {
         let (client, mut apiserver) = mock_apiserver();
         let (_leading, leader) = tokio::sync::watch::channel(true);
         let (policies, mut feed) = kube::runtime::reflector::store::<PolicyObject>();
@@ -189,9 +215,10 @@ mod tests {
             feed.apply_watcher_event(&Event::Apply(p));
         }
         let wishes = Arc::new(PolicyWrites::default());
+        let writes = Writes::new(Arc::default(), leader, Rates::all(100));
         let writer = PolicyWriter {
-            writes: Writes::new(Arc::default(), leader, Rates::all(100)),
-            client,
+            writes: writes.clone(),
+            client: client.clone(),
             policies,
         };
         let (retried, mut retries) = tokio::sync::mpsc::unbounded_channel();
@@ -203,18 +230,17 @@ mod tests {
             shutdown.clone(),
         ));
         let want = |name: &str, wish: PolicyWish| wishes.want((name.into(), wish.part()), wish);
-        want("new", PolicyWish::AddFinalizer);
-        // Nothing to write: already carried, already as wished, deleted, gone.
-        want("done", PolicyWish::AddFinalizer);
+        // Nothing to write: live, already as wished, deleted, not berth's, gone.
+        want("done", PolicyWish::RemoveFinalizer);
         want("done", status(3));
         want("deleted", status(1));
-        want("going", PolicyWish::AddFinalizer);
+        want("going", PolicyWish::RemoveFinalizer);
         want("gone", status(1));
         want("deleted", PolicyWish::RemoveFinalizer);
         want("new", status(2));
 
         let mut seen = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..2 {
             let (request, send) = apiserver.next_request().await.expect("a write");
             assert_eq!(request.method(), "PATCH");
             assert_eq!(request.uri().query(), Some("&fieldManager=berth"));
@@ -245,10 +271,6 @@ mod tests {
                     json!({"metadata": {"finalizers": ["other.io/keep"], "resourceVersion": "7"}})
                 ),
                 (
-                    format!("{base}/new"),
-                    json!({"metadata": {"finalizers": ["other.io/keep", FINALIZER], "resourceVersion": "7"}})
-                ),
-                (
                     format!("{base}/new/status"),
                     json!({"status": {"nodes": 2}})
                 ),
@@ -261,6 +283,23 @@ mod tests {
             "the failed status is handed back"
         );
         assert!(failed_at.elapsed() >= RETRY_FAILED);
+
+        // The nodes pass adds the finalizer itself, keeping the others'.
+        let new = policy("new", &["other.io/keep"], false, None);
+        let adding = tokio::spawn(async move { add_finalizer(&writes, &client, &new).await });
+        let (request, send) = apiserver.next_request().await.expect("a write");
+        assert_eq!(request.method(), "PATCH");
+        assert_eq!(request.uri().path(), format!("{base}/new"));
+        assert_eq!(
+            body(request).await,
+            json!({"metadata": {"finalizers": ["other.io/keep", FINALIZER], "resourceVersion": "7"}})
+        );
+        send.send_response(answer(
+            200,
+            json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+                "metadata": {"name": "new", "resourceVersion": "8"}}),
+        ));
+        adding.await.unwrap().unwrap();
         shutdown.cancel();
         task.await.unwrap();
         assert!(apiserver.next_request().await.is_none(), "no other write");

@@ -10,8 +10,8 @@
 //!   objects;
 //!
 //! and a writer task for each kind of write the nodes loop wants
-//! ([`super::wishes`]): nodes ([`super::node_writer`]), policies' finalizers and
-//! status ([`super::policy_writer`]), DaemonSet templates
+//! ([`super::wishes`]): nodes ([`super::node_writer`]), policies' status and
+//! deleted policies' finalizers ([`super::policy_writer`]), DaemonSet templates
 //! ([`super::daemonsets`]), and one for the PodGroups the releases loop wants
 //! ([`super::podgroups`]). They run side by side, so that node writes (a new
 //! pool over a thousand nodes takes seconds at the write rate) delay neither a

@@ -21,23 +21,22 @@ use crate::placement::desired::DesiredNode;
 use crate::policy::crd::PlacementPolicyStatus;
 
 /// Live policies get the finalizer before they have any effect on nodes. Returns
-/// the policies that have it as the cache holds them; the others are handed to the
-/// policy writer, and join a pass once their finalizer is seen (the policy watch
-/// wakes one).
-pub fn finalized_policies(pass: &Pass<'_>, snapshot: &Snapshot) -> BTreeSet<String> {
+/// the policies that have it: one whose finalizer could not be added (it changed a
+/// moment ago: a 409) is left out of this pass's node work and tried again next.
+pub async fn add_finalizers(pass: &Pass<'_>, snapshot: &Snapshot) -> BTreeSet<String> {
     let mut finalized = BTreeSet::new();
     for policy in snapshot
         .objects
         .iter()
         .filter(|p| p.meta().deletion_timestamp.is_none())
     {
-        let key = (policy.name_any(), Part::Finalizer);
-        if policy_writer::finalized(policy) {
-            pass.policy_writes.settled(&key);
-            finalized.insert(key.0);
-        } else {
-            pass.policy_writes.want(key, PolicyWish::AddFinalizer);
+        if !policy_writer::finalized(policy)
+            && let Err(e) = policy_writer::add_finalizer(pass.writes, pass.client, policy).await
+        {
+            tracing::warn!(policy = %policy.name_any(), error = %e, "cannot add the finalizer; retrying on the next pass");
+            continue;
         }
+        finalized.insert(policy.name_any());
     }
     finalized
 }
