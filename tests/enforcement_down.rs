@@ -70,19 +70,10 @@ fn berth_stopped() -> &'static Berth {
             .kubectl_ok(&["label", "node", "node3", "gpu=true"]);
         berth.cluster.apply_policies(&policies());
         let deadline = Instant::now() + WAIT;
-        // The status is written in the pass that wants the taints; the node writer
-        // writes them on its own: both are waited for.
-        let pool_taint = |node| berth.cluster.pool_taint(node);
-        while !berth
-            .cluster
-            .kubectl_ok(&["get", "bpp", "gpu", "-o", "jsonpath={.status.nodeNames}"])
-            .contains("node3")
-            || pool_taint("node2") != "cdn"
-            || pool_taint("node3") != "gpu"
-        {
-            assert!(Instant::now() < deadline, "the pools were never set up");
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        // The status and the taints are written by writers of their own: both
+        // are waited for.
+        berth.cluster.wait_for_pool("cdn", &["node2"], WAIT);
+        berth.cluster.wait_for_pool("gpu", &["node3"], WAIT);
         let pid = berth.pid();
         let status = std::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])

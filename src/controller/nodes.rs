@@ -35,8 +35,8 @@ use crate::policy::OptIn;
 
 /// What a pass over everything writes itself (nodes, policies' status, a deleted
 /// policy's finalizer and DaemonSets are their writers', which hand a failed one
-/// back): a failed one is retried by another such pass. The missed scan's evictions have their own rescan, the sweep
-/// its resync.
+/// back): a failed one is retried by another such pass. The missed scan's
+/// evictions have their own rescan, the sweep its resync.
 const RETRIED_BY_EVERYTHING: [Kind; 2] = [Kind::Finalizer, Kind::PriorityClass];
 
 /// Every node's desired state as last computed, by name: what the policies'

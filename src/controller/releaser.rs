@@ -19,7 +19,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::context::{Context, Pass, Snapshot, leadership_changed, until};
 use super::events::Reported;
 use super::release::{PolicyLookups, release_held_pods, report_routing_conflicts};
-use super::writes::Kind;
+use super::writes::{Kind, RETRY_FAILED};
 use crate::cluster::{Changed, Stores};
 use crate::names::GROUP_GATES;
 use crate::objects::{PodObject, WorkloadObject};
@@ -37,9 +37,6 @@ const DEBOUNCE: Duration = Duration::from_millis(25);
 /// What this loop writes: a failure of one, and of nothing the nodes loop
 /// writes, is retried by its next pass.
 const RELEASES_WRITE: [Kind; 2] = [Kind::Release, Kind::Eviction];
-
-/// How soon a pass whose write failed is followed by another.
-const RETRY_FAILED: Duration = Duration::from_secs(5);
 
 /// The releases loop; see the module.
 pub async fn run(

@@ -93,7 +93,7 @@ pub async fn run(
     };
     // The writers stop with the nodes loop, whatever stopped it (leader election
     // may stop without a shutdown): no write is made once no loop looks after the
-    // Lease. Each hands a failed write back to the nodes loop.
+    // Lease. Each hands a failed write back to the loop that asked for it.
     let writers_stop = shutdown.child_token();
     let nodes = NodeWriter {
         writes: writes.clone(),
