@@ -9,6 +9,7 @@ pub mod certs;
 pub mod cli;
 pub mod cluster;
 pub mod controller;
+pub mod lenient;
 pub mod names;
 pub mod objects;
 pub mod placement;

@@ -331,6 +331,35 @@ async fn a_review_over_the_cap_is_denied_by_its_uid_and_anything_else_gets_413()
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "no uid to answer");
 }
 
+/// A review small enough to be read at once, but whose JSON would cost more than a
+/// request may hold for free, is not read at once: it is costed, charged to the
+/// budget, and here, where it costs more than the whole budget, refused.
+#[tokio::test]
+async fn a_small_review_that_would_cost_more_than_the_budget_is_refused_unread() {
+    let mut request = fixture("pod-create.json");
+    let costly: serde_json::Map<String, Value> = (0..3000)
+        .map(|i| (format!("k{i}"), json!({"a": 1})))
+        .collect();
+    request["request"]["object"]["metadata"]["annotations"] = Value::Object(costly);
+    // Whole, as the apiserver writes it.
+    let body = as_the_apiserver_writes(&request) + "}";
+    assert!(
+        body.len() < MAX_BODY,
+        "{} bytes: within the cap",
+        body.len()
+    );
+    let (status, body) = post(state(view(), true), "/mutate", body).await;
+    assert_eq!(status, StatusCode::OK, "a 4xx would let the pod through");
+    let answer: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["response"]["uid"], request["request"]["uid"]);
+    assert_eq!(answer["response"]["allowed"], false);
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("whose JSON takes about 2 MiB to read"),
+        "{message}"
+    );
+}
+
 #[tokio::test]
 async fn managed_fields_berth_cannot_parse_do_not_hide_the_pod() {
     let mut deep = json!({});

@@ -75,6 +75,12 @@ impl BodyLimits {
         length <= INLINE
     }
 
+    /// What reading a body of `length` bytes may build and still take nothing from
+    /// the budget (see [`super::review::read_within`]).
+    pub fn free_allowance(length: usize) -> usize {
+        FREE.saturating_sub(length)
+    }
+
     /// One of the CPU slots for reading and deciding a large review, if one comes
     /// free by `answer_by`.
     pub async fn cpu_slot(&self, answer_by: Instant) -> Option<OwnedSemaphorePermit> {

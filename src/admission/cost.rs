@@ -8,20 +8,18 @@
 //! workers read them. A byte walk finds it, without allocating, and, as the reader
 //! does, leaves out what the reader skips unparsed: `status`, `managedFields` and,
 //! in a Pod, its containers' details.
+//!
+//! A small review is not walked first: it is read at once, the reader counting
+//! what it builds in the same units ([`crate::lenient::Meter`]) and stopping once
+//! that passes what takes nothing from the budget. Only then is it walked.
 
-/// What each JSON token costs once read, at most (jemalloc size classes included):
-/// an object (a B-tree node once it has a member), an array (its first allocation
-/// of four slots), and each member or element (a value slot, doubled by growth,
-/// and its share of further nodes). Strings, keys and numbers cost twice their
-/// bytes at most.
-const OBJECT: usize = 768;
+use crate::lenient::{ARRAY, ITEM, OBJECT, text};
+
 /// How deep the walk follows what the reader reads: serde_json refuses JSON
 /// nested deeper than 128 (counted from the object, which the reader takes on its
 /// own a few levels into the review), so nothing deeper is ever read. The walk
 /// stops there, and so costs the same for a body of a million `[`.
 const READ_DEPTH: usize = 128 + 8;
-const ARRAY: usize = 192;
-const ITEM: usize = 128;
 
 /// What a value is, as far as the reader's skipping goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,8 +30,10 @@ enum Role {
     Request,
     /// `request.kind`.
     Kind,
-    /// `request.kind.kind`, which says whether the object is a Pod.
+    /// `request.kind.kind` and `request.kind.group`, which say whether the object
+    /// is a core Pod.
     KindName,
+    KindGroup,
     /// `request.object` or `request.oldObject`.
     Object,
     /// The object's `metadata`.
@@ -57,6 +57,7 @@ fn member_role(parent: Role, key: &[u8], pod: bool) -> Role {
         (Role::Review, b"request") => Role::Request,
         (Role::Request, b"kind") => Role::Kind,
         (Role::Kind, b"kind") => Role::KindName,
+        (Role::Kind, b"group") => Role::KindGroup,
         (Role::Request, b"object" | b"oldObject") => Role::Object,
         (Role::Object, b"status") => Role::Skipped,
         (Role::Object, b"metadata") => Role::Metadata,
@@ -92,18 +93,26 @@ struct Open {
     member: Role,
 }
 
-/// The walk: the containers open, the cost so far, and whether the object under
-/// review is a Pod (`request.kind.kind`, which the apiserver writes before the
-/// object; until it is seen, containers count whole).
+/// The walk: the containers open, the cost so far, and what `request.kind` says of
+/// the object under review, which the apiserver writes before the object; until
+/// it says a core Pod, containers count whole.
 struct Walk {
     open: Vec<Open>,
     /// How deep the walk is within the innermost skipped container it opened.
     skipped_depth: usize,
     cost: usize,
-    pod: bool,
+    /// `request.kind.kind` is `Pod`.
+    pod_kind: bool,
+    /// `request.kind.group` is another group than the core one (absent is core).
+    other_group: bool,
 }
 
 impl Walk {
+    /// Whether the object is a core Pod, whose container details the reader skips.
+    fn pod(&self) -> bool {
+        self.pod_kind && !self.other_group
+    }
+
     /// A value starts: its role, with its slot in its container charged.
     fn value(&mut self) -> Role {
         let Some(parent) = self.open.last_mut() else {
@@ -132,7 +141,8 @@ pub fn parse_cost(body: &[u8]) -> usize {
         open: Vec::new(),
         skipped_depth: 0,
         cost: 0,
-        pod: false,
+        pod_kind: false,
+        other_group: false,
     };
     let mut i = 0;
     while i < body.len() {
@@ -155,24 +165,32 @@ pub fn parse_cost(body: &[u8]) -> usize {
                         None => i = body.len(),
                     }
                 }
-                let text = &body[start..i.min(body.len())];
+                let quoted = &body[start..i.min(body.len())];
+                let pod = walk.pod();
                 match walk.open.last_mut() {
                     Some(open) if open.object && open.expect_key => {
-                        // A key with escapes matches no name, so what follows is
-                        // counted: the estimate stays a bound.
-                        let key: &[u8] = if escaped { b"" } else { text };
-                        open.member = member_role(open.role, key, walk.pod);
+                        // A key with escapes may spell any name once read
+                        // (`"n\u0061me"` is `name`), so what follows it is counted
+                        // unless all around it is skipped: the estimate stays a
+                        // bound.
+                        open.member = match (escaped, open.role) {
+                            (_, Role::Skipped) => Role::Skipped,
+                            (true, _) => Role::Other,
+                            (false, role) => member_role(role, quoted, pod),
+                        };
                         if open.member != Role::Skipped {
-                            walk.cost += 2 * text.len();
+                            walk.cost += text(quoted.len());
                         }
                     }
                     _ => {
                         let role = walk.value();
                         if role != Role::Skipped {
-                            walk.cost += 2 * text.len();
+                            walk.cost += text(quoted.len());
                         }
-                        if role == Role::KindName {
-                            walk.pod = text == b"Pod";
+                        match role {
+                            Role::KindName => walk.pod_kind = quoted == b"Pod",
+                            Role::KindGroup => walk.other_group = !quoted.is_empty(),
+                            _ => {}
                         }
                     }
                 }
@@ -223,7 +241,7 @@ pub fn parse_cost(body: &[u8]) -> usize {
                     i += 1;
                 }
                 if walk.value() != Role::Skipped {
-                    walk.cost += 2 * (i + 1 - start);
+                    walk.cost += text(i + 1 - start);
                 }
             }
         }
@@ -333,6 +351,13 @@ mod tests {
                 format!(r#"{{"spec":{{"v":{}}}}}"#, many(&nested_objects, 200)),
             ),
             (
+                "an escaped key the reader keeps",
+                format!(
+                    r#"{{"spec":{{"containers":[{{"name":"c","resourc\u0065s":{}}}]}}}}"#,
+                    many(r#"{"a":1}"#, n)
+                ),
+            ),
+            (
                 "container resources",
                 format!(
                     r#"{{"spec":{{"containers":{}}}}}"#,
@@ -343,12 +368,31 @@ mod tests {
                 ),
             ),
         ];
-        for (what, object) in shapes {
-            let body = review(&object);
+        // Only a core Pod's container details are skipped: a "Pod" of another
+        // group is read whole.
+        let env = format!(
+            r#"{{"spec":{{"containers":[{{"name":"c","env":{}}}]}}}}"#,
+            many(r#"{"a":1}"#, n)
+        );
+        let other_group = review(&env).replace(r#""group":"","#, r#""group":"x","#);
+        let bodies = shapes
+            .into_iter()
+            .map(|(what, object)| (what, review(&object)))
+            .chain([("a Pod of another group", other_group)]);
+        for (what, body) in bodies {
             let (estimate, real) = (parse_cost(body.as_bytes()) as u64, real_cost(&body));
             assert!(
                 estimate >= real,
                 "{what}: estimated {estimate}, read {real}"
+            );
+            // The reader's own count, which stops a read at once, bounds what it
+            // builds too, and is never more than the walk's.
+            let (_, built) = crate::admission::review::read_within(body.as_bytes(), usize::MAX)
+                .expect("read in one pass");
+            let built = built as u64;
+            assert!(
+                (real..=estimate).contains(&built),
+                "{what}: counted {built}, read {real}, estimated {estimate}"
             );
             assert!(
                 estimate <= 16 * real + 16_384,

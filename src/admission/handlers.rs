@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use axum::Extension;
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::BodyExt;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::body::{BodyLimits, Charge, ReadBody};
@@ -259,6 +259,47 @@ async fn on_cpu<T: Send + 'static>(
         .ok()
 }
 
+/// Reads a review once what reading it costs is charged to the budget: the walk
+/// ([`cost::parse_cost`]) finds the cost without allocating. The answer when it
+/// cannot be read by `answer_by` or within the budget.
+async fn read_charged(
+    state: &AppState,
+    path: &str,
+    started: std::time::Instant,
+    body: &Bytes,
+    held: &mut Option<OwnedSemaphorePermit>,
+    answer_by: Instant,
+) -> Result<Result<AdmissionRequest, String>, Response> {
+    let limits = &state.limits;
+    let small = BodyLimits::is_small(body.len());
+    let scanned = body.clone();
+    let Some(cost) = on_cpu(limits, small, answer_by, move || cost::parse_cost(&scanned)).await
+    else {
+        return Err(late(state, path, started, body));
+    };
+    match limits
+        .charge(held, body.len().saturating_add(cost), answer_by)
+        .await
+    {
+        Charge::Held => {}
+        Charge::Busy => return Err(busy(state, path, started, body)),
+        Charge::Never(most) => {
+            let reason = format!(
+                "berth refuses a review whose JSON takes about {} MiB to read: all requests \
+                 being decided share {} MiB",
+                cost >> 20,
+                most >> 20
+            );
+            let why = ("too_large", StatusCode::PAYLOAD_TOO_LARGE, reason);
+            return Err(unread(state, path, started, body, why));
+        }
+    }
+    let read = body.clone();
+    on_cpu(limits, small, answer_by, move || review::parse(&read))
+        .await
+        .ok_or_else(|| late(state, path, started, body))
+}
+
 /// Reads, decides and answers one review by `answer_by`. A decision is linear in
 /// a pod within berth's bounds; the time limit is the backstop.
 async fn admit(
@@ -288,38 +329,27 @@ async fn admit(
         }
     };
     let small = BodyLimits::is_small(body.len());
-    // What reading it into JSON costs is charged before it is read.
-    let scanned = body.clone();
-    let Some(cost) = on_cpu(limits, small, answer_by, move || cost::parse_cost(&scanned)).await
-    else {
-        return late(state, path, started, &body);
+    // A small review is read at once, what it builds counted as it reads: one that
+    // builds no more than takes nothing from the budget needs no walk. Any other
+    // (costlier, larger, or not read in one pass) is costed first, and read once
+    // charged.
+    let quick = small
+        .then(|| review::read_within(&body, BodyLimits::free_allowance(body.len())))
+        .flatten();
+    let parsed = match quick {
+        Some((parsed, _built)) => parsed,
+        None => match read_charged(state, path, started, &body, &mut held, answer_by).await {
+            Ok(parsed) => parsed,
+            Err(refused) => return refused,
+        },
     };
-    match limits
-        .charge(&mut held, body.len().saturating_add(cost), answer_by)
-        .await
-    {
-        Charge::Held => {}
-        Charge::Busy => return busy(state, path, started, &body),
-        Charge::Never(most) => {
-            let reason = format!(
-                "berth refuses a review whose JSON takes about {} MiB to read: all requests \
-                 being decided share {} MiB",
-                cost >> 20,
-                most >> 20
-            );
-            let why = ("too_large", StatusCode::PAYLOAD_TOO_LARGE, reason);
-            return unread(state, path, started, &body, why);
-        }
-    }
-    let read = body.clone();
-    let request = match on_cpu(limits, small, answer_by, move || review::parse(&read)).await {
-        Some(Ok(request)) => request,
-        Some(Err(reason)) => {
+    let request = match parsed {
+        Ok(request) => request,
+        Err(reason) => {
             state.metrics.error("bad_request");
             observe(state, path, "bad_request", started);
             return (StatusCode::BAD_REQUEST, reason).into_response();
         }
-        None => return late(state, path, started, &body),
     };
     let mut warnings = Vec::new();
     // Pods and DaemonSets are decided in the context of their namespace.

@@ -10,12 +10,15 @@
 //! answer is a 200 AdmissionReview echoing the request's uid; `patchType` is set
 //! exactly when a patch is.
 
+use std::borrow::Cow;
+
 use base64::Engine;
-use serde::{Deserialize, Serialize};
+use serde::de::{DeserializeSeed, Error, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use crate::objects::Skip;
+use crate::lenient::{LenientObject, Meter, Skip};
 
 const API_VERSION: &str = "admission.k8s.io/v1";
 
@@ -125,17 +128,32 @@ fn skip_for(kind: &GroupVersionKind) -> Skip {
     }
 }
 
-/// Reads a request body; the error is the reason for a 400.
+/// Reads a request body whose cost is charged; the error is the reason for a 400.
 ///
-/// A well-formed review is read in one pass ([`OnePass`]); anything else (an
+/// A well-formed review is read in one pass ([`read_within`]); anything else (an
 /// object berth cannot read, an object before its kind, a duplicate field) is read
 /// again in two, which finds the uid whatever the object holds and says what is
 /// wrong. The two read every review they both read alike.
 pub fn parse(body: &[u8]) -> Result<AdmissionRequest, String> {
-    match serde_json::from_slice::<Envelope<OnePass>>(body) {
-        Ok(envelope) => envelope.request().map(|OnePass(request)| request),
-        Err(_) => parse_in_two(body),
+    match read_within(body, usize::MAX) {
+        Some((request, _)) => request,
+        None => parse_in_two(body),
     }
+}
+
+/// Reads a well-formed review in one pass, building at most `allowance` (in the
+/// units of [`crate::lenient`]): the request, or why its envelope is refused, and
+/// what the read built. `None` when one pass cannot read it, or it would build
+/// more; the read then stops, and [`parse`] reads it once its cost is charged.
+pub fn read_within(
+    body: &[u8],
+    allowance: usize,
+) -> Option<(Result<AdmissionRequest, String>, usize)> {
+    let meter = Meter::within(allowance);
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let envelope = OnePass(&meter).deserialize(&mut deserializer).ok()?;
+    deserializer.end().ok()?;
+    Some((envelope.request(), meter.spent()))
 }
 
 /// Reads the envelope with the objects raw, then each object on its own.
@@ -145,7 +163,7 @@ fn parse_in_two(body: &[u8]) -> Result<AdmissionRequest, String> {
     let raw = envelope.request()?;
     let skip = skip_for(&raw.kind);
     let mut unreadable = None;
-    let read_object = |raw: &RawValue| crate::objects::read_json(raw.get(), skip);
+    let read_object = |raw: &RawValue| crate::lenient::read_json(raw.get(), skip);
     let mut read = |raw: Option<&RawValue>, what: &str| match raw.map(read_object).transpose() {
         Ok(object) => object.flatten(),
         Err(e) => {
@@ -170,54 +188,170 @@ fn parse_in_two(body: &[u8]) -> Result<AdmissionRequest, String> {
     })
 }
 
-/// A request read in one pass, its objects read leniently where they stand: the
-/// apiserver writes `kind` before them, and says by it what to skip. Any surprise
-/// is an error, and [`parse`] reads the body again in two passes.
-struct OnePass(AdmissionRequest);
-
-impl<'de> Deserialize<'de> for OnePass {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(OnePassVisitor)
+/// Sets a field once: a second one is a surprise.
+fn once<T, E: Error>(field: &mut Option<T>, value: T, name: &'static str) -> Result<(), E> {
+    match field.replace(value) {
+        None => Ok(()),
+        Some(_) => Err(E::duplicate_field(name)),
     }
 }
 
-struct OnePassVisitor;
+/// A string, counted on the meter.
+fn metered_string<'de, A: MapAccess<'de>>(map: &mut A, meter: &Meter) -> Result<String, A::Error> {
+    let text = map.next_value::<String>()?;
+    meter.charge_text(text.len())?;
+    Ok(text)
+}
 
-impl<'de> serde::de::Visitor<'de> for OnePassVisitor {
-    type Value = OnePass;
+/// An optional string (`null` is none), counted on the meter.
+fn metered_option<'de, A: MapAccess<'de>>(
+    map: &mut A,
+    meter: &Meter,
+) -> Result<Option<String>, A::Error> {
+    let text = map.next_value::<Option<String>>()?;
+    meter.charge_text(text.as_ref().map_or(0, String::len))?;
+    Ok(text)
+}
+
+/// A review read in one pass, counted on the meter, its objects read leniently
+/// where they stand: the apiserver writes `kind` before them, and says by it what
+/// to skip. Any surprise is an error, and [`parse`] reads the body again in two
+/// passes.
+#[derive(Clone, Copy)]
+struct OnePass<'m>(&'m Meter);
+
+impl<'de> DeserializeSeed<'de> for OnePass<'_> {
+    type Value = Envelope<AdmissionRequest>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for OnePass<'_> {
+    type Value = Envelope<AdmissionRequest>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an AdmissionReview")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let (mut api_version, mut kind, mut request) = (None, None, None);
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            match &*key {
+                "apiVersion" => once(
+                    &mut api_version,
+                    metered_option(&mut map, self.0)?,
+                    "apiVersion",
+                )?,
+                "kind" => once(&mut kind, metered_option(&mut map, self.0)?, "kind")?,
+                "request" => {
+                    let value = map.next_value_seed(OptionSeed(OnePassRequest(self.0)))?;
+                    once(&mut request, value, "request")?;
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Envelope {
+            api_version: api_version.flatten(),
+            kind: kind.flatten(),
+            request: request.flatten(),
+        })
+    }
+}
+
+/// `null` or what `T` reads, as an `Option` field reads.
+struct OptionSeed<T>(T);
+
+impl<'de, T: DeserializeSeed<'de>> DeserializeSeed<'de> for OptionSeed<T> {
+    type Value = Option<T::Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_option(self)
+    }
+}
+
+impl<'de, T: DeserializeSeed<'de>> Visitor<'de> for OptionSeed<T> {
+    type Value = Option<T::Value>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an optional value")
+    }
+
+    fn visit_none<E: Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        self.0.deserialize(deserializer).map(Some)
+    }
+}
+
+/// `request`, read in one pass (see [`OnePass`]).
+#[derive(Clone, Copy)]
+struct OnePassRequest<'m>(&'m Meter);
+
+impl<'de> DeserializeSeed<'de> for OnePassRequest<'_> {
+    type Value = AdmissionRequest;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for OnePassRequest<'_> {
+    type Value = AdmissionRequest;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("an admission request")
     }
 
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<OnePass, A::Error> {
-        use serde::de::Error;
-        /// Sets a field once: a second one is a surprise.
-        fn once<T, E: Error>(field: &mut Option<T>, value: T, name: &'static str) -> Result<(), E> {
-            match field.replace(value) {
-                None => Ok(()),
-                Some(_) => Err(E::duplicate_field(name)),
-            }
-        }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AdmissionRequest, A::Error> {
+        let meter = self.0;
         let (mut uid, mut kind, mut sub_resource, mut operation) = (None, None, None, None);
         let (mut namespace, mut name, mut user_info, mut dry_run) = (None, None, None, None);
         let (mut object, mut old_object) = (None, None);
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
             match &*key {
-                "uid" => once(&mut uid, map.next_value::<String>()?, "uid")?,
-                "kind" => once(&mut kind, map.next_value::<GroupVersionKind>()?, "kind")?,
-                "subResource" => once(&mut sub_resource, map.next_value()?, "subResource")?,
-                "operation" => once(&mut operation, map.next_value::<String>()?, "operation")?,
-                "namespace" => once(&mut namespace, map.next_value()?, "namespace")?,
-                "name" => once(&mut name, map.next_value()?, "name")?,
-                "userInfo" => once(&mut user_info, map.next_value::<UserInfo>()?, "userInfo")?,
+                "uid" => once(&mut uid, metered_string(&mut map, meter)?, "uid")?,
+                "kind" => {
+                    let gvk = map.next_value::<GroupVersionKind>()?;
+                    meter.charge_text(gvk.group.len() + gvk.version.len() + gvk.kind.len())?;
+                    once(&mut kind, gvk, "kind")?;
+                }
+                "subResource" => once(
+                    &mut sub_resource,
+                    metered_option(&mut map, meter)?,
+                    "subResource",
+                )?,
+                "operation" => once(
+                    &mut operation,
+                    metered_string(&mut map, meter)?,
+                    "operation",
+                )?,
+                "namespace" => once(
+                    &mut namespace,
+                    metered_option(&mut map, meter)?,
+                    "namespace",
+                )?,
+                "name" => once(&mut name, metered_option(&mut map, meter)?, "name")?,
+                "userInfo" => {
+                    let value = map.next_value_seed(UserInfoSeed(meter))?;
+                    once(&mut user_info, value, "userInfo")?;
+                }
                 "dryRun" => once(&mut dry_run, map.next_value::<Option<bool>>()?, "dryRun")?,
                 "object" | "oldObject" => {
                     let skip = skip_for(
                         kind.as_ref()
                             .ok_or_else(|| A::Error::custom("an object before its kind"))?,
                     );
-                    let value = map.next_value_seed(crate::objects::LenientObject(skip))?;
+                    let value = map.next_value_seed(LenientObject(skip, meter))?;
                     let (field, name) = match &*key {
                         "object" => (&mut object, "object"),
                         _ => (&mut old_object, "oldObject"),
@@ -225,11 +359,11 @@ impl<'de> serde::de::Visitor<'de> for OnePassVisitor {
                     once(field, value, name)?;
                 }
                 _ => {
-                    map.next_value::<serde::de::IgnoredAny>()?;
+                    map.next_value::<IgnoredAny>()?;
                 }
             }
         }
-        Ok(OnePass(AdmissionRequest {
+        Ok(AdmissionRequest {
             uid: uid.ok_or_else(|| A::Error::missing_field("uid"))?,
             kind: kind.ok_or_else(|| A::Error::missing_field("kind"))?,
             sub_resource: sub_resource.flatten(),
@@ -241,7 +375,73 @@ impl<'de> serde::de::Visitor<'de> for OnePassVisitor {
             object: object.flatten(),
             old_object: old_object.flatten(),
             unreadable: None,
-        }))
+        })
+    }
+}
+
+/// `request.userInfo`, as [`UserInfo`] reads it, each string counted on the meter.
+#[derive(Clone, Copy)]
+struct UserInfoSeed<'m>(&'m Meter);
+
+impl<'de> DeserializeSeed<'de> for UserInfoSeed<'_> {
+    type Value = UserInfo;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<UserInfo, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for UserInfoSeed<'_> {
+    type Value = UserInfo;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("the requester's user info")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UserInfo, A::Error> {
+        let (mut username, mut groups) = (None, None);
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            match &*key {
+                "username" => once(&mut username, metered_string(&mut map, self.0)?, "username")?,
+                "groups" => once(&mut groups, map.next_value_seed(Groups(self.0))?, "groups")?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(UserInfo {
+            username: username.unwrap_or_default(),
+            groups: groups.unwrap_or_default(),
+        })
+    }
+}
+
+/// `userInfo.groups`, each counted on the meter.
+struct Groups<'m>(&'m Meter);
+
+impl<'de> DeserializeSeed<'de> for Groups<'_> {
+    type Value = Vec<String>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Vec<String>, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Groups<'_> {
+    type Value = Vec<String>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a list of groups")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+        self.0.charge(crate::lenient::ARRAY)?;
+        let mut groups = Vec::new();
+        while let Some(group) = seq.next_element::<String>()? {
+            self.0.charge_text(group.len())?;
+            groups.push(group);
+        }
+        Ok(groups)
     }
 }
 
@@ -582,8 +782,7 @@ mod tests {
 
     /// Reads `body` in one pass only: `None` when that pass gives up.
     fn in_one(body: &str) -> Option<AdmissionRequest> {
-        let envelope = serde_json::from_str::<Envelope<OnePass>>(body).ok()?;
-        envelope.request().ok().map(|OnePass(request)| request)
+        read_within(body.as_bytes(), usize::MAX)?.0.ok()
     }
 
     #[test]
@@ -607,6 +806,10 @@ mod tests {
             )),
             request(&format!(
                 r#""\u0075id":"u",{kind},"operation":"CREATE","namespace":null,"object":{{}}"#
+            )),
+            request(&format!(
+                r#""uid":"u",{kind},"operation":"CREATE","userInfo":{{"username":"alice","uid":"1",
+                "groups":["a","b"],"extra":{{"x":["y"]}}}}"#
             )),
             review(
                 &json!({"kind": "DaemonSet", "spec": {"template": {"spec": {"containers": [
@@ -635,6 +838,12 @@ mod tests {
             )),
             review(&pod).replace("AdmissionReview", "Review"),
             request(&format!(r#"{kind},"operation":"CREATE""#)),
+            request(&format!(
+                r#""uid":"u",{kind},"operation":"CREATE","userInfo":{{"groups":null}}"#
+            )),
+            request(&format!(
+                r#""uid":"u",{kind},"operation":"CREATE","userInfo":{{"username":"a","username":"b"}}"#
+            )),
         ];
         for body in &read_in_one {
             let one = in_one(body).unwrap_or_else(|| panic!("one pass reads {body}"));
@@ -653,6 +862,18 @@ mod tests {
                 "{body}"
             );
         }
+    }
+
+    #[test]
+    fn a_read_stops_once_it_would_build_more_than_it_may() {
+        let body = review(&deployment_pod().to_string());
+        let (request, built) = read_within(body.as_bytes(), usize::MAX).unwrap();
+        assert!(request.is_ok());
+        assert!(read_within(body.as_bytes(), built).is_some());
+        assert!(read_within(body.as_bytes(), built - 1).is_none());
+        // The walk that costs a review before it is read counts at least as much:
+        // what the walk would let through free, the read does too.
+        assert!(built <= crate::admission::cost::parse_cost(body.as_bytes()));
     }
 
     #[test]

@@ -18,10 +18,9 @@ use serde_json::Value;
 
 use super::offline::{Ending, print};
 use super::workload::{Kind, Subject};
+use crate::lenient::{Skip, read_json};
 use crate::names::{AVOID_GATE, GROUP_GATES};
-use crate::objects::{
-    MetaOnly, NamespaceMeta, NodeObject, PodObject, PolicyObject, Skip, read_json,
-};
+use crate::objects::{MetaOnly, NamespaceMeta, NodeObject, PodObject, PolicyObject};
 use crate::placement::exclusion::{self, ExclusionPod, Hold};
 use crate::placement::explain::explain;
 use crate::placement::interpod::{Bound, Neighbours};

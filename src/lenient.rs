@@ -1,0 +1,384 @@
+//! Objects read leniently into JSON values, for what berth patches and checks:
+//! `metadata.managedFields` (and, as asked, `status` and a pod's container
+//! details) skipped unparsed, everything else kept as the apiserver sent it.
+//!
+//! What the values cost in memory is counted as they are built, by a [`Meter`],
+//! in the same units [`crate::admission::cost`] estimates before a read: a review
+//! small enough is read at once within what costs nothing from the memory budget,
+//! and the read stops, having built no more, as soon as it would cost more.
+
+use std::cell::Cell;
+use std::fmt;
+
+use serde::Deserializer;
+use serde::de::{DeserializeSeed, Error, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Number, Value};
+
+/// What each JSON value costs once read, at most (jemalloc size classes
+/// included): an object (a B-tree node once it has a member), an array (its first
+/// allocation of four slots), and each member or element (a value slot, doubled by
+/// growth, and its share of further nodes). Strings and keys cost twice their
+/// bytes at most.
+pub const OBJECT: usize = 768;
+pub const ARRAY: usize = 192;
+pub const ITEM: usize = 128;
+
+/// The cost of a string or key of `len` bytes, kept.
+pub const fn text(len: usize) -> usize {
+    len.saturating_mul(2)
+}
+
+/// What a read has built so far, against what it may build.
+#[derive(Debug)]
+pub struct Meter {
+    spent: Cell<usize>,
+    allowance: usize,
+}
+
+/// Why a read stopped on its [`Meter`].
+pub const OVER_ALLOWANCE: &str = "the read would build more than it may";
+
+impl Meter {
+    /// A meter that never stops a read: for one already charged in full.
+    pub fn unlimited() -> Meter {
+        Meter::within(usize::MAX)
+    }
+
+    /// A meter that stops a read once it has built more than `allowance`.
+    pub fn within(allowance: usize) -> Meter {
+        Meter {
+            spent: Cell::new(0),
+            allowance,
+        }
+    }
+
+    /// What the read has built so far.
+    pub fn spent(&self) -> usize {
+        self.spent.get()
+    }
+
+    /// Counts `cost` about to be built; an error once the allowance is passed.
+    pub fn charge<E: Error>(&self, cost: usize) -> Result<(), E> {
+        let spent = self.spent.get().saturating_add(cost);
+        self.spent.set(spent);
+        if spent > self.allowance {
+            return Err(E::custom(OVER_ALLOWANCE));
+        }
+        Ok(())
+    }
+
+    /// Counts a string of `len` bytes about to be kept, in its slot.
+    pub fn charge_text<E: Error>(&self, len: usize) -> Result<(), E> {
+        self.charge(ITEM.saturating_add(text(len)))
+    }
+}
+
+/// Any JSON value, read as `serde_json::Value` reads it, counted on the meter.
+#[derive(Clone, Copy)]
+pub struct MeteredValue<'m>(pub &'m Meter);
+
+impl<'de> DeserializeSeed<'de> for MeteredValue<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MeteredValue<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E: Error>(self, value: bool) -> Result<Value, E> {
+        self.0.charge(ITEM)?;
+        Ok(Value::Bool(value))
+    }
+
+    fn visit_i64<E: Error>(self, value: i64) -> Result<Value, E> {
+        self.0.charge(ITEM)?;
+        Ok(Value::Number(value.into()))
+    }
+
+    fn visit_u64<E: Error>(self, value: u64) -> Result<Value, E> {
+        self.0.charge(ITEM)?;
+        Ok(Value::Number(value.into()))
+    }
+
+    fn visit_f64<E: Error>(self, value: f64) -> Result<Value, E> {
+        self.0.charge(ITEM)?;
+        Ok(Number::from_f64(value).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E: Error>(self, value: &str) -> Result<Value, E> {
+        self.0.charge_text(value.len())?;
+        Ok(Value::String(value.to_owned()))
+    }
+
+    fn visit_string<E: Error>(self, value: String) -> Result<Value, E> {
+        self.0.charge_text(value.len())?;
+        Ok(Value::String(value))
+    }
+
+    fn visit_none<E: Error>(self) -> Result<Value, E> {
+        self.0.charge(ITEM)?;
+        Ok(Value::Null)
+    }
+
+    fn visit_unit<E: Error>(self) -> Result<Value, E> {
+        self.visit_none()
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        self.deserialize(deserializer)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
+        self.0.charge(ITEM)?;
+        let mut items = Vec::new();
+        while let Some(item) = access.next_element_seed(self)? {
+            if items.is_empty() {
+                self.0.charge(ARRAY)?;
+            }
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
+        self.0.charge(ITEM)?;
+        let mut map = Map::new();
+        while let Some(key) = access.next_key::<String>()? {
+            let value = access.next_value_seed(self)?;
+            keep(self.0, &mut map, key, value)?;
+        }
+        Ok(Value::Object(map))
+    }
+}
+
+/// Puts a member in `map`, counting its key (and the map's first node).
+fn keep<E: Error>(
+    meter: &Meter,
+    map: &mut Map<String, Value>,
+    key: String,
+    value: Value,
+) -> Result<(), E> {
+    let first = if map.is_empty() { OBJECT } else { 0 };
+    meter.charge(first.saturating_add(text(key.len())))?;
+    map.insert(key, value);
+    Ok(())
+}
+
+/// What [`read_json`] skips besides `metadata.managedFields`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// Nothing else.
+    Nothing,
+    /// `status` too: admission decides on the spec.
+    Status,
+    /// `status`, and in a Pod's containers (init and ephemeral ones too) all but
+    /// `name`, `image` and `resources`. Admission reads nothing else there and
+    /// patches nothing there, and env, probes and mounts are most of a pod's bytes:
+    /// building them into JSON values was most of a review's cost.
+    PodContainerDetail,
+}
+
+/// The `spec` keys whose lists hold containers.
+const CONTAINER_LISTS: [&str; 3] = ["containers", "initContainers", "ephemeralContainers"];
+/// What [`Skip::PodContainerDetail`] keeps of a container.
+const CONTAINER_ESSENTIALS: [&str; 3] = ["name", "image", "resources"];
+
+/// An object as JSON, with `metadata.managedFields` (and per `skip`, `status`)
+/// skipped unparsed: serde_json skips a value without recursion, so no depth
+/// there can fail the read. `null` is no object.
+pub fn read_json(text: &str, skip: Skip) -> serde_json::Result<Option<Value>> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let object = LenientObject(skip, &Meter::unlimited()).deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(object)
+}
+
+/// [`read_json`] as a seed, for an object read where it stands in a larger
+/// document (a review's `request.object`), counted on the meter.
+#[derive(Clone, Copy)]
+pub struct LenientObject<'m>(pub Skip, pub &'m Meter);
+
+impl<'de> DeserializeSeed<'de> for LenientObject<'_> {
+    type Value = Option<Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for LenientObject<'_> {
+    type Value = Option<Value>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object or null")
+    }
+
+    fn visit_none<E: Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        self.1.charge(ITEM)?;
+        let object = LenientSeed {
+            top: true,
+            skip: self.0,
+            meter: self.1,
+        }
+        .deserialize(deserializer)?;
+        Ok(Some(Value::Object(object)))
+    }
+}
+
+/// Reads an object (`top`) or its metadata, skipping what [`read_json`] skips.
+#[derive(Clone, Copy)]
+struct LenientSeed<'m> {
+    top: bool,
+    skip: Skip,
+    meter: &'m Meter,
+}
+
+impl<'de> DeserializeSeed<'de> for LenientSeed<'_> {
+    type Value = Map<String, Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for LenientSeed<'_> {
+    type Value = Map<String, Value>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+        let mut map = Map::new();
+        while let Some(key) = access.next_key::<String>()? {
+            let value = match (self.top, key.as_str()) {
+                (true, "status") if self.skip != Skip::Nothing => {
+                    access.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+                (false, "managedFields") => {
+                    access.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+                (true, "spec") if self.skip == Skip::PodContainerDetail => {
+                    self.meter.charge(ITEM)?;
+                    let spec = access.next_value_seed(Lean::PodSpec(self.meter))?;
+                    Value::Object(spec)
+                }
+                (true, "metadata") => {
+                    self.meter.charge(ITEM)?;
+                    let meta = access.next_value_seed(LenientSeed { top: false, ..self })?;
+                    Value::Object(meta)
+                }
+                _ => access.next_value_seed(MeteredValue(self.meter))?,
+            };
+            keep(self.meter, &mut map, key, value)?;
+        }
+        Ok(map)
+    }
+}
+
+/// A pod spec or one of its containers, read for [`Skip::PodContainerDetail`].
+#[derive(Clone, Copy)]
+enum Lean<'m> {
+    PodSpec(&'m Meter),
+    Container(&'m Meter),
+}
+
+impl<'de> DeserializeSeed<'de> for Lean<'_> {
+    type Value = Map<String, Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Lean<'_> {
+    type Value = Map<String, Value>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(match self {
+            Lean::PodSpec(_) => "a pod spec",
+            Lean::Container(_) => "a container",
+        })
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+        let (Lean::PodSpec(meter) | Lean::Container(meter)) = self;
+        let mut map = Map::new();
+        while let Some(key) = access.next_key::<String>()? {
+            let value = match self {
+                Lean::PodSpec(_) if CONTAINER_LISTS.contains(&key.as_str()) => {
+                    access.next_value_seed(LeanContainers(meter))?
+                }
+                Lean::Container(_) if !CONTAINER_ESSENTIALS.contains(&key.as_str()) => {
+                    access.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+                _ => access.next_value_seed(MeteredValue(meter))?,
+            };
+            keep(meter, &mut map, key, value)?;
+        }
+        Ok(map)
+    }
+}
+
+/// A list of containers read for [`Skip::PodContainerDetail`]; `null` stays `null`.
+struct LeanContainers<'m>(&'m Meter);
+
+impl<'de> DeserializeSeed<'de> for LeanContainers<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for LeanContainers<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of containers")
+    }
+
+    fn visit_none<E: Error>(self) -> Result<Value, E> {
+        self.0.charge(ITEM)?;
+        Ok(Value::Null)
+    }
+
+    fn visit_unit<E: Error>(self) -> Result<Value, E> {
+        self.visit_none()
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
+        self.0.charge(ITEM)?;
+        let mut list = Vec::new();
+        while let Some(container) = access.next_element_seed(Lean::Container(self.0))? {
+            if list.is_empty() {
+                self.0.charge(ARRAY)?;
+            }
+            self.0.charge(ITEM)?;
+            list.push(Value::Object(container));
+        }
+        Ok(Value::Array(list))
+    }
+}
