@@ -178,15 +178,56 @@ pub enum Skip {
     Nothing,
     /// `status` too: admission decides on the spec.
     Status,
-    /// `status`, and in a Pod's containers (init and ephemeral ones too) all but
-    /// `name`, `image` and `resources`. Admission reads nothing else there and
-    /// patches nothing there, and env, probes and mounts are most of a pod's bytes:
-    /// building them into JSON values was most of a review's cost.
+    /// `status`, in a Pod's `spec` all but the containers and the fields of
+    /// [`POD_SPEC_READ`], and in its containers (init and ephemeral ones too) all
+    /// but `name`, `image` and `resources`. Admission reads nothing else there and
+    /// patches nothing there, and env, probes, mounts and volumes are most of a
+    /// pod's bytes: building them into JSON values was most of a review's cost.
     PodContainerDetail,
 }
 
 /// The `spec` keys whose lists hold containers.
 const CONTAINER_LISTS: [&str; 3] = ["containers", "initContainers", "ephemeralContainers"];
+/// The other keys of a Pod's `spec` that [`Skip::PodContainerDetail`] keeps: what
+/// admission reads ([`crate::placement::pod::PodView`]) and what its patch compares
+/// before it writes ([`crate::placement::patch`]). The rest (volumes, DNS, security
+/// context, ...) is neither read nor patched.
+const POD_SPEC_READ: [&str; 11] = [
+    "affinity",
+    "nodeName",
+    "nodeSelector",
+    "preemptionPolicy",
+    "priority",
+    "priorityClassName",
+    "resources",
+    "schedulerName",
+    "schedulingGates",
+    "schedulingGroup",
+    "tolerations",
+];
+/// What [`Skip::PodContainerDetail`] does with a member of a Pod's `spec`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecMember {
+    /// A list of containers, each read for its name, image and resources.
+    Containers,
+    /// Read whole.
+    Read,
+    /// Skipped unparsed.
+    Skipped,
+}
+
+/// What [`Skip::PodContainerDetail`] does with the member `key` of a Pod's `spec`
+/// (the cost walk asks too, so that its estimate follows the read).
+pub fn pod_spec_member(key: &[u8]) -> SpecMember {
+    if CONTAINER_LISTS.iter().any(|k| k.as_bytes() == key) {
+        SpecMember::Containers
+    } else if POD_SPEC_READ.iter().any(|k| k.as_bytes() == key) {
+        SpecMember::Read
+    } else {
+        SpecMember::Skipped
+    }
+}
+
 /// What [`Skip::PodContainerDetail`] keeps of a container.
 const CONTAINER_ESSENTIALS: [&str; 3] = ["name", "image", "resources"];
 
@@ -323,9 +364,14 @@ impl<'de> Visitor<'de> for Lean<'_> {
         let mut map = Map::new();
         while let Some(key) = access.next_key::<String>()? {
             let value = match self {
-                Lean::PodSpec(_) if CONTAINER_LISTS.contains(&key.as_str()) => {
-                    access.next_value_seed(LeanContainers(meter))?
-                }
+                Lean::PodSpec(_) => match pod_spec_member(key.as_bytes()) {
+                    SpecMember::Containers => access.next_value_seed(LeanContainers(meter))?,
+                    SpecMember::Read => access.next_value_seed(MeteredValue(meter))?,
+                    SpecMember::Skipped => {
+                        access.next_value::<IgnoredAny>()?;
+                        continue;
+                    }
+                },
                 Lean::Container(_) if !CONTAINER_ESSENTIALS.contains(&key.as_str()) => {
                     access.next_value::<IgnoredAny>()?;
                     continue;

@@ -220,6 +220,40 @@ fn probe_nodes() -> Vec<(String, NodeInfo)> {
         .collect()
 }
 
+/// Fields of a pod's spec besides those `arb_pod` writes: some admission reads or
+/// patches, some it skips unread.
+fn arb_spec_extras() -> impl Strategy<Value = Vec<(&'static str, Value)>> {
+    prop::sample::subsequence(
+        vec![
+            ("volumes", json!([{"name": "v", "emptyDir": {}}])),
+            ("dnsPolicy", json!("ClusterFirst")),
+            ("nodeSelector", json!({"disk": "ssd"})),
+            ("priorityClassName", json!("berth-queue-p0-1")),
+            ("priority", json!(5)),
+            ("preemptionPolicy", json!("Never")),
+            ("schedulingGates", json!([{"name": "example.com/wait"}])),
+            ("schedulingGroup", json!({"podGroupName": "g"})),
+            ("resources", json!({"requests": {"cpu": "1"}})),
+            (
+                "initContainers",
+                json!([{"name": "i", "image": "nginx", "env": [{"name": "A"}]}]),
+            ),
+        ],
+        0..10,
+    )
+}
+
+/// A review of `pod`'s CREATE, as admission reads it.
+fn as_admission_reads(pod: &Value) -> Value {
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "operation": "CREATE", "object": pod}});
+    berth::admission::review::parse(review.to_string().as_bytes())
+        .expect("a review")
+        .object
+        .expect("the pod")
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -354,5 +388,33 @@ proptest! {
             });
             prop_assert!(empty || keeps_off, "term {} lacks the exclusion of {:?}", term, excluded);
         }
+    }
+
+    /// Admission reads only part of a pod (most of its spec and its containers'
+    /// details are skipped unread): what it reads decides and patches as the whole
+    /// pod does.
+    #[test]
+    fn what_admission_reads_of_a_pod_decides_and_patches_as_the_whole_pod(
+        policies in arb_policies(), mut pod in arb_pod(), ns in arb_namespace(), extras in arb_spec_extras(),
+    ) {
+        for (key, value) in extras {
+            pod["spec"][key] = value;
+        }
+        let lean = as_admission_reads(&pod);
+        let set = compile(&policies);
+        let decide_on = |pod: &Value| decide(&Input {
+            pod,
+            namespace: &ns,
+            policies: &set,
+            nodes: None,
+            requester: Requester::Other,
+            groups: Default::default(),
+        });
+        let (whole_decision, lean_decision) = (decide_on(&pod), decide_on(&lean));
+        prop_assert_eq!(format!("{:?}", lean_decision), format!("{:?}", whole_decision));
+        prop_assert_eq!(
+            build_patch(&lean, &lean_decision.grants),
+            build_patch(&pod, &whole_decision.grants)
+        );
     }
 }

@@ -13,7 +13,7 @@
 //! what it builds in the same units ([`crate::lenient::Meter`]) and stopping once
 //! that passes what takes nothing from the budget. Only then is it walked.
 
-use crate::lenient::{ARRAY, ITEM, OBJECT, text};
+use crate::lenient::{ARRAY, ITEM, OBJECT, SpecMember, pod_spec_member, text};
 
 /// How deep the walk follows what the reader reads: serde_json refuses JSON
 /// nested deeper than 128 (counted from the object, which the reader takes on its
@@ -40,7 +40,8 @@ enum Role {
     Metadata,
     /// The object's `spec`.
     Spec,
-    /// A Pod's list of containers (or init or ephemeral containers).
+    /// A Pod's list of containers (or init or ephemeral containers); the other
+    /// members of its `spec` are read whole or skipped, as the reader does.
     Containers,
     /// One of those containers.
     Container,
@@ -63,9 +64,11 @@ fn member_role(parent: Role, key: &[u8], pod: bool) -> Role {
         (Role::Object, b"metadata") => Role::Metadata,
         (Role::Object, b"spec") => Role::Spec,
         (Role::Metadata, b"managedFields") => Role::Skipped,
-        (Role::Spec, b"containers" | b"initContainers" | b"ephemeralContainers") if pod => {
-            Role::Containers
-        }
+        (Role::Spec, key) if pod => match pod_spec_member(key) {
+            SpecMember::Containers => Role::Containers,
+            SpecMember::Read => Role::Other,
+            SpecMember::Skipped => Role::Skipped,
+        },
         (Role::Container, b"name" | b"image" | b"resources") => Role::Other,
         (Role::Container, _) => Role::Skipped,
         _ => Role::Other,
@@ -309,21 +312,24 @@ mod tests {
             ),
             (
                 "numbers",
-                format!(r#"{{"spec":{{"volumes":{}}}}}"#, many("1", n)),
+                format!(r#"{{"spec":{{"nodeSelector":{}}}}}"#, many("1", n)),
             ),
             (
                 "empty strings",
-                format!(r#"{{"spec":{{"volumes":{}}}}}"#, many(r#""""#, n)),
+                format!(r#"{{"spec":{{"nodeSelector":{}}}}}"#, many(r#""""#, n)),
             ),
             (
                 "empty arrays",
-                format!(r#"{{"spec":{{"volumes":{}}}}}"#, many("[]", n)),
+                format!(r#"{{"spec":{{"nodeSelector":{}}}}}"#, many("[]", n)),
             ),
             (
                 "one-element arrays",
-                format!(r#"{{"spec":{{"volumes":{}}}}}"#, many("[1]", n)),
+                format!(r#"{{"spec":{{"nodeSelector":{}}}}}"#, many("[1]", n)),
             ),
-            ("many keys", format!(r#"{{"spec":{{"x":{}}}}}"#, keys("1"))),
+            (
+                "many keys",
+                format!(r#"{{"spec":{{"nodeSelector":{}}}}}"#, keys("1")),
+            ),
             (
                 "many annotations",
                 format!(r#"{{"metadata":{{"annotations":{}}}}}"#, keys(r#""""#)),
@@ -344,11 +350,14 @@ mod tests {
             ),
             (
                 "nested arrays",
-                format!(r#"{{"spec":{{"v":{}}}}}"#, many(&nested_arrays, 200)),
+                format!(r#"{{"spec":{{"affinity":{}}}}}"#, many(&nested_arrays, 200)),
             ),
             (
                 "nested objects",
-                format!(r#"{{"spec":{{"v":{}}}}}"#, many(&nested_objects, 200)),
+                format!(
+                    r#"{{"spec":{{"affinity":{}}}}}"#,
+                    many(&nested_objects, 200)
+                ),
             ),
             (
                 "an escaped key the reader keeps",
@@ -406,7 +415,7 @@ mod tests {
         let env = many(r#"{"name":"a","value":"b"}"#, 20_000);
         let pod = review(&format!(
             r#"{{"metadata":{{"name":"p","managedFields":{env}}},"status":{{"x":{env}}},
-            "spec":{{"containers":[{{"name":"c","image":"nginx","env":{env}}}]}}}}"#
+            "spec":{{"containers":[{{"name":"c","image":"nginx","env":{env}}}],"volumes":{env}}}}}"#
         ));
         assert!(
             parse_cost(pod.as_bytes()) < 16_384,
@@ -435,7 +444,7 @@ mod tests {
         // What the reader skips may be nested as deep as it likes and is costed
         // by a counter; the review is read, and what follows it still counts.
         let skipped = format!(
-            r#"{{"metadata":{{"name":"p","managedFields":[{}{}]}},"spec":{{"x":"{}"}}}}"#,
+            r#"{{"metadata":{{"name":"p","managedFields":[{}{}]}},"spec":{{"nodeName":"{}"}}}}"#,
             "[".repeat(1_000_000),
             "]".repeat(1_000_000),
             "y".repeat(100_000)

@@ -680,7 +680,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_keeps_only_its_containers_names_images_and_resources() {
+    fn a_pod_keeps_only_what_admission_reads_of_its_spec() {
         let request = parse(review(&deployment_pod().to_string()).as_bytes()).expect("readable");
         let object = request.object.unwrap();
         let whole = deployment_pod();
@@ -694,19 +694,30 @@ mod tests {
                 .collect();
             assert_eq!(kept, expected.iter().collect::<Vec<_>>(), "{list}");
         }
-        // Everything outside the containers is read as sent.
-        for key in ["volumes", "tolerations", "affinity"] {
+        // What admission reads or patches outside the containers is read as sent;
+        // the rest of the spec not at all.
+        for key in ["tolerations", "affinity"] {
             assert_eq!(object["spec"][key], whole["spec"][key], "{key}");
         }
+        assert!(object["spec"].get("volumes").is_none());
         assert_eq!(object["metadata"], whole["metadata"]);
     }
 
+    /// Every part of the patch compares what the pod has before it writes: the lean
+    /// pod must have it too, or berth would write what is already there.
     #[test]
     fn the_lean_pod_gets_the_patch_the_whole_pod_gets() {
-        use crate::placement::grants::Grants;
+        use crate::placement::grants::{Grants, QueuePriority};
         use crate::placement::patch::build_patch;
-        use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Toleration};
+        use k8s_openapi::api::core::v1::{
+            NodeSelectorRequirement, NodeSelectorTerm, PreferredSchedulingTerm, Toleration,
+        };
 
+        let pool = NodeSelectorRequirement {
+            key: "berth.io/pool".into(),
+            operator: "In".into(),
+            values: Some(vec!["cdn".into()]),
+        };
         let grants = Grants {
             tolerations: vec![Toleration {
                 key: Some("berth.io/pool".into()),
@@ -715,27 +726,50 @@ mod tests {
                 effect: Some("NoSchedule".into()),
                 ..Toleration::default()
             }],
-            required: vec![NodeSelectorRequirement {
-                key: "berth.io/pool".into(),
-                operator: "In".into(),
-                values: Some(vec!["cdn".into()]),
+            required: vec![pool.clone()],
+            preferred: vec![PreferredSchedulingTerm {
+                weight: 10,
+                preference: NodeSelectorTerm {
+                    match_expressions: Some(vec![pool]),
+                    ..NodeSelectorTerm::default()
+                },
             }],
+            scheduler_name: Some("berth-scheduler".into()),
             scheduling_gates: vec!["berth.io/avoid".into()],
             applied: vec!["cdn".into()],
-            ..Grants::default()
+            pod_group: Some("g".into()),
+            priority: Some(QueuePriority {
+                class: "berth-queue-jobs-3".into(),
+                value: 3,
+            }),
+            pinned_to: Some("node2".into()),
         };
-        let whole = deployment_pod();
-        let lean = parse(review(&whole.to_string()).as_bytes())
-            .unwrap()
-            .object
-            .unwrap();
-        let patch = build_patch(&whole, &grants);
-        assert!(!patch.0.is_empty());
-        assert_eq!(build_patch(&lean, &grants), patch);
-        // And the patch applies to the whole pod as sent.
-        let mut patched = whole.clone();
-        json_patch::patch(&mut patched, &patch).expect("applies");
-        assert_eq!(patched["spec"]["containers"], whole["spec"]["containers"]);
+        // As written by a user, and with everything the patch sets already set.
+        let mut settled = deployment_pod();
+        for (field, value) in [
+            ("schedulerName", json!("berth-scheduler")),
+            ("schedulingGroup", json!({"podGroupName": "g"})),
+            ("priorityClassName", json!("berth-queue-jobs-3")),
+            ("priority", json!(3)),
+            ("preemptionPolicy", json!("Never")),
+            ("schedulingGates", json!([{"name": "berth.io/avoid"}])),
+            ("nodeName", json!("node2")),
+        ] {
+            settled["spec"][field] = value;
+        }
+        for whole in [deployment_pod(), settled] {
+            let lean = parse(review(&whole.to_string()).as_bytes())
+                .unwrap()
+                .object
+                .unwrap();
+            let patch = build_patch(&whole, &grants);
+            assert!(!patch.0.is_empty());
+            assert_eq!(build_patch(&lean, &grants), patch, "{whole}");
+            // And the patch applies to the whole pod as sent.
+            let mut patched = whole.clone();
+            json_patch::patch(&mut patched, &patch).expect("applies");
+            assert_eq!(patched["spec"]["containers"], whole["spec"]["containers"]);
+        }
     }
 
     #[test]
@@ -769,7 +803,7 @@ mod tests {
     #[test]
     fn an_object_too_deep_to_read_still_leaves_the_uid() {
         let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
-        let object = format!(r#"{{"kind":"Pod","spec":{{"x":{deep}}}}}"#);
+        let object = format!(r#"{{"kind":"Pod","spec":{{"affinity":{deep}}}}}"#);
         let request = parse(review(&object).as_bytes()).expect("the envelope is readable");
         assert_eq!(request.uid, "u-1");
         assert!(request.object.is_none());
