@@ -18,7 +18,7 @@ use super::selection::{
 use super::warning::bounded;
 use super::{Input, NodeIndex, NodeInfo};
 use crate::names::{POOL_LABEL, POOL_TAINT};
-use crate::policy::PolicySet;
+use crate::policy::{CompiledPolicy, PolicySet};
 
 /// Where a pod may go, as far as [`node_fits`] reads it: its node name, node
 /// selector, required node-affinity terms and tolerations.
@@ -119,8 +119,13 @@ fn with_required(
 /// `node` as the controller keeps it: with the pool label and, for a dedicated
 /// pool, the pool taint of the policy that owns it.
 pub fn with_pool_state(name: &str, node: &NodeInfo, policies: &PolicySet) -> NodeInfo {
+    with_pool_of(node, policies.pool_of_node(name, Some(&node.labels)))
+}
+
+/// `node` with the pool label and taint of `owner`, the policy whose pool owns it.
+fn with_pool_of(node: &NodeInfo, owner: Option<&CompiledPolicy>) -> NodeInfo {
     let mut node = node.clone();
-    if let Some(owner) = policies.pool_of_node(name, Some(&node.labels)) {
+    if let Some(owner) = owner {
         node.labels.insert(POOL_LABEL.into(), owner.name.clone());
         if let Some(taint) = owner.pool_taint() {
             node.taints.retain(|t| t.key != POOL_TAINT);
@@ -242,7 +247,7 @@ pub fn pool_warnings(
             let owner = input.policies.pool_of_node(name, Some(&node.labels))?;
             pools
                 .contains(&owner.name)
-                .then(|| (name, with_pool_state(name, node, input.policies)))
+                .then(|| (name, with_pool_of(node, Some(owner))))
         })
         .peekable();
     // With no pool node known there is nothing to fit.

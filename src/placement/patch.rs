@@ -208,11 +208,14 @@ impl Builder<'_> {
     fn ensure_object(&mut self, tokens: &[&str]) {
         for depth in 1..=tokens.len() {
             let path = &tokens[..depth];
-            let key: Vec<String> = path.iter().map(|t| t.to_string()).collect();
-            let exists = lookup(self.raw, path).is_some_and(Value::is_object);
-            if !exists && !self.created.contains(&key) {
+            if lookup(self.raw, path).is_some_and(Value::is_object) {
+                continue;
+            }
+            if self
+                .created
+                .insert(path.iter().map(|t| t.to_string()).collect())
+            {
                 self.add(path, json!({}));
-                self.created.insert(key);
             }
         }
     }
