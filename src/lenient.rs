@@ -7,11 +7,12 @@
 //! small enough is read at once within what costs nothing from the memory budget,
 //! and the read stops, having built no more, as soon as it would cost more.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::fmt;
 
-use serde::Deserializer;
 use serde::de::{DeserializeSeed, Error, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Number, Value};
 
 /// What each JSON value costs once read, at most (jemalloc size classes
@@ -155,6 +156,38 @@ impl<'de> Visitor<'de> for MeteredValue<'_> {
             keep(self.0, &mut map, key, value)?;
         }
         Ok(Value::Object(map))
+    }
+}
+
+/// A member's key, borrowed from the input when it holds no escapes: the key of a
+/// member that is skipped costs no allocation.
+pub struct Key<'de>(pub Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+struct KeyVisitor;
+
+impl<'de> Visitor<'de> for KeyVisitor {
+    type Value = Key<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_borrowed_str<E: Error>(self, key: &'de str) -> Result<Key<'de>, E> {
+        Ok(Key(Cow::Borrowed(key)))
+    }
+
+    fn visit_str<E: Error>(self, key: &str) -> Result<Key<'de>, E> {
+        Ok(Key(Cow::Owned(key.to_owned())))
+    }
+
+    fn visit_string<E: Error>(self, key: String) -> Result<Key<'de>, E> {
+        Ok(Key(Cow::Owned(key)))
     }
 }
 
@@ -306,8 +339,8 @@ impl<'de> Visitor<'de> for LenientSeed<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
         let mut map = Map::new();
-        while let Some(key) = access.next_key::<String>()? {
-            let value = match (self.top, key.as_str()) {
+        while let Some(Key(key)) = access.next_key()? {
+            let value = match (self.top, &*key) {
                 (true, "status") if self.skip != Skip::Nothing => {
                     access.next_value::<IgnoredAny>()?;
                     continue;
@@ -328,7 +361,7 @@ impl<'de> Visitor<'de> for LenientSeed<'_> {
                 }
                 _ => access.next_value_seed(MeteredValue(self.meter))?,
             };
-            keep(self.meter, &mut map, key, value)?;
+            keep(self.meter, &mut map, key.into_owned(), value)?;
         }
         Ok(map)
     }
@@ -362,7 +395,7 @@ impl<'de> Visitor<'de> for Lean<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
         let (Lean::PodSpec(meter) | Lean::Container(meter)) = self;
         let mut map = Map::new();
-        while let Some(key) = access.next_key::<String>()? {
+        while let Some(Key(key)) = access.next_key()? {
             let value = match self {
                 Lean::PodSpec(_) => match pod_spec_member(key.as_bytes()) {
                     SpecMember::Containers => access.next_value_seed(LeanContainers(meter))?,
@@ -372,13 +405,13 @@ impl<'de> Visitor<'de> for Lean<'_> {
                         continue;
                     }
                 },
-                Lean::Container(_) if !CONTAINER_ESSENTIALS.contains(&key.as_str()) => {
+                Lean::Container(_) if !CONTAINER_ESSENTIALS.contains(&&*key) => {
                     access.next_value::<IgnoredAny>()?;
                     continue;
                 }
                 _ => access.next_value_seed(MeteredValue(meter))?,
             };
-            keep(meter, &mut map, key, value)?;
+            keep(meter, &mut map, key.into_owned(), value)?;
         }
         Ok(map)
     }

@@ -10,15 +10,13 @@
 //! answer is a 200 AdmissionReview echoing the request's uid; `patchType` is set
 //! exactly when a patch is.
 
-use std::borrow::Cow;
-
 use base64::Engine;
 use serde::de::{DeserializeSeed, Error, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use crate::lenient::{LenientObject, Meter, Skip};
+use crate::lenient::{Key, LenientObject, Meter, Skip};
 
 const API_VERSION: &str = "admission.k8s.io/v1";
 
@@ -237,7 +235,7 @@ impl<'de> Visitor<'de> for OnePass<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let (mut api_version, mut kind, mut request) = (None, None, None);
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+        while let Some(Key(key)) = map.next_key()? {
             match &*key {
                 "apiVersion" => once(
                     &mut api_version,
@@ -317,7 +315,7 @@ impl<'de> Visitor<'de> for OnePassRequest<'_> {
         let (mut uid, mut kind, mut sub_resource, mut operation) = (None, None, None, None);
         let (mut namespace, mut name, mut user_info, mut dry_run) = (None, None, None, None);
         let (mut object, mut old_object) = (None, None);
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+        while let Some(Key(key)) = map.next_key()? {
             match &*key {
                 "uid" => once(&mut uid, metered_string(&mut map, meter)?, "uid")?,
                 "kind" => {
@@ -400,7 +398,7 @@ impl<'de> Visitor<'de> for UserInfoSeed<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UserInfo, A::Error> {
         let (mut username, mut groups) = (None, None);
-        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+        while let Some(Key(key)) = map.next_key()? {
             match &*key {
                 "username" => once(&mut username, metered_string(&mut map, self.0)?, "username")?,
                 "groups" => once(&mut groups, map.next_value_seed(Groups(self.0))?, "groups")?,
@@ -705,6 +703,17 @@ mod tests {
 
     /// Every part of the patch compares what the pod has before it writes: the lean
     /// pod must have it too, or berth would write what is already there.
+    #[test]
+    fn keys_written_with_escapes_are_read_as_what_they_spell() {
+        let object = r#"{"kind":"Pod","spec":{"t\u006flerations":[],"v\u006flumes":[1],
+            "containers":[{"n\u0061me":"c","im\u0061ge":"x","\u0065nv":[1]}]}}"#;
+        let request = parse(review(object).as_bytes()).unwrap();
+        assert_eq!(
+            request.object.unwrap()["spec"],
+            json!({"tolerations": [], "containers": [{"name": "c", "image": "x"}]})
+        );
+    }
+
     #[test]
     fn the_lean_pod_gets_the_patch_the_whole_pod_gets() {
         use crate::placement::grants::{Grants, QueuePriority};
