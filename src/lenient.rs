@@ -1,6 +1,7 @@
 //! Objects read leniently into JSON values, for what berth patches and checks:
-//! `metadata.managedFields` (and, as asked, `status` and a pod's container
-//! details) skipped unparsed, everything else kept as the apiserver sent it.
+//! `metadata.managedFields` (and, as asked, `status`, and of a pod's spec all but
+//! what admission reads or patches) skipped unparsed, everything else kept as the
+//! apiserver sent it.
 //!
 //! What the values cost in memory is counted as they are built, by a [`Meter`],
 //! in the same units [`crate::admission::cost`] estimates before a read: a review
@@ -37,7 +38,7 @@ pub struct Meter {
 }
 
 /// Why a read stopped on its [`Meter`].
-pub const OVER_ALLOWANCE: &str = "the read would build more than it may";
+const OVER_ALLOWANCE: &str = "the read would build more than it may";
 
 impl Meter {
     /// A meter that never stops a read: for one already charged in full.
@@ -264,8 +265,14 @@ pub fn pod_spec_member(key: &[u8]) -> SpecMember {
 /// What [`Skip::PodContainerDetail`] keeps of a container.
 const CONTAINER_ESSENTIALS: [&str; 3] = ["name", "image", "resources"];
 
-/// An object as JSON, with `metadata.managedFields` (and per `skip`, `status`)
-/// skipped unparsed: serde_json skips a value without recursion, so no depth
+/// Whether [`Skip::PodContainerDetail`] keeps the member `key` of a container (the
+/// cost walk asks too).
+pub fn container_member_kept(key: &[u8]) -> bool {
+    CONTAINER_ESSENTIALS.iter().any(|k| k.as_bytes() == key)
+}
+
+/// An object as JSON, with `metadata.managedFields` (and per `skip`, `status` and
+/// most of a pod's spec) skipped unparsed: serde_json skips a value without recursion, so no depth
 /// there can fail the read. `null` is no object.
 pub fn read_json(text: &str, skip: Skip) -> serde_json::Result<Option<Value>> {
     let mut deserializer = serde_json::Deserializer::from_str(text);
@@ -405,7 +412,7 @@ impl<'de> Visitor<'de> for Lean<'_> {
                         continue;
                     }
                 },
-                Lean::Container(_) if !CONTAINER_ESSENTIALS.contains(&&*key) => {
+                Lean::Container(_) if !container_member_kept(key.as_bytes()) => {
                     access.next_value::<IgnoredAny>()?;
                     continue;
                 }

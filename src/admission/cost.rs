@@ -7,18 +7,23 @@
 //! allocates, so that the bodies being decided at once stay within it however many
 //! workers read them. A byte walk finds it, without allocating, and, as the reader
 //! does, leaves out what the reader skips unparsed: `status`, `managedFields` and,
-//! in a Pod, its containers' details.
+//! in a Pod, all of its spec but what admission reads or patches
+//! ([`crate::lenient::pod_spec_member`], [`crate::lenient::container_member_kept`]).
 //!
 //! A small review is not walked first: it is read at once, the reader counting
 //! what it builds in the same units ([`crate::lenient::Meter`]) and stopping once
 //! that passes what takes nothing from the budget. Only then is it walked.
 
-use crate::lenient::{ARRAY, ITEM, OBJECT, SpecMember, pod_spec_member, text};
+use crate::lenient::{
+    ARRAY, ITEM, OBJECT, SpecMember, container_member_kept, pod_spec_member, text,
+};
 
-/// How deep the walk follows what the reader reads: serde_json refuses JSON
-/// nested deeper than 128 (counted from the object, which the reader takes on its
-/// own a few levels into the review), so nothing deeper is ever read. The walk
-/// stops there, and so costs the same for a body of a million `[`.
+/// How deep the walk counts what the reader reads: serde_json refuses JSON nested
+/// deeper than 128 (counted from the object, which the reader takes on its own a
+/// few levels into the review), so nothing deeper is ever read. Past it, the walk
+/// counts only the depth, as in what the reader skips, and so costs the same for
+/// a body of a million `[`; what follows the deep part still counts (the reader
+/// refuses that object, not the next one).
 const READ_DEPTH: usize = 128 + 8;
 
 /// What a value is, as far as the reader's skipping goes.
@@ -69,7 +74,7 @@ fn member_role(parent: Role, key: &[u8], pod: bool) -> Role {
             SpecMember::Read => Role::Other,
             SpecMember::Skipped => Role::Skipped,
         },
-        (Role::Container, b"name" | b"image" | b"resources") => Role::Other,
+        (Role::Container, key) if container_member_kept(key) => Role::Other,
         (Role::Container, _) => Role::Skipped,
         _ => Role::Other,
     }
@@ -174,10 +179,12 @@ pub fn parse_cost(body: &[u8]) -> usize {
                     Some(open) if open.object && open.expect_key => {
                         // A key with escapes may spell any name once read
                         // (`"n\u0061me"` is `name`), so what follows it is counted
-                        // unless all around it is skipped: the estimate stays a
-                        // bound.
+                        // unless all around it is skipped, and in `request.kind`
+                        // (`"gr\u006fup"`) the object is taken for one whose
+                        // containers are read whole: the estimate stays a bound.
                         open.member = match (escaped, open.role) {
                             (_, Role::Skipped) => Role::Skipped,
+                            (true, Role::Kind) => Role::KindGroup,
                             (true, _) => Role::Other,
                             (false, role) => member_role(role, quoted, pod),
                         };
@@ -192,7 +199,8 @@ pub fn parse_cost(body: &[u8]) -> usize {
                         }
                         match role {
                             Role::KindName => walk.pod_kind = quoted == b"Pod",
-                            Role::KindGroup => walk.other_group = !quoted.is_empty(),
+                            // Sticky: an escaped key that may be `group` says so.
+                            Role::KindGroup => walk.other_group |= !quoted.is_empty(),
                             _ => {}
                         }
                     }
@@ -207,9 +215,12 @@ pub fn parse_cost(body: &[u8]) -> usize {
                     i += 1;
                     continue;
                 }
-                if walk.open.len() >= READ_DEPTH {
-                    return walk.cost;
-                }
+                // Past the depth the reader reads, only the depth counts.
+                let role = if walk.open.len() >= READ_DEPTH {
+                    Role::Skipped
+                } else {
+                    role
+                };
                 let object = byte == b'{';
                 walk.open.push(Open {
                     role,
@@ -383,11 +394,27 @@ mod tests {
             r#"{{"spec":{{"containers":[{{"name":"c","env":{}}}]}}}}"#,
             many(r#"{"a":1}"#, n)
         );
-        let other_group = review(&env).replace(r#""group":"","#, r#""group":"x","#);
+        let kind = r#""kind":{"group":"","version":"v1","kind":"Pod"}"#;
+        let other_group =
+            review(&env).replace(kind, r#""kind":{"group":"x","version":"v1","kind":"Pod"}"#);
+        let escaped_group = review(&env).replace(
+            kind,
+            r#""kind":{"gr\u006fup":"x","version":"v1","kind":"Pod"}"#,
+        );
+        // An object too deep to read is refused, but the review's other object is
+        // read whole.
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let after_deep = review(&format!(
+            r#"{{"spec":{{"affinity":{deep}}}}},"oldObject":{{"spec":{{"nodeSelector":{}}}}}"#,
+            many(r#"{"a":1}"#, n)
+        ));
         let bodies = shapes
             .into_iter()
             .map(|(what, object)| (what, review(&object)))
-            .chain([("a Pod of another group", other_group)]);
+            .chain([
+                ("a Pod of another group", other_group),
+                ("a Pod of another group, its key escaped", escaped_group),
+            ]);
         for (what, body) in bodies {
             let (estimate, real) = (parse_cost(body.as_bytes()) as u64, real_cost(&body));
             assert!(
@@ -408,6 +435,12 @@ mod tests {
                 "{what}: estimated {estimate}, read only {real}"
             );
         }
+        let (estimate, real) = (
+            parse_cost(after_deep.as_bytes()) as u64,
+            real_cost(&after_deep),
+        );
+        assert!(real > 1 << 20, "the old object is read: {real}");
+        assert!(estimate >= real, "estimated {estimate}, read {real}");
     }
 
     #[test]

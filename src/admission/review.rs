@@ -3,9 +3,10 @@
 //! The object stays raw JSON (`serde_json::Value`): patches are computed against
 //! exactly what the apiserver sent, so fields unknown to the compiled Kubernetes
 //! types survive. It is read leniently: `metadata.managedFields` (free-form, any
-//! depth, timestamps a user may set out of any range), `status` and, in a pod, its
-//! containers' details (env, probes, mounts: never read, never patched) are
-//! skipped without being parsed, and the object is read apart from the envelope, so an
+//! depth, timestamps a user may set out of any range), `status` and, in a pod, all
+//! of its spec but what admission reads or patches (volumes, and its containers'
+//! env, probes and mounts among what is never read, never patched) are skipped
+//! without being parsed, and the object is read apart from the envelope, so an
 //! object berth cannot read still leaves the uid to answer with a denial. Every
 //! answer is a 200 AdmissionReview echoing the request's uid; `patchType` is set
 //! exactly when a patch is.
@@ -701,8 +702,6 @@ mod tests {
         assert_eq!(object["metadata"], whole["metadata"]);
     }
 
-    /// Every part of the patch compares what the pod has before it writes: the lean
-    /// pod must have it too, or berth would write what is already there.
     #[test]
     fn keys_written_with_escapes_are_read_as_what_they_spell() {
         let object = r#"{"kind":"Pod","spec":{"t\u006flerations":[],"v\u006flumes":[1],
@@ -714,6 +713,8 @@ mod tests {
         );
     }
 
+    /// Every part of the patch compares what the pod has before it writes: the lean
+    /// pod must have it too, or berth would write what is already there.
     #[test]
     fn the_lean_pod_gets_the_patch_the_whole_pod_gets() {
         use crate::placement::grants::{Grants, QueuePriority};
