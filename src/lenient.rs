@@ -290,15 +290,44 @@ impl<'de> DeserializeSeed<'de> for LenientObject<'_> {
     type Value = Option<Value>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        OptionSeed(TopObject(self)).deserialize(deserializer)
+    }
+}
+
+/// The object of a [`LenientObject`] that is not `null`.
+struct TopObject<'m>(LenientObject<'m>);
+
+impl<'de> DeserializeSeed<'de> for TopObject<'_> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        let LenientObject(skip, meter) = self.0;
+        meter.charge::<D::Error>(ITEM)?;
+        let seed = LenientSeed {
+            top: true,
+            skip,
+            meter,
+        };
+        seed.deserialize(deserializer).map(Value::Object)
+    }
+}
+
+/// `null` or what `T` reads, as an `Option` field reads.
+pub struct OptionSeed<T>(pub T);
+
+impl<'de, T: DeserializeSeed<'de>> DeserializeSeed<'de> for OptionSeed<T> {
+    type Value = Option<T::Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_option(self)
     }
 }
 
-impl<'de> Visitor<'de> for LenientObject<'_> {
-    type Value = Option<Value>;
+impl<'de, T: DeserializeSeed<'de>> Visitor<'de> for OptionSeed<T> {
+    type Value = Option<T::Value>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON object or null")
+        f.write_str("an optional value")
     }
 
     fn visit_none<E: Error>(self) -> Result<Self::Value, E> {
@@ -310,14 +339,7 @@ impl<'de> Visitor<'de> for LenientObject<'_> {
     }
 
     fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        self.1.charge(ITEM)?;
-        let object = LenientSeed {
-            top: true,
-            skip: self.0,
-            meter: self.1,
-        }
-        .deserialize(deserializer)?;
-        Ok(Some(Value::Object(object)))
+        self.0.deserialize(deserializer).map(Some)
     }
 }
 

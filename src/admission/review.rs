@@ -17,7 +17,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use crate::lenient::{Key, LenientObject, Meter, Skip};
+use crate::lenient::{Key, LenientObject, Meter, OptionSeed, Skip};
 
 const API_VERSION: &str = "admission.k8s.io/v1";
 
@@ -258,37 +258,6 @@ impl<'de> Visitor<'de> for OnePass<'_> {
             kind: kind.flatten(),
             request: request.flatten(),
         })
-    }
-}
-
-/// `null` or what `T` reads, as an `Option` field reads.
-struct OptionSeed<T>(T);
-
-impl<'de, T: DeserializeSeed<'de>> DeserializeSeed<'de> for OptionSeed<T> {
-    type Value = Option<T::Value>;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_option(self)
-    }
-}
-
-impl<'de, T: DeserializeSeed<'de>> Visitor<'de> for OptionSeed<T> {
-    type Value = Option<T::Value>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("an optional value")
-    }
-
-    fn visit_none<E: Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_unit<E: Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        self.0.deserialize(deserializer).map(Some)
     }
 }
 
