@@ -453,32 +453,31 @@ impl<'de> DeserializeSeed<'de> for LeanContainers<'_> {
     type Value = Value;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
-        deserializer.deserialize_option(self)
+        self.0.charge::<D::Error>(ITEM)?;
+        let list = OptionSeed(ContainerList(self.0)).deserialize(deserializer)?;
+        Ok(list.map_or(Value::Null, Value::Array))
     }
 }
 
-impl<'de> Visitor<'de> for LeanContainers<'_> {
-    type Value = Value;
+/// The containers of a [`LeanContainers`] that is not `null`.
+struct ContainerList<'m>(&'m Meter);
+
+impl<'de> DeserializeSeed<'de> for ContainerList<'_> {
+    type Value = Vec<Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Vec<Value>, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ContainerList<'_> {
+    type Value = Vec<Value>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a list of containers")
     }
 
-    fn visit_none<E: Error>(self) -> Result<Value, E> {
-        self.0.charge(ITEM)?;
-        Ok(Value::Null)
-    }
-
-    fn visit_unit<E: Error>(self) -> Result<Value, E> {
-        self.visit_none()
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
-        deserializer.deserialize_seq(self)
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
-        self.0.charge(ITEM)?;
+    fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Vec<Value>, A::Error> {
         let mut list = Vec::new();
         while let Some(container) = access.next_element_seed(Lean::Container(self.0))? {
             if list.is_empty() {
@@ -487,6 +486,6 @@ impl<'de> Visitor<'de> for LeanContainers<'_> {
             self.0.charge(ITEM)?;
             list.push(Value::Object(container));
         }
-        Ok(Value::Array(list))
+        Ok(list)
     }
 }

@@ -306,6 +306,19 @@ async fn placement_policies_are_validated_beyond_the_schema() {
     );
 }
 
+/// The reason of a review answered by a denial that echoes `request`'s uid: a 4xx
+/// would count as a webhook failure and let the pod through.
+fn denied_by_uid(status: StatusCode, body: &[u8], request: &Value) -> String {
+    assert_eq!(status, StatusCode::OK, "a 4xx would let the pod through");
+    let answer: Value = serde_json::from_slice(body).unwrap();
+    assert_eq!(answer["response"]["uid"], request["request"]["uid"]);
+    assert_eq!(answer["response"]["allowed"], false);
+    answer["response"]["status"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 #[tokio::test]
 async fn a_review_over_the_cap_is_denied_by_its_uid_and_anything_else_gets_413() {
     let mut request = fixture("pod-create.json");
@@ -317,11 +330,7 @@ async fn a_review_over_the_cap_is_denied_by_its_uid_and_anything_else_gets_413()
         as_the_apiserver_writes(&request),
     )
     .await;
-    assert_eq!(status, StatusCode::OK, "a 4xx would let the pod through");
-    let answer: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(answer["response"]["uid"], request["request"]["uid"]);
-    assert_eq!(answer["response"]["allowed"], false);
-    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    let message = denied_by_uid(status, &body, &request);
     assert!(
         message.contains("cannot check what it does not read"),
         "{message}"
@@ -349,11 +358,7 @@ async fn a_small_review_that_would_cost_more_than_the_budget_is_refused_unread()
         body.len()
     );
     let (status, body) = post(state(view(), true), "/mutate", body).await;
-    assert_eq!(status, StatusCode::OK, "a 4xx would let the pod through");
-    let answer: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(answer["response"]["uid"], request["request"]["uid"]);
-    assert_eq!(answer["response"]["allowed"], false);
-    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    let message = denied_by_uid(status, &body, &request);
     assert!(
         message.contains("whose JSON takes about 2 MiB to read"),
         "{message}"
