@@ -73,6 +73,16 @@ impl Meter {
     pub fn charge_text<E: Error>(&self, len: usize) -> Result<(), E> {
         self.charge(ITEM.saturating_add(text(len)))
     }
+
+    /// Puts an element in `list`, counting the list's first allocation (the
+    /// element counts itself): the twin of [`keep`] for lists.
+    pub fn push<T, E: Error>(&self, list: &mut Vec<T>, item: T) -> Result<(), E> {
+        if list.is_empty() {
+            self.charge(ARRAY)?;
+        }
+        list.push(item);
+        Ok(())
+    }
 }
 
 /// Any JSON value, read as `serde_json::Value` reads it, counted on the meter.
@@ -141,10 +151,7 @@ impl<'de> Visitor<'de> for MeteredValue<'_> {
         self.0.charge(ITEM)?;
         let mut items = Vec::new();
         while let Some(item) = access.next_element_seed(self)? {
-            if items.is_empty() {
-                self.0.charge(ARRAY)?;
-            }
-            items.push(item);
+            self.0.push(&mut items, item)?;
         }
         Ok(Value::Array(items))
     }
@@ -480,11 +487,8 @@ impl<'de> Visitor<'de> for ContainerList<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Vec<Value>, A::Error> {
         let mut list = Vec::new();
         while let Some(container) = access.next_element_seed(Lean::Container(self.0))? {
-            if list.is_empty() {
-                self.0.charge(ARRAY)?;
-            }
             self.0.charge(ITEM)?;
-            list.push(Value::Object(container));
+            self.0.push(&mut list, Value::Object(container))?;
         }
         Ok(list)
     }

@@ -403,11 +403,10 @@ impl<'de> Visitor<'de> for Groups<'_> {
     }
 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
-        self.0.charge(crate::lenient::ARRAY)?;
         let mut groups = Vec::new();
         while let Some(group) = seq.next_element::<String>()? {
             self.0.charge_text(group.len())?;
-            groups.push(group);
+            self.0.push(&mut groups, group)?;
         }
         Ok(groups)
     }
