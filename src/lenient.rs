@@ -246,36 +246,54 @@ const POD_SPEC_READ: [&str; 11] = [
     "schedulingGroup",
     "tolerations",
 ];
-/// What [`Skip::PodContainerDetail`] does with a member of a Pod's `spec`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpecMember {
-    /// A list of containers, each read for its name, image and resources.
-    Containers,
-    /// Read whole.
-    Read,
-    /// Skipped unparsed.
-    Skipped,
-}
-
-/// What [`Skip::PodContainerDetail`] does with the member `key` of a Pod's `spec`
-/// (the cost walk asks too, so that its estimate follows the read).
-pub fn pod_spec_member(key: &[u8]) -> SpecMember {
-    if CONTAINER_LISTS.iter().any(|k| k.as_bytes() == key) {
-        SpecMember::Containers
-    } else if POD_SPEC_READ.iter().any(|k| k.as_bytes() == key) {
-        SpecMember::Read
-    } else {
-        SpecMember::Skipped
-    }
-}
-
 /// What [`Skip::PodContainerDetail`] keeps of a container.
 const CONTAINER_ESSENTIALS: [&str; 3] = ["name", "image", "resources"];
 
-/// Whether [`Skip::PodContainerDetail`] keeps the member `key` of a container (the
-/// cost walk asks too).
-pub fn container_member_kept(key: &[u8]) -> bool {
-    CONTAINER_ESSENTIALS.iter().any(|k| k.as_bytes() == key)
+/// Where an object stands in what is read leniently, as far as skipping goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// The object itself.
+    Top,
+    /// Its `metadata`.
+    Metadata,
+    /// A Pod's `spec`, under [`Skip::PodContainerDetail`].
+    PodSpec,
+    /// One of that spec's containers.
+    Container,
+}
+
+/// What the lenient read does with a member of an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Member {
+    /// Skipped unparsed.
+    Skipped,
+    /// An object read at this level (it must be one).
+    Object(Level),
+    /// A list of containers (or `null`), each read at [`Level::Container`].
+    Containers,
+    /// Read whole.
+    Read,
+}
+
+/// What the lenient read does with the member `key` of an object at `level`: the
+/// one statement of what is skipped, asked by the reader and by the cost walk
+/// ([`crate::admission::cost`]), so that the walk's estimate follows the read.
+pub fn member(level: Level, key: &[u8], skip: Skip) -> Member {
+    let among = |keys: &[&str]| keys.iter().any(|k| k.as_bytes() == key);
+    match level {
+        Level::Top => match key {
+            b"status" if skip != Skip::Nothing => Member::Skipped,
+            b"metadata" => Member::Object(Level::Metadata),
+            b"spec" if skip == Skip::PodContainerDetail => Member::Object(Level::PodSpec),
+            _ => Member::Read,
+        },
+        Level::Metadata if key == b"managedFields" => Member::Skipped,
+        Level::Metadata => Member::Read,
+        Level::PodSpec if among(&CONTAINER_LISTS) => Member::Containers,
+        Level::PodSpec if among(&POD_SPEC_READ) => Member::Read,
+        Level::Container if among(&CONTAINER_ESSENTIALS) => Member::Read,
+        Level::PodSpec | Level::Container => Member::Skipped,
+    }
 }
 
 /// An object as JSON, with `metadata.managedFields` (and per `skip`, `status` and
@@ -310,8 +328,8 @@ impl<'de> DeserializeSeed<'de> for TopObject<'_> {
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
         let LenientObject(skip, meter) = self.0;
         meter.charge::<D::Error>(ITEM)?;
-        let seed = LenientSeed {
-            top: true,
+        let seed = LenientMap {
+            level: Level::Top,
             skip,
             meter,
         };
@@ -350,15 +368,15 @@ impl<'de, T: DeserializeSeed<'de>> Visitor<'de> for OptionSeed<T> {
     }
 }
 
-/// Reads an object (`top`) or its metadata, skipping what [`read_json`] skips.
+/// Reads an object at `level`, skipping what [`member`] says is skipped.
 #[derive(Clone, Copy)]
-struct LenientSeed<'m> {
-    top: bool,
+struct LenientMap<'m> {
+    level: Level,
     skip: Skip,
     meter: &'m Meter,
 }
 
-impl<'de> DeserializeSeed<'de> for LenientSeed<'_> {
+impl<'de> DeserializeSeed<'de> for LenientMap<'_> {
     type Value = Map<String, Value>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
@@ -366,86 +384,33 @@ impl<'de> DeserializeSeed<'de> for LenientSeed<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for LenientSeed<'_> {
+impl<'de> Visitor<'de> for LenientMap<'_> {
     type Value = Map<String, Value>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
-        let mut map = Map::new();
-        while let Some(Key(key)) = access.next_key()? {
-            let value = match (self.top, &*key) {
-                (true, "status") if self.skip != Skip::Nothing => {
-                    access.next_value::<IgnoredAny>()?;
-                    continue;
-                }
-                (false, "managedFields") => {
-                    access.next_value::<IgnoredAny>()?;
-                    continue;
-                }
-                (true, "spec") if self.skip == Skip::PodContainerDetail => {
-                    self.meter.charge(ITEM)?;
-                    let spec = access.next_value_seed(Lean::PodSpec(self.meter))?;
-                    Value::Object(spec)
-                }
-                (true, "metadata") => {
-                    self.meter.charge(ITEM)?;
-                    let meta = access.next_value_seed(LenientSeed { top: false, ..self })?;
-                    Value::Object(meta)
-                }
-                _ => access.next_value_seed(MeteredValue(self.meter))?,
-            };
-            keep(self.meter, &mut map, key.into_owned(), value)?;
-        }
-        Ok(map)
-    }
-}
-
-/// A pod spec or one of its containers, read for [`Skip::PodContainerDetail`].
-#[derive(Clone, Copy)]
-enum Lean<'m> {
-    PodSpec(&'m Meter),
-    Container(&'m Meter),
-}
-
-impl<'de> DeserializeSeed<'de> for Lean<'_> {
-    type Value = Map<String, Value>;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Lean<'_> {
-    type Value = Map<String, Value>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str(match self {
-            Lean::PodSpec(_) => "a pod spec",
-            Lean::Container(_) => "a container",
+        f.write_str(match self.level {
+            Level::Top => "a JSON object",
+            Level::Metadata => "an object's metadata",
+            Level::PodSpec => "a pod spec",
+            Level::Container => "a container",
         })
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
-        let (Lean::PodSpec(meter) | Lean::Container(meter)) = self;
+        let meter = self.meter;
         let mut map = Map::new();
         while let Some(Key(key)) = access.next_key()? {
-            let value = match self {
-                Lean::PodSpec(_) => match pod_spec_member(key.as_bytes()) {
-                    SpecMember::Containers => access.next_value_seed(LeanContainers(meter))?,
-                    SpecMember::Read => access.next_value_seed(MeteredValue(meter))?,
-                    SpecMember::Skipped => {
-                        access.next_value::<IgnoredAny>()?;
-                        continue;
-                    }
-                },
-                Lean::Container(_) if !container_member_kept(key.as_bytes()) => {
+            let value = match member(self.level, key.as_bytes(), self.skip) {
+                Member::Skipped => {
                     access.next_value::<IgnoredAny>()?;
                     continue;
                 }
-                _ => access.next_value_seed(MeteredValue(meter))?,
+                Member::Object(level) => {
+                    meter.charge(ITEM)?;
+                    Value::Object(access.next_value_seed(LenientMap { level, ..self })?)
+                }
+                Member::Containers => access.next_value_seed(LeanContainers(meter))?,
+                Member::Read => access.next_value_seed(MeteredValue(meter))?,
             };
             keep(meter, &mut map, key.into_owned(), value)?;
         }
@@ -486,7 +451,12 @@ impl<'de> Visitor<'de> for ContainerList<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Vec<Value>, A::Error> {
         let mut list = Vec::new();
-        while let Some(container) = access.next_element_seed(Lean::Container(self.0))? {
+        let container = LenientMap {
+            level: Level::Container,
+            skip: Skip::PodContainerDetail,
+            meter: self.0,
+        };
+        while let Some(container) = access.next_element_seed(container)? {
             self.0.charge(ITEM)?;
             self.0.push(&mut list, Value::Object(container))?;
         }

@@ -7,16 +7,14 @@
 //! allocates, so that the bodies being decided at once stay within it however many
 //! workers read them. A byte walk finds it, without allocating, and, as the reader
 //! does, leaves out what the reader skips unparsed: `status`, `managedFields` and,
-//! in a Pod, all of its spec but what admission reads or patches
-//! ([`crate::lenient::pod_spec_member`], [`crate::lenient::container_member_kept`]).
+//! in a Pod, all of its spec but what admission reads or patches: it asks the
+//! reader's own rule, [`crate::lenient::member`].
 //!
 //! A small review is not walked first: it is read at once, the reader counting
 //! what it builds in the same units ([`crate::lenient::Meter`]) and stopping once
 //! that passes what takes nothing from the budget. Only then is it walked.
 
-use crate::lenient::{
-    ARRAY, ITEM, OBJECT, SpecMember, container_member_kept, pod_spec_member, text,
-};
+use crate::lenient::{ARRAY, ITEM, Level, Member, OBJECT, Skip, member, text};
 
 /// How deep the walk counts what the reader reads: serde_json refuses JSON nested
 /// deeper than 128 (counted from the object, which the reader takes on its own a
@@ -39,43 +37,38 @@ enum Role {
     /// is a core Pod.
     KindName,
     KindGroup,
-    /// `request.object` or `request.oldObject`.
-    Object,
-    /// The object's `metadata`.
-    Metadata,
-    /// The object's `spec`.
-    Spec,
-    /// A Pod's list of containers (or init or ephemeral containers); the other
-    /// members of its `spec` are read whole or skipped, as the reader does.
+    /// `request.object` or `request.oldObject` (at [`Level::Top`]), or an object
+    /// in it the reader reads at a level of its own.
+    Object(Level),
+    /// A Pod's list of containers (or init or ephemeral containers).
     Containers,
-    /// One of those containers.
-    Container,
     /// Anything else that is read.
     Other,
     /// Skipped unparsed.
     Skipped,
 }
 
-/// The role of the member `key` of an object with role `parent`.
+/// The role of the member `key` of an object with role `parent`; in the object,
+/// what the reader skips of a core Pod when `pod`, else of any object.
 fn member_role(parent: Role, key: &[u8], pod: bool) -> Role {
+    let skip = if pod {
+        Skip::PodContainerDetail
+    } else {
+        Skip::Status
+    };
     match (parent, key) {
         (Role::Skipped, _) => Role::Skipped,
         (Role::Review, b"request") => Role::Request,
         (Role::Request, b"kind") => Role::Kind,
         (Role::Kind, b"kind") => Role::KindName,
         (Role::Kind, b"group") => Role::KindGroup,
-        (Role::Request, b"object" | b"oldObject") => Role::Object,
-        (Role::Object, b"status") => Role::Skipped,
-        (Role::Object, b"metadata") => Role::Metadata,
-        (Role::Object, b"spec") => Role::Spec,
-        (Role::Metadata, b"managedFields") => Role::Skipped,
-        (Role::Spec, key) if pod => match pod_spec_member(key) {
-            SpecMember::Containers => Role::Containers,
-            SpecMember::Read => Role::Other,
-            SpecMember::Skipped => Role::Skipped,
+        (Role::Request, b"object" | b"oldObject") => Role::Object(Level::Top),
+        (Role::Object(level), key) => match member(level, key, skip) {
+            Member::Skipped => Role::Skipped,
+            Member::Object(level) => Role::Object(level),
+            Member::Containers => Role::Containers,
+            Member::Read => Role::Other,
         },
-        (Role::Container, key) if container_member_kept(key) => Role::Other,
-        (Role::Container, _) => Role::Skipped,
         _ => Role::Other,
     }
 }
@@ -84,7 +77,7 @@ fn member_role(parent: Role, key: &[u8], pod: bool) -> Role {
 fn element_role(array: Role) -> Role {
     match array {
         Role::Skipped => Role::Skipped,
-        Role::Containers => Role::Container,
+        Role::Containers => Role::Object(Level::Container),
         _ => Role::Other,
     }
 }

@@ -259,6 +259,14 @@ async fn on_cpu<T: Send + 'static>(
         .ok()
 }
 
+/// A review's body, not read yet: whether it is small (read at once rather than
+/// on a CPU slot), and why the quick read gave up on it, if it tried.
+struct Unread<'b> {
+    body: &'b Bytes,
+    small: bool,
+    tried: Option<review::GaveUp>,
+}
+
 /// Reads a review once what reading it costs is charged to the budget: the walk
 /// ([`cost::parse_cost`]) finds the cost without allocating. The answer when it
 /// cannot be read by `answer_by` or within the budget.
@@ -266,12 +274,11 @@ async fn read_charged(
     state: &AppState,
     path: &str,
     started: std::time::Instant,
-    body: &Bytes,
+    Unread { body, small, tried }: Unread<'_>,
     held: &mut Option<OwnedSemaphorePermit>,
     answer_by: Instant,
 ) -> Result<Result<AdmissionRequest, String>, Response> {
     let limits = &state.limits;
-    let small = BodyLimits::is_small(body.len());
     let scanned = body.clone();
     let Some(cost) = on_cpu(limits, small, answer_by, move || cost::parse_cost(&scanned)).await
     else {
@@ -295,9 +302,11 @@ async fn read_charged(
         }
     }
     let read = body.clone();
-    on_cpu(limits, small, answer_by, move || review::parse(&read))
-        .await
-        .ok_or_else(|| late(state, path, started, body))
+    on_cpu(limits, small, answer_by, move || {
+        review::parse_after(&read, tried)
+    })
+    .await
+    .ok_or_else(|| late(state, path, started, body))
 }
 
 /// Reads, decides and answers one review by `answer_by`. A decision is linear in
@@ -333,15 +342,20 @@ async fn admit(
     // builds no more than takes nothing from the budget needs no walk. Any other
     // (costlier, larger, or not read in one pass) is costed first, and read once
     // charged.
-    let quick = small
-        .then(|| review::read_within(&body, BodyLimits::free_allowance(body.len())))
-        .flatten();
+    let quick = small.then(|| review::read_within(&body, BodyLimits::free_allowance(body.len())));
     let parsed = match quick {
-        Some((parsed, _built)) => parsed,
-        None => match read_charged(state, path, started, &body, &mut held, answer_by).await {
-            Ok(parsed) => parsed,
-            Err(refused) => return refused,
-        },
+        Some(Ok((parsed, _built))) => parsed,
+        tried => {
+            let unread = Unread {
+                body: &body,
+                small,
+                tried: tried.and_then(Result::err),
+            };
+            match read_charged(state, path, started, unread, &mut held, answer_by).await {
+                Ok(parsed) => parsed,
+                Err(refused) => return refused,
+            }
+        }
     };
     let request = match parsed {
         Ok(request) => request,

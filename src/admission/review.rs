@@ -134,25 +134,54 @@ fn skip_for(kind: &GroupVersionKind) -> Skip {
 /// again in two, which finds the uid whatever the object holds and says what is
 /// wrong. The two read every review they both read alike.
 pub fn parse(body: &[u8]) -> Result<AdmissionRequest, String> {
-    match read_within(body, usize::MAX) {
-        Some((request, _)) => request,
-        None => parse_in_two(body),
+    parse_after(body, None)
+}
+
+/// [`parse`] for a body [`read_within`] has already tried (`tried`, why it gave
+/// up): one it could not read for its shape goes straight to the two passes.
+pub fn parse_after(body: &[u8], tried: Option<GaveUp>) -> Result<AdmissionRequest, String> {
+    if tried != Some(GaveUp::Shape)
+        && let Ok((request, _)) = read_within(body, usize::MAX)
+    {
+        return request;
     }
+    parse_in_two(body)
+}
+
+/// Why [`read_within`] gave up on a review.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GaveUp {
+    /// It would have built more than its allowance: read it once charged.
+    Allowance,
+    /// One pass cannot read it (an object before its kind, a duplicate field, an
+    /// object the lenient read refuses, malformed JSON): two passes can say what
+    /// is wrong, and find the uid.
+    Shape,
 }
 
 /// Reads a well-formed review in one pass, building at most `allowance` (in the
 /// units of [`crate::lenient`]): the request, or why its envelope is refused, and
-/// what the read built. `None` when one pass cannot read it, or it would build
-/// more; the read then stops, and [`parse`] reads it once its cost is charged.
+/// what the read built. The read stops at the first surprise or once it would
+/// build more, and says which.
 pub fn read_within(
     body: &[u8],
     allowance: usize,
-) -> Option<(Result<AdmissionRequest, String>, usize)> {
+) -> Result<(Result<AdmissionRequest, String>, usize), GaveUp> {
     let meter = Meter::within(allowance);
+    // The meter counts what it refused too: past the allowance, that is why.
+    let gave_up = |_| {
+        if meter.spent() > allowance {
+            GaveUp::Allowance
+        } else {
+            GaveUp::Shape
+        }
+    };
     let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let envelope = OnePass(&meter).deserialize(&mut deserializer).ok()?;
-    deserializer.end().ok()?;
-    Some((envelope.request(), meter.spent()))
+    let envelope = OnePass(&meter)
+        .deserialize(&mut deserializer)
+        .map_err(gave_up)?;
+    deserializer.end().map_err(gave_up)?;
+    Ok((envelope.request(), meter.spent()))
 }
 
 /// Reads the envelope with the objects raw, then each object on its own.
@@ -792,9 +821,10 @@ mod tests {
         );
     }
 
-    /// Reads `body` in one pass only: `None` when that pass gives up.
+    /// Reads `body` in one pass only: `None` when that pass gives up or the
+    /// envelope is refused.
     fn in_one(body: &str) -> Option<AdmissionRequest> {
-        read_within(body.as_bytes(), usize::MAX)?.0.ok()
+        read_within(body.as_bytes(), usize::MAX).ok()?.0.ok()
     }
 
     #[test]
@@ -868,11 +898,14 @@ mod tests {
         }
         for body in &read_in_two {
             assert!(in_one(body).is_none(), "{body}");
-            assert_eq!(
-                format!("{:?}", parse(body.as_bytes())),
-                format!("{:?}", parse_in_two(body.as_bytes())),
-                "{body}"
-            );
+            // Without an allowance, only its shape stops the one pass.
+            let gave_up = read_within(body.as_bytes(), usize::MAX).err();
+            assert_ne!(gave_up, Some(GaveUp::Allowance), "{body}");
+            let two = format!("{:?}", parse_in_two(body.as_bytes()));
+            assert_eq!(format!("{:?}", parse(body.as_bytes())), two, "{body}");
+            // Told that one pass gave up on its shape, the read goes to two.
+            let after = parse_after(body.as_bytes(), Some(GaveUp::Shape));
+            assert_eq!(format!("{after:?}"), two, "{body}");
         }
     }
 
@@ -881,8 +914,11 @@ mod tests {
         let body = review(&deployment_pod().to_string());
         let (request, built) = read_within(body.as_bytes(), usize::MAX).unwrap();
         assert!(request.is_ok());
-        assert!(read_within(body.as_bytes(), built).is_some());
-        assert!(read_within(body.as_bytes(), built - 1).is_none());
+        assert!(read_within(body.as_bytes(), built).is_ok());
+        assert_eq!(
+            read_within(body.as_bytes(), built - 1).err(),
+            Some(GaveUp::Allowance)
+        );
         // The walk that costs a review before it is read counts at least as much:
         // what the walk would let through free, the read does too.
         assert!(built <= crate::admission::cost::parse_cost(body.as_bytes()));
