@@ -176,7 +176,10 @@ pub fn read_within(
             GaveUp::Shape
         }
     };
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    // JSON is UTF-8: checked once here, so that serde_json need not check each
+    // string it reads (a body that is not goes to the two passes, which say so).
+    let text = std::str::from_utf8(body).map_err(|_| GaveUp::Shape)?;
+    let mut deserializer = serde_json::Deserializer::from_str(text);
     let envelope = OnePass(&meter)
         .deserialize(&mut deserializer)
         .map_err(gave_up)?;
@@ -906,6 +909,24 @@ mod tests {
             // Told that one pass gave up on its shape, the read goes to two.
             let after = parse_after(body.as_bytes(), Some(GaveUp::Shape));
             assert_eq!(format!("{after:?}"), two, "{body}");
+        }
+    }
+
+    #[test]
+    fn a_body_that_is_not_utf8_is_refused_wherever_the_byte_is() {
+        // JSON is UTF-8; the one pass checks it once rather than per string, so a
+        // stray byte in a string berth skips is refused as one in a string it
+        // reads is, by the two passes, which say why.
+        for object in [
+            r#"{"kind":"Pod","metadata":{"name":"_"}}"#,
+            r#"{"kind":"Pod","status":{"message":"_"}}"#,
+        ] {
+            let mut body = review(object).into_bytes();
+            let at = body.iter().rposition(|&b| b == b'_').unwrap();
+            body[at] = 0xff;
+            assert_eq!(read_within(&body, usize::MAX).err(), Some(GaveUp::Shape));
+            let why = parse(&body).unwrap_err();
+            assert!(why.contains("invalid unicode"), "{why}");
         }
     }
 

@@ -485,7 +485,11 @@ impl PolicySet {
     /// Pool selectors see the node's labels without berth's own, so that a pool
     /// label berth wrote can never pull a node into a pool.
     pub fn pool_claims(&self, node: &str, labels: Option<&Labels>) -> Vec<&CompiledPolicy> {
-        let foreign = labels.map(|l| {
+        // Only a pool selector reads the labels: without one, none are copied.
+        let selects = self
+            .iter()
+            .any(|p| p.spec.pool.is_some() && p.pool_selector.is_some());
+        let foreign = labels.filter(|_| selects).map(|l| {
             l.iter()
                 .filter(|(k, _)| !is_owned_node_key(k))
                 .map(|(k, v)| (k.clone(), v.clone()))
