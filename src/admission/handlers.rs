@@ -8,9 +8,9 @@ use std::time::Duration;
 use axum::Extension;
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, RawQuery, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRef, RawQuery, State};
 use axum::http::StatusCode;
-use axum::middleware::{self, Next};
+use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::BodyExt;
@@ -52,55 +52,58 @@ pub fn router(state: Arc<AppState>, max_in_flight: usize) -> Router {
         // Bodies are bounded by `BodyLimits`, which answers a body it cannot read
         // with a denial rather than axum's 413.
         .layer(DefaultBodyLimit::disable())
-        // Only admission goes through the door and waits its turn: health probes
-        // answer at once under a flood, so the pod is neither restarted nor
-        // dropped from the Service.
-        .route_layer(middleware::from_fn_with_state((state.clone(), turns), door))
+        // Health probes take no turn: they answer at once under a flood, so the
+        // pod is neither restarted nor dropped from the Service.
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        // Outermost: a request's time starts before it waits for its turn.
-        .layer(middleware::from_fn(stamp_arrival))
-        .with_state(state)
+        .with_state(Shared { state, turns })
 }
 
-/// When a request came in.
-#[derive(Debug, Clone, Copy)]
-struct Arrived(Instant);
-
-async fn stamp_arrival(mut request: Request, next: Next) -> Response {
-    request.extensions_mut().insert(Arrived(Instant::now()));
-    next.run(request).await
+/// What the routes share: the state, and the turns admission requests take.
+#[derive(Clone)]
+struct Shared {
+    state: Arc<AppState>,
+    turns: Arc<Semaphore>,
 }
 
-/// When a review must be answered by ([`answer_by`]), for the handlers.
-#[derive(Debug, Clone, Copy)]
-struct AnswerBy(Instant);
+impl FromRef<Shared> for Arc<AppState> {
+    fn from_ref(shared: &Shared) -> Self {
+        shared.state.clone()
+    }
+}
 
-/// A review's way in. A client without the apiserver's certificate (with
-/// `--client-ca`) is refused here, before it takes a turn, so no number of them
-/// keeps the apiserver's reviews waiting. The others wait for one of the turns,
-/// but never past their deadline: one not let in by then is refused by its uid,
-/// while the apiserver still listens, rather than left to time out (which would
-/// admit the pod without berth).
-async fn door(
-    State((state, turns)): State<(Arc<AppState>, Arc<Semaphore>)>,
+/// What a review's way in reads of the request besides its body.
+struct Caller {
+    /// The client's certificate, as the TLS server checked it.
     peer: Option<Extension<PeerCertificate>>,
-    Extension(Arrived(arrived)): Extension<Arrived>,
-    RawQuery(query): RawQuery,
-    mut request: Request,
-    next: Next,
+    /// The query, which says the apiserver's timeout.
+    query: Option<String>,
+}
+
+/// A review's way in, the first thing its handler does (a handler rather than a
+/// middleware: one future less to box and move per review). A client without the
+/// apiserver's certificate (with `--client-ca`) is refused here, before it takes a
+/// turn, so no number of them keeps the apiserver's reviews waiting. The others
+/// wait for one of the turns, but never past their deadline: one not let in by
+/// then is refused by its uid, while the apiserver still listens, rather than left
+/// to time out (which would admit the pod without berth).
+async fn door(
+    Shared { state, turns }: Shared,
+    Caller { peer, query }: Caller,
+    path: &str,
+    decide: Decide,
+    body: Body,
 ) -> Response {
+    let arrived = Instant::now();
     if unauthenticated(&state, peer) {
-        return refuse_unauthenticated(&state, request.into_body()).await;
+        return refuse_unauthenticated(&state, body).await;
     }
     let answer_by = answer_by(arrived, query.as_deref());
     let Ok(Ok(_turn)) = tokio::time::timeout_at(answer_by, turns.acquire_owned()).await else {
-        let path = request.uri().path().to_owned();
-        let prefix = BodyLimits::prefix(request.into_body(), Instant::now() + PREFIX_WAIT).await;
-        return late(&state, &path, std::time::Instant::now(), &prefix);
+        let prefix = BodyLimits::prefix(body, Instant::now() + PREFIX_WAIT).await;
+        return late(&state, path, std::time::Instant::now(), &prefix);
     };
-    request.extensions_mut().insert(AnswerBy(answer_by));
-    next.run(request).await
+    admit(&state, path, decide, body, answer_by).await
 }
 
 /// How long a review refused at its deadline may take to send the bytes that hold
@@ -177,19 +180,23 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 type Decide = fn(&AdmissionRequest, &Snapshot) -> (AdmissionResponse, Verdict);
 
 async fn mutate(
-    State(state): State<Arc<AppState>>,
-    Extension(AnswerBy(answer_by)): Extension<AnswerBy>,
+    State(shared): State<Shared>,
+    peer: Option<Extension<PeerCertificate>>,
+    RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
-    admit(&state, "/mutate", service::mutate, body, answer_by).await
+    let caller = Caller { peer, query };
+    door(shared, caller, "/mutate", service::mutate, body).await
 }
 
 async fn validate(
-    State(state): State<Arc<AppState>>,
-    Extension(AnswerBy(answer_by)): Extension<AnswerBy>,
+    State(shared): State<Shared>,
+    peer: Option<Extension<PeerCertificate>>,
+    RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
-    admit(&state, "/validate", service::validate, body, answer_by).await
+    let caller = Caller { peer, query };
+    door(shared, caller, "/validate", service::validate, body).await
 }
 
 /// With `--client-ca`, whether the client presented no certificate of the client
@@ -215,6 +222,18 @@ async fn refuse_unauthenticated(state: &AppState, body: Body) -> Response {
         .into_response()
 }
 
+/// The AdmissionReview carrying `response`, as JSON written into one buffer sized
+/// for it (its patch is most of it) rather than grown as it is written.
+fn answer(response: AdmissionResponse) -> Response {
+    let texts = response.patch.iter().chain(&response.warnings);
+    let size = texts.map(|t| t.len() + 8).sum::<usize>() + 256;
+    let mut body = Vec::with_capacity(size);
+    match serde_json::to_writer(&mut body, &response.into_review()) {
+        Ok(()) => ([(CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
 /// The answer to a body that was not read whole: a denial, when its first bytes
 /// hold the uid, else `status` with the reason.
 fn unread(
@@ -236,7 +255,7 @@ fn unread(
         .get_or_create(&KindLabels { kind: path.into() })
         .inc();
     observe(state, path, kind, started);
-    axum::Json(response.into_review()).into_response()
+    answer(response)
 }
 
 /// Runs a review's CPU work, done by `answer_by`. Reading and deciding a large
@@ -405,12 +424,12 @@ async fn admit(
             .get_or_create(&KindLabels { kind: path.into() })
             .inc();
         observe(state, path, "deadline", started);
-        return axum::Json(response.into_review()).into_response();
+        return answer(response);
     };
     drop(held);
     response.warnings.splice(0..0, warnings);
     record(state, path, &response, &verdict, started);
-    axum::Json(response.into_review()).into_response()
+    answer(response)
 }
 
 /// Why a review not decided in time is refused.

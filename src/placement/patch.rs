@@ -259,11 +259,12 @@ impl Builder<'_> {
                 term.insert("matchExpressions".into(), Value::Array(wanted.to_vec()));
             }
             if let Some(pin) = pin {
-                term.insert("matchFields".into(), json!([pin]));
+                term.insert("matchFields".into(), Value::Array(vec![pin.clone()]));
             }
             if !term.is_empty() {
                 self.ensure_object(&required);
-                self.add(&terms_path, json!([term]));
+                // Moved in, not through `json!`, which would copy it value by value.
+                self.add(&terms_path, Value::Array(vec![Value::Object(term)]));
             }
             return;
         }
