@@ -389,8 +389,7 @@ impl<'de> Visitor<'de> for LenientMap<'_> {
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str(match self.level {
-            Level::Top => "a JSON object",
-            Level::Metadata => "an object's metadata",
+            Level::Top | Level::Metadata => "a JSON object",
             Level::PodSpec => "a pod spec",
             Level::Container => "a container",
         })

@@ -223,7 +223,7 @@ async fn refuse_unauthenticated(state: &AppState, body: Body) -> Response {
 }
 
 /// The AdmissionReview carrying `response`, as JSON written into one buffer sized
-/// for it (its patch is most of it) rather than grown as it is written.
+/// for its patch and warnings (most of it) rather than grown as it is written.
 fn answer(response: AdmissionResponse) -> Response {
     let texts = response.patch.iter().chain(&response.warnings);
     let size = texts.map(|t| t.len() + 8).sum::<usize>() + 256;
