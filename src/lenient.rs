@@ -297,8 +297,8 @@ pub fn member(level: Level, key: &[u8], skip: Skip) -> Member {
 }
 
 /// An object as JSON, with `metadata.managedFields` (and per `skip`, `status` and
-/// most of a pod's spec) skipped unparsed: serde_json skips a value without recursion, so no depth
-/// there can fail the read. `null` is no object.
+/// most of a pod's spec) skipped unparsed: serde_json skips a value without
+/// recursion, so no depth there can fail the read. `null` is no object.
 pub fn read_json(text: &str, skip: Skip) -> serde_json::Result<Option<Value>> {
     let mut deserializer = serde_json::Deserializer::from_str(text);
     let object = LenientObject(skip, &Meter::unlimited()).deserialize(&mut deserializer)?;

@@ -72,24 +72,18 @@ impl FromRef<Shared> for Arc<AppState> {
     }
 }
 
-/// What a review's way in reads of the request besides its body.
-struct Caller {
-    /// The client's certificate, as the TLS server checked it.
-    peer: Option<Extension<PeerCertificate>>,
-    /// The query, which says the apiserver's timeout.
-    query: Option<String>,
-}
-
 /// A review's way in, the first thing its handler does (a handler rather than a
 /// middleware: one future less to box and move per review). A client without the
 /// apiserver's certificate (with `--client-ca`) is refused here, before it takes a
 /// turn, so no number of them keeps the apiserver's reviews waiting. The others
 /// wait for one of the turns, but never past their deadline: one not let in by
 /// then is refused by its uid, while the apiserver still listens, rather than left
-/// to time out (which would admit the pod without berth).
+/// to time out (which would admit the pod without berth). `query` says the
+/// apiserver's timeout.
 async fn door(
     Shared { state, turns }: Shared,
-    Caller { peer, query }: Caller,
+    peer: Option<Extension<PeerCertificate>>,
+    query: Option<String>,
     path: &str,
     decide: Decide,
     body: Body,
@@ -185,8 +179,7 @@ async fn mutate(
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
-    let caller = Caller { peer, query };
-    door(shared, caller, "/mutate", service::mutate, body).await
+    door(shared, peer, query, "/mutate", service::mutate, body).await
 }
 
 async fn validate(
@@ -195,8 +188,7 @@ async fn validate(
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
-    let caller = Caller { peer, query };
-    door(shared, caller, "/validate", service::validate, body).await
+    door(shared, peer, query, "/validate", service::validate, body).await
 }
 
 /// With `--client-ca`, whether the client presented no certificate of the client
