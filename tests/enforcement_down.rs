@@ -28,6 +28,11 @@ const NODES: Nodes = Nodes {
 };
 const WAIT: Duration = Duration::from_secs(60);
 
+/// Every pool a test in this file creates: `policies()`'s, and the ones
+/// `a_controller_keeps_a_policy_that_stops_compiling...` adds while the others run.
+/// A pod that keeps off all of them breaks no rule, whichever exist at the moment.
+const EVERY_POOL: [&str; 4] = ["cdn", "gpu", "edge", "probe"];
+
 /// The pools and policies in force before berth stops.
 fn policies() -> Vec<PlacementPolicy> {
     vec![
@@ -166,7 +171,7 @@ async fn with_berth_stopped_no_tenant_pod_reaches_a_dedicated_node() {
     // What breaks no rule goes on: berth down never blocks the cluster.
     let excluded = json!({"tolerations": [{"operator": "Exists"}], "affinity": {"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
-            {"key": names::POOL_LABEL, "operator": "NotIn", "values": ["cdn", "gpu", "edge"]}]}]}}}});
+            {"key": names::POOL_LABEL, "operator": "NotIn", "values": EVERY_POOL}]}]}}}});
     for (name, spec) in [
         ("plain", json!({})),
         ("elsewhere", json!({"nodeName": "node1"})),
