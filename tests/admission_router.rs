@@ -44,7 +44,7 @@ fn view() -> FixedView {
     FixedView {
         policies: Arc::new(policies),
         nodes: Arc::default(),
-        namespaces: BTreeMap::from([("default".to_string(), default)]),
+        namespaces: BTreeMap::from([("default".to_string(), Arc::new(default))]),
         groups: Arc::default(),
     }
 }
@@ -562,7 +562,10 @@ async fn a_daemonset_that_tolerates_everything_is_kept_off_pools_that_do_not_tak
     let view = FixedView {
         policies: Arc::new(policies),
         nodes: Arc::default(),
-        namespaces: BTreeMap::from([("default".to_string(), NamespaceInfo::new("default"))]),
+        namespaces: BTreeMap::from([(
+            "default".to_string(),
+            Arc::new(NamespaceInfo::new("default")),
+        )]),
         groups: Arc::default(),
     };
     let mut request = fixture("pod-create.json");
@@ -607,7 +610,7 @@ fn queue_view(opted: &str) -> FixedView {
     FixedView {
         policies: Arc::new(policies),
         nodes: Arc::default(),
-        namespaces: BTreeMap::from([("default".to_string(), default)]),
+        namespaces: BTreeMap::from([("default".to_string(), Arc::new(default))]),
         groups: Arc::new(groups),
     }
 }
@@ -701,7 +704,7 @@ fn semantics_view() -> FixedView {
             let ns: k8s_openapi::api::core::v1::Namespace =
                 serde_json::from_value(read(file)).unwrap();
             let info = NamespaceInfo::from_namespace(&ns);
-            (info.name.clone(), info)
+            (info.name.clone(), Arc::new(info))
         })
         .collect();
     FixedView {

@@ -387,10 +387,12 @@ async fn admit(
                 warnings.push(bounded(format!(
                     "berth could not read namespace {name}; the pod gets no grants"
                 )));
-                NamespaceInfo::new(name)
+                Arc::new(NamespaceInfo::new(name))
             }
         },
-        None => NamespaceInfo::new(request.namespace.as_deref().unwrap_or_default()),
+        None => Arc::new(NamespaceInfo::new(
+            request.namespace.as_deref().unwrap_or_default(),
+        )),
     };
     let policies = state.view.policies();
     let nodes = state.view.nodes();

@@ -23,7 +23,7 @@ pub trait ClusterView: Send + Sync {
     /// Known nodes and their labels now.
     fn nodes(&self) -> Arc<NodeIndex>;
     /// The namespace, or `None` if it cannot be found.
-    fn namespace<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Option<NamespaceInfo>>;
+    fn namespace<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Option<Arc<NamespaceInfo>>>;
     /// Whether every cache has finished its first list.
     fn synced(&self) -> bool;
     /// What group decisions need: the gang mode and the PriorityClasses.
@@ -37,7 +37,7 @@ pub use crate::cluster::GroupState;
 pub struct FixedView {
     pub policies: Arc<PolicySet>,
     pub nodes: Arc<NodeIndex>,
-    pub namespaces: BTreeMap<String, NamespaceInfo>,
+    pub namespaces: BTreeMap<String, Arc<NamespaceInfo>>,
     pub groups: Arc<GroupState>,
 }
 
@@ -48,7 +48,7 @@ impl ClusterView for FixedView {
     fn nodes(&self) -> Arc<NodeIndex> {
         self.nodes.clone()
     }
-    fn namespace<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Option<NamespaceInfo>> {
+    fn namespace<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Option<Arc<NamespaceInfo>>> {
         Box::pin(async move { self.namespaces.get(name).cloned() })
     }
     fn synced(&self) -> bool {
@@ -68,7 +68,7 @@ impl ClusterView for Cluster {
         self.node_labels()
     }
 
-    fn namespace<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Option<NamespaceInfo>> {
+    fn namespace<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Option<Arc<NamespaceInfo>>> {
         Box::pin(Cluster::namespace(self, name))
     }
 

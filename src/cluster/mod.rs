@@ -52,6 +52,10 @@ pub use wakes::{Changed, Wakes};
 /// apiserver is picked up without a restart.
 const GANG_MODE_EVERY: Duration = Duration::from_secs(60);
 
+/// Namespaces by name, as decisions read them. A persistent map, as
+/// [`NodeIndex`] is: a change costs O(log n), a reader's snapshot a pointer.
+pub type NamespaceIndex = imbl::OrdMap<String, Arc<NamespaceInfo>>;
+
 /// The namespace and uid of every DaemonSet, ordered by namespace: what tells a
 /// DaemonSet's pod from a pod that names one in a forged ownerReference.
 pub type DaemonSets = BTreeSet<(String, String)>;
@@ -110,6 +114,9 @@ struct Published {
     in_force: RwLock<Arc<Compiled>>,
     /// Node labels, for the webhook's decisions.
     node_labels: RwLock<Arc<NodeIndex>>,
+    /// Each namespace as the webhook decides in it, its annotations read once per
+    /// change of them rather than once per pod.
+    namespaces: RwLock<Arc<NamespaceIndex>>,
     groups: RwLock<Arc<GroupState>>,
     daemonsets: RwLock<Arc<DaemonSets>>,
     /// Whether each was listed whole (the policies compiled) or looked up once.
@@ -124,6 +131,7 @@ impl Default for Published {
         Published {
             in_force: RwLock::default(),
             node_labels: RwLock::new(Arc::new(NodeIndex::new())),
+            namespaces: RwLock::default(),
             groups: RwLock::default(),
             daemonsets: RwLock::default(),
             policies_synced: published::Sender::new(false),
@@ -255,13 +263,13 @@ impl Cluster {
 
     /// The namespace from the cache, or by one GET when the cache does not hold it
     /// yet (one created a moment ago); `None` when neither finds it.
-    pub async fn namespace(&self, name: &str) -> Option<NamespaceInfo> {
-        if let Some(ns) = self.stores.namespaces.get(&ObjectRef::new(name)) {
-            return Some(NamespaceInfo::from_meta(&ns.metadata));
+    pub async fn namespace(&self, name: &str) -> Option<Arc<NamespaceInfo>> {
+        if let Some(info) = read(&self.published.namespaces).get(name) {
+            return Some(info.clone());
         }
         let api = Api::<NamespaceMeta>::all(self.client.clone());
         match tokio::time::timeout(Duration::from_secs(1), api.get_opt(name)).await {
-            Ok(Ok(Some(ns))) => Some(NamespaceInfo::from_meta(&ns.metadata)),
+            Ok(Ok(Some(ns))) => Some(Arc::new(NamespaceInfo::from_meta(&ns.metadata))),
             Ok(Ok(None)) => None,
             Ok(Err(e)) => {
                 tracing::warn!(namespace = name, error = %e, "namespace lookup failed");
@@ -357,21 +365,37 @@ fn policy_changes(
     }
 }
 
-/// A namespace event that changes its labels or annotations wakes both loops.
+/// A namespace event that changes its labels or annotations: the namespace, for
+/// the webhook, and both loops woken.
 fn namespace_changes(
     wakes: &Arc<Wakes>,
     published: &Arc<Published>,
 ) -> impl FnMut(&Store<NamespaceMeta>, &Event<NamespaceMeta>) + Send + 'static {
     let (wakes, published) = (wakes.clone(), published.clone());
     let mut hashes = Hashes::new(seen::namespace::<NamespaceMeta>);
-    move |_, event| match hashes.changed(event) {
-        Seen::Nothing => {}
-        seen => {
-            if seen == Seen::Relisted {
+    let info = |ns: &NamespaceMeta| Arc::new(NamespaceInfo::from_meta(&ns.metadata));
+    move |store, event| {
+        match hashes.changed(event) {
+            Seen::Nothing => return,
+            Seen::Object(name) => {
+                let current = read(&published.namespaces);
+                let next = match store.get(&ObjectRef::new(&name)) {
+                    Some(ns) => current.update(name, info(&ns)),
+                    None => current.without(&name),
+                };
+                write(&published.namespaces, Arc::new(next));
+            }
+            Seen::Relisted => {
+                let index = store
+                    .state()
+                    .iter()
+                    .map(|ns| (ns.name_any(), info(ns)))
+                    .collect();
+                write(&published.namespaces, Arc::new(index));
                 published.namespaces_synced.send_replace(true);
             }
-            wakes.all();
         }
+        wakes.all();
     }
 }
 
@@ -551,6 +575,47 @@ mod tests {
         assert_eq!(wakes.take(), Changed::Everything, "a template change");
         apply(Event::Delete(daemonset("agent", 2)));
         assert_eq!(uids(), [key("shipper")]);
+    }
+
+    /// The webhook's namespaces follow creations, annotation changes, deletions
+    /// and relists; a change of what berth does not read keeps the namespace as it
+    /// is, its annotations read once.
+    #[test]
+    fn the_namespace_index_follows_the_store() {
+        let (wakes, published) = (Arc::new(Wakes::default()), Arc::new(Published::default()));
+        let (_, mut apply) = fed(namespace_changes(&wakes, &published));
+        let namespace = |name: &str, policies: &str, version: &str| -> NamespaceMeta {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name,
+                "resourceVersion": version, "annotations": {crate::names::POLICIES_ANNOTATION: policies}}}))
+            .unwrap()
+        };
+        let policies = |name: &str| -> Option<Vec<String>> {
+            let info = read(&published.namespaces).get(name)?.clone();
+            Some(info.config().ok()?.policies.clone())
+        };
+        apply(Event::Init);
+        apply(Event::InitApply(namespace("shop", "cdn", "1")));
+        apply(Event::InitDone);
+        assert_eq!(policies("shop"), Some(vec!["cdn".to_string()]));
+        assert!(*published.namespaces_synced.subscribe().borrow());
+        let before = read(&published.namespaces)["shop"].clone();
+        apply(Event::Apply(namespace("shop", "cdn", "2")));
+        assert!(
+            Arc::ptr_eq(&before, &read(&published.namespaces)["shop"]),
+            "nothing berth reads changed"
+        );
+        apply(Event::Apply(namespace("shop", "cdn, gpu", "3")));
+        assert_eq!(policies("shop"), Some(vec!["cdn".into(), "gpu".into()]));
+        apply(Event::Apply(namespace("lab", "gpu", "4")));
+        assert_eq!(policies("lab"), Some(vec!["gpu".to_string()]));
+        apply(Event::Delete(namespace("shop", "cdn, gpu", "5")));
+        assert_eq!(policies("shop"), None);
+        // A relist that no longer holds lab (deleted while the watch was down).
+        apply(Event::Init);
+        apply(Event::InitApply(namespace("shop", "edge", "6")));
+        apply(Event::InitDone);
+        assert_eq!(policies("shop"), Some(vec!["edge".to_string()]));
+        assert_eq!(policies("lab"), None);
     }
 
     /// The webhook's index and the store hold one copy of each node's labels,

@@ -215,11 +215,7 @@ fn ranked_workloads<K>(
             continue;
         };
         let view = workload.template_pod();
-        let info = NamespaceInfo {
-            name: namespace.clone(),
-            labels: labels.clone(),
-            annotations: Default::default(),
-        };
+        let info = NamespaceInfo::with(&namespace, labels.clone(), Default::default());
         let matches = match_policies(&view, &info, Some(config), policies);
         let order = matches
             .applied

@@ -153,9 +153,9 @@ fn template_grants(
 ) -> (Grants, BTreeSet<String>, BTreeSet<String>) {
     let mut grants = Grants::default();
     let mut allowed = BTreeSet::new();
-    let config = NamespaceConfig::parse(&namespace.annotations).ok();
+    let config = namespace.config().ok();
     for policy in policies.iter() {
-        if takes(policy, namespace, config.as_ref())
+        if takes(policy, namespace, config)
             && let Some(toleration) = pool_toleration(policy)
         {
             grants.tolerate(toleration);

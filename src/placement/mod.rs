@@ -29,6 +29,7 @@ pub mod selection;
 pub mod warning;
 
 use std::collections::BTreeSet;
+use std::sync::OnceLock;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Taint, Toleration};
 use serde_json::Value;
@@ -40,14 +41,26 @@ pub use pod::Requester;
 use warning::bounded;
 
 use crate::policy::compile::Labels;
-use crate::policy::{NamespaceConfig, PolicySet};
+use crate::policy::{AnnotationError, NamespaceConfig, PolicySet};
 
 /// The namespace of the pod: its name, labels and annotations.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct NamespaceInfo {
     pub name: String,
     pub labels: Labels,
     pub annotations: Labels,
+    /// The berth annotations, read on first use and kept: the webhook's copy of a
+    /// namespace lives until the namespace changes, so its image globs are compiled
+    /// once per change rather than once per pod. Change the annotations before the
+    /// first use, or on a clone.
+    config: OnceLock<Result<NamespaceConfig, AnnotationError>>,
+}
+
+/// A copy reads its annotations again: it is made to be changed.
+impl Clone for NamespaceInfo {
+    fn clone(&self) -> Self {
+        NamespaceInfo::with(&self.name, self.labels.clone(), self.annotations.clone())
+    }
 }
 
 use crate::names::NAMESPACE_NAME_LABEL;
@@ -63,6 +76,16 @@ impl NamespaceInfo {
         }
     }
 
+    /// A namespace with exactly these labels and annotations.
+    pub fn with(name: &str, labels: Labels, annotations: Labels) -> Self {
+        NamespaceInfo {
+            name: name.to_owned(),
+            labels,
+            annotations,
+            config: OnceLock::new(),
+        }
+    }
+
     pub fn from_namespace(namespace: &Namespace) -> Self {
         Self::from_meta(&namespace.metadata)
     }
@@ -75,11 +98,15 @@ impl NamespaceInfo {
         labels
             .entry(NAMESPACE_NAME_LABEL.to_owned())
             .or_insert_with(|| name.clone());
-        NamespaceInfo {
-            name,
-            labels,
-            annotations: meta.annotations.clone().unwrap_or_default(),
-        }
+        let annotations = meta.annotations.clone().unwrap_or_default();
+        NamespaceInfo::with(&name, labels, annotations)
+    }
+
+    /// What its berth annotations say, or why they cannot be read.
+    pub fn config(&self) -> Result<&NamespaceConfig, &AnnotationError> {
+        self.config
+            .get_or_init(|| NamespaceConfig::parse(&self.annotations))
+            .as_ref()
     }
 }
 
@@ -176,7 +203,7 @@ pub fn decide(input: &Input) -> Decision {
         }
     };
     let mut decision = Decision::default();
-    let config = match NamespaceConfig::parse(&input.namespace.annotations) {
+    let config = match input.namespace.config() {
         Ok(config) => Some(config),
         Err(e) => {
             decision.warnings.push(bounded(format!(
@@ -190,13 +217,8 @@ pub fn decide(input: &Input) -> Decision {
 
     let daemonset = pod.is_daemonset_pod(input.requester);
     let mut grants = if daemonset {
-        let ds = daemonset::daemonset_grants(
-            &pod,
-            input.policies,
-            input.namespace,
-            config.as_ref(),
-            input.nodes,
-        );
+        let ds =
+            daemonset::daemonset_grants(&pod, input.policies, input.namespace, config, input.nodes);
         decision.denial = ds.denial;
         decision.applied = ds
             .grants
@@ -213,20 +235,13 @@ pub fn decide(input: &Input) -> Decision {
             .collect();
         ds.grants
     } else {
-        let matches =
-            matching::match_policies(&pod, input.namespace, config.as_ref(), input.policies);
+        let matches = matching::match_policies(&pod, input.namespace, config, input.policies);
         decision.warnings.extend(matches.warnings);
         decision.passed_over = matches.passed_over;
         let applied: Vec<_> = matches.applied.iter().map(|(p, _)| *p).collect();
         let mut grants = grants::grants_for(&applied);
         decision.applied = matches.applied.into_iter().map(|(_, a)| a).collect();
-        let targeted = avoid::hold(
-            &pod,
-            input.namespace,
-            config.as_ref(),
-            input.policies,
-            &mut grants,
-        );
+        let targeted = avoid::hold(&pod, input.namespace, config, input.policies, &mut grants);
         decision.denial = avoid::node_name_denial(
             &pod,
             input.nodes,
@@ -244,7 +259,7 @@ pub fn decide(input: &Input) -> Decision {
         .filter(|_| !daemonset)
         .collect();
     let (scheduler, warnings) =
-        scheduler::scheduler_name(pod.scheduler_name(), config.as_ref(), &applied_policies);
+        scheduler::scheduler_name(pod.scheduler_name(), config, &applied_policies);
     grants.scheduler_name = scheduler;
     decision.warnings.extend(warnings);
     decision.warnings.extend(groups::group_grants(
@@ -254,8 +269,7 @@ pub fn decide(input: &Input) -> Decision {
         &mut grants,
     ));
     if grants.priority.is_none() && !daemonset {
-        let foreign =
-            groups::foreign_queue_class(&pod, input.namespace, config.as_ref(), input.policies);
+        let foreign = groups::foreign_queue_class(&pod, input.namespace, config, input.policies);
         decision.denial = decision.denial.or(foreign);
     }
 

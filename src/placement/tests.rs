@@ -1121,3 +1121,23 @@ fn a_policy_expression_written_with_empty_values_is_granted_as_stored() {
         [0]["preference"]["matchExpressions"][0]["values"] = json!(["b", "a"]);
     assert!(admit(&stored, &opted_in("ssd"), &set).patch.0.is_empty());
 }
+
+/// A namespace's annotations are read once; a copy changed after is read again,
+/// and a broken annotation stays an error on every read.
+#[test]
+fn a_namespace_reads_its_annotations_once_and_a_changed_copy_again() {
+    let shop = opted_in("cdn");
+    let first: *const NamespaceConfig = shop.config().unwrap();
+    assert!(std::ptr::eq(first, shop.config().unwrap()), "read once");
+    let mut moved = shop.clone();
+    moved
+        .annotations
+        .insert(crate::names::POLICIES_ANNOTATION.into(), "gpu".into());
+    assert_eq!(moved.config().unwrap().policies, ["gpu"]);
+    assert_eq!(shop.config().unwrap().policies, ["cdn"]);
+    moved
+        .annotations
+        .insert("berth.io/images.Bad_Name".into(), "*".into());
+    let broken = moved.clone();
+    assert_eq!(broken.config().unwrap_err().key, "berth.io/images.Bad_Name");
+}
