@@ -227,6 +227,11 @@ impl Cluster {
         read(&self.published.node_labels)
     }
 
+    /// Each namespace as decisions read it now.
+    pub fn namespaces(&self) -> Arc<NamespaceIndex> {
+        read(&self.published.namespaces)
+    }
+
     /// What group decisions need: the gang mode and the PriorityClasses.
     pub fn groups(&self) -> Arc<GroupState> {
         read(&self.published.groups)
@@ -264,7 +269,7 @@ impl Cluster {
     /// The namespace from the cache, or by one GET when the cache does not hold it
     /// yet (one created a moment ago); `None` when neither finds it.
     pub async fn namespace(&self, name: &str) -> Option<Arc<NamespaceInfo>> {
-        if let Some(info) = read(&self.published.namespaces).get(name) {
+        if let Some(info) = self.namespaces().get(name) {
             return Some(info.clone());
         }
         let api = Api::<NamespaceMeta>::all(self.client.clone());

@@ -15,7 +15,7 @@ use super::node_writer::NodeQueue;
 use super::podgroups::{PodGroupWrites, PodGroups};
 use super::policy_writer::PolicyWrites;
 use super::writes::Writes;
-use crate::cluster::{Cluster, DaemonSets};
+use crate::cluster::{Cluster, DaemonSets, NamespaceIndex};
 use crate::objects::PolicyObject;
 use crate::policy::NamespaceOptIn;
 use crate::policy::compile::Compiled;
@@ -144,6 +144,8 @@ pub struct Snapshot {
     /// at their last good version.
     pub compiled: Arc<Compiled>,
     pub namespaces: NamespaceOptIn,
+    /// Each namespace as the webhook decides in it, its annotations already read.
+    pub namespace_index: Arc<NamespaceIndex>,
     pub daemonsets: Arc<DaemonSets>,
 }
 
@@ -157,6 +159,7 @@ impl Snapshot {
             objects,
             compiled,
             namespaces,
+            namespace_index: cluster.namespaces(),
             daemonsets: cluster.daemonsets(),
         }
     }

@@ -24,9 +24,7 @@ use super::events::{Reported, event, reference_of};
 use super::writes::Kind;
 use crate::cluster::Stores;
 use crate::objects::PodObject;
-use crate::placement::NamespaceInfo;
 use crate::placement::missed::{is_candidate, missed_by, recreating_owner};
-use crate::policy::NamespaceConfig;
 use crate::policy::crd::OnMissed;
 use crate::telemetry::PolicyLabels;
 
@@ -82,27 +80,9 @@ impl Missed {
         snapshot: &Snapshot,
     ) -> Option<Duration> {
         let policies = &*snapshot.compiled.set;
-        // A namespace whose annotations cannot be read gets no grants from the
-        // webhook either: its pods are not missed, and evicting them would loop.
-        // Nor are the pods of namespaces the webhook never sees (kube-system's,
-        // berth's own): a cluster-wide policy must not report or evict them.
+        // The pods of namespaces the webhook never sees (kube-system's, berth's
+        // own) are not missed: a cluster-wide policy must not report or evict them.
         let exempt = &pass.options.exempt;
-        let namespaces: HashMap<String, (NamespaceInfo, NamespaceConfig)> = stores
-            .namespaces
-            .state()
-            .iter()
-            .filter(|ns| {
-                ns.metadata
-                    .name
-                    .as_ref()
-                    .is_some_and(|n| !exempt.pods_of(n))
-            })
-            .filter_map(|ns| {
-                let info = NamespaceInfo::from_meta(&ns.metadata);
-                let config = NamespaceConfig::parse(&info.annotations).ok()?;
-                Some((info.name.clone(), (info, config)))
-            })
-            .collect();
         let pods = stores.pods.state();
         let mut by_policy: BTreeMap<String, Vec<String>> = policies
             .iter()
@@ -114,15 +94,16 @@ impl Missed {
             .map(AsRef::as_ref)
             .filter(|p| is_candidate(p, &snapshot.daemonsets))
         {
-            let Some((namespace, config)) = pod
+            let Some(namespace) = pod
                 .metadata
                 .namespace
                 .as_ref()
-                .and_then(|ns| namespaces.get(ns))
+                .filter(|ns| !exempt.pods_of(ns))
+                .and_then(|ns| snapshot.namespace_index.get(ns))
             else {
                 continue;
             };
-            let missed = missed_by(pod, namespace, config, policies);
+            let missed = missed_by(pod, namespace, policies);
             if missed.is_empty() {
                 continue;
             }

@@ -20,7 +20,7 @@ use super::pod::PodView;
 use super::selection::tolerates;
 use crate::names::{POOL_LABEL, is_owned_node_key};
 use crate::objects::PodObject;
-use crate::policy::{CompiledPolicy, NamespaceConfig, PolicySet};
+use crate::policy::{CompiledPolicy, PolicySet};
 
 /// The owner kinds that recreate an evicted pod on their own, unchanged: the pods
 /// of Deployments (through ReplicaSets) and StatefulSets. A Job may count an
@@ -139,10 +139,11 @@ fn carries(pod: &PodObject, policy: &CompiledPolicy) -> bool {
 pub fn missed_by<'p>(
     pod: &PodObject,
     namespace: &NamespaceInfo,
-    config: &NamespaceConfig,
     policies: &'p PolicySet,
 ) -> Vec<&'p CompiledPolicy> {
-    let Some(view) = matching_view(pod) else {
+    // A namespace whose annotations cannot be read gets no grants from the
+    // webhook either: its pods are not missed, and evicting them would loop.
+    let (Some(view), Ok(config)) = (matching_view(pod), namespace.config()) else {
         return Vec::new();
     };
     let applied = applied_policies(pod.metadata.annotations.as_ref());
@@ -202,21 +203,20 @@ mod tests {
                     {"key": POOL_LABEL, "operator": "In", "values": pools}]}]}}}})
     }
 
-    fn opted_in() -> (NamespaceInfo, NamespaceConfig) {
+    fn opted_in() -> NamespaceInfo {
         let mut namespace = NamespaceInfo::new("shop");
         namespace
             .annotations
             .insert("berth.io/policies".into(), "cdn".into());
-        let config = NamespaceConfig::parse(&namespace.annotations).unwrap();
-        (namespace, config)
+        namespace
     }
 
     #[test]
     fn a_pod_the_policy_applies_to_without_its_decision_is_missed() {
-        let (namespace, config) = opted_in();
+        let namespace = opted_in();
         let set = policies();
         let names = |pod: &PodObject| -> Vec<String> {
-            missed_by(pod, &namespace, &config, &set)
+            missed_by(pod, &namespace, &set)
                 .iter()
                 .map(|p| p.name.clone())
                 .collect()
@@ -252,10 +252,17 @@ mod tests {
             "not its image"
         );
         let elsewhere = NamespaceInfo::new("other");
-        let plain = NamespaceConfig::parse(&elsewhere.annotations).unwrap();
         assert!(
-            missed_by(&pod("example/cdn:1", None, None), &elsewhere, &plain, &set).is_empty(),
+            missed_by(&pod("example/cdn:1", None, None), &elsewhere, &set).is_empty(),
             "a namespace that does not opt in misses nothing"
+        );
+        let mut broken = opted_in();
+        broken
+            .annotations
+            .insert("berth.io/images.Bad_Name".into(), "*cdn*".into());
+        assert!(
+            missed_by(&pod("example/cdn:1", None, None), &broken, &set).is_empty(),
+            "a namespace whose annotations cannot be read gets no grants, so misses nothing"
         );
     }
 
@@ -286,7 +293,7 @@ mod tests {
 
     #[test]
     fn a_pod_as_berth_admitted_it_carries_its_decision() {
-        let (namespace, config) = opted_in();
+        let namespace = opted_in();
         let set = policies();
         let mut raw = json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "p", "namespace": "shop"},
@@ -304,13 +311,10 @@ mod tests {
         let patch = crate::placement::build_patch(&raw, &decision.grants);
         json_patch::patch(&mut raw, &patch).unwrap();
         let mut admitted: PodObject = serde_json::from_value(raw.clone()).unwrap();
-        assert!(
-            missed_by(&admitted, &namespace, &config, &set).is_empty(),
-            "{raw:#}"
-        );
+        assert!(missed_by(&admitted, &namespace, &set).is_empty(), "{raw:#}");
         // As the controller keeps it once it runs.
         admitted.spec.node_name = Some("node2".into());
         admitted.spec.keep_berths_marks(true);
-        assert!(missed_by(&admitted, &namespace, &config, &set).is_empty());
+        assert!(missed_by(&admitted, &namespace, &set).is_empty());
     }
 }

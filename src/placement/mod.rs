@@ -69,11 +69,8 @@ impl NamespaceInfo {
     /// A namespace with no annotations and only the name label the apiserver
     /// gives every namespace.
     pub fn new(name: &str) -> Self {
-        NamespaceInfo {
-            name: name.to_owned(),
-            labels: Labels::from([(NAMESPACE_NAME_LABEL.to_owned(), name.to_owned())]),
-            ..Default::default()
-        }
+        let labels = Labels::from([(NAMESPACE_NAME_LABEL.to_owned(), name.to_owned())]);
+        NamespaceInfo::with(name, labels, Labels::new())
     }
 
     /// A namespace with exactly these labels and annotations.
