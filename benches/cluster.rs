@@ -34,6 +34,8 @@
 
 #[path = "common/mod.rs"]
 mod common;
+#[path = "common/fixed_state.rs"]
+mod fixed_state;
 #[path = "floor/load.rs"]
 mod load;
 #[path = "floor/minimal_webhook.rs"]
@@ -50,7 +52,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams};
-use minimal_webhook::Floor;
+use minimal_webhook::{Floor, Stage};
 use serde_json::{Value, json};
 use support::{Berth, Nodes, create_at_once, fresh_namespace, opt_in, test_pod};
 
@@ -329,11 +331,29 @@ async fn opted(client: &Client, purpose: &str, policy: &str, app: &str) -> Strin
 const REVIEW_CONNECTIONS: usize = 16;
 const REVIEW_STREAMS: usize = 8;
 const REVIEW_ROUND: Duration = Duration::from_secs(20);
+/// Each server's time is taken in this many turns, the servers in turn, so that a
+/// busy spell of the machine (kwok keeping 1,000 nodes shares the cores) falls on
+/// each alike.
+const REVIEW_TURNS: u32 = 4;
 
-/// Reviews per second at berth's `/mutate` and at the minimal webhook's, with the
-/// same review (a typical Deployment pod with a cdn image, in a namespace opted into
-/// the cdn policy): its size in bytes, berth's rate, the floor's.
-async fn mutate_reviews(berth: &Berth, client: &Client) -> (usize, f64, f64) {
+/// Reviews per second at `/mutate`, each server given the same review (a typical
+/// Deployment pod with a cdn image, in a namespace opted into the cdn policy).
+struct Reviews {
+    /// The review's size.
+    bytes: usize,
+    /// berth, as it runs.
+    berth: f64,
+    /// The minimal webhook.
+    floor: f64,
+    /// The minimal webhook reading each review as berth does.
+    read: f64,
+    /// berth's own router over a fixed state: all berth does with a review,
+    /// none of its live process.
+    decide: f64,
+}
+
+/// Measures [`Reviews`] with `nodes` nodes in the fixed state's cache (as berth's).
+async fn mutate_reviews(berth: &Berth, client: &Client, nodes: usize) -> Reviews {
     berth
         .cluster
         .apply(&std::fs::read_to_string(support::repo_root().join("policies/cdn.yaml")).unwrap());
@@ -342,33 +362,50 @@ async fn mutate_reviews(berth: &Berth, client: &Client) -> (usize, f64, f64) {
     opt_in(client, &ns, "cdn", &probe, LIMIT).await;
     let review = typical_pod::typical_review(&ns);
     let body = hyper::body::Bytes::from(review.to_string());
-    let floor = Floor::spawn(&berth.certs_dir());
+    let certs = berth.certs_dir();
+    let floor = Floor::spawn(&certs, &Stage::Uid);
+    let reader = Floor::spawn(&certs, &Stage::Read);
+    let namespace = ns.clone();
+    let decider = Floor::spawn(&certs, &Stage::Decide { namespace, nodes });
     let at_berth = std::net::SocketAddr::from(([127, 0, 0, 1], berth.port));
-    let ca = std::fs::read(berth.certs_dir().join("ca.crt")).expect("berth's CA");
+    let ca = std::fs::read(certs.join("ca.crt")).expect("berth's CA");
     // One core for the webhook under test, the other for the load generator.
     let (servers, generator) = (berth.pid(), std::process::id());
-    pin(&[servers, floor.pid()], "0");
+    pin(&[servers, floor.pid(), reader.pid(), decider.pid()], "0");
     pin(&[generator], "1");
-    // Rounds taken in turn, so that a slow spell of the machine falls on both.
-    let half = REVIEW_ROUND / 2;
-    let (mut berth_rate, mut floor_rate) = (0.0, 0.0);
-    for _ in 0..2 {
-        let rate = |addr, expected| {
-            load::reviews_per_second(
+    let turn = REVIEW_ROUND / REVIEW_TURNS;
+    let mut rates = [0.0; 4];
+    const PATCHED: &str = r#""patchType":"JSONPatch""#;
+    const ALLOWED: &str = r#""allowed":true"#;
+    let servers_in_turn = [
+        (at_berth, PATCHED),
+        (floor.addr, ALLOWED),
+        (reader.addr, ALLOWED),
+        (decider.addr, PATCHED),
+    ];
+    for _ in 0..REVIEW_TURNS {
+        for (rate, (addr, expected)) in rates.iter_mut().zip(servers_in_turn) {
+            let measured = load::reviews_per_second(
                 addr,
                 &ca,
                 body.clone(),
                 REVIEW_CONNECTIONS,
                 REVIEW_STREAMS,
-                half,
+                turn,
                 expected,
-            )
-        };
-        berth_rate += rate(at_berth, r#""patchType":"JSONPatch""#).await / 2.0;
-        floor_rate += rate(floor.addr, r#""allowed":true"#).await / 2.0;
+            );
+            *rate += measured.await / f64::from(REVIEW_TURNS);
+        }
     }
     pin(&[servers, generator], "0,1");
-    (body.len(), berth_rate, floor_rate)
+    let [berth, floor, read, decide] = rates;
+    Reviews {
+        bytes: body.len(),
+        berth,
+        floor,
+        read,
+        decide,
+    }
 }
 
 /// Runs every thread of the processes `pids` on the CPUs `cpus` (taskset's list).
@@ -383,17 +420,39 @@ fn pin(pids: &[u32], cpus: &str) {
     }
 }
 
-/// Prints the `/mutate` row from [`mutate_reviews`]' answer.
-fn print_reviews((bytes, berth_rate, floor_rate): (usize, f64, f64)) {
+/// Prints the `/mutate` row from [`mutate_reviews`]' answer, and where berth's
+/// time per review goes beyond the floor's: reading the review, deciding and
+/// answering it, and berth's live process around that.
+fn print_reviews(reviews: Reviews) {
+    let Reviews {
+        bytes,
+        berth,
+        floor,
+        read,
+        decide,
+    } = reviews;
     println!(
-        "/mutate, a {} kB Deployment pod, {REVIEW_CONNECTIONS} HTTP/2 connections with {REVIEW_STREAMS} in flight on each for {} s, \
-         each webhook on one core, the load generator on the other:",
+        "/mutate, a {} kB Deployment pod, {REVIEW_CONNECTIONS} HTTP/2 connections with {REVIEW_STREAMS} in flight on each for {} s \
+         in {REVIEW_TURNS} turns, each webhook on one core, the load generator on the other:",
         bytes / 1000,
         REVIEW_ROUND.as_secs()
     );
     println!(
-        "berth {berth_rate:.0} reviews/s, the minimal webhook {floor_rate:.0}/s: {:.2}x (target ≥ 0.6x)",
-        berth_rate / floor_rate
+        "berth {berth:.0} reviews/s, the minimal webhook {floor:.0}/s: {:.2}x (target ≥ 0.6x)",
+        berth / floor
+    );
+    let micros = |rate: f64| 1e6 / rate;
+    println!(
+        "between them: the floor reading each review as berth does {read:.0}/s ({:.2}x), \
+         berth's router over a fixed state {decide:.0}/s ({:.2}x); per review beyond the \
+         floor's {:.1} µs: reading {:+.1} µs, deciding and answering {:+.1} µs, berth's live \
+         process {:+.1} µs",
+        read / floor,
+        decide / floor,
+        micros(floor),
+        micros(read) - micros(floor),
+        micros(decide) - micros(read),
+        micros(berth) - micros(decide),
     );
 }
 
@@ -418,7 +477,7 @@ async fn creates_per_second(berth: &Berth, client: &Client) -> Vec<(String, f64)
     let mutating = common::saved(berth, "mutatingwebhookconfiguration");
     let bindings = common::saved(berth, "validatingadmissionpolicybinding");
     // Serves until the end of this function.
-    let floor = Floor::spawn(&berth.certs_dir());
+    let floor = Floor::spawn(&berth.certs_dir(), &Stage::Uid);
     // berth's own configuration with the floor's url: the same rules, selectors,
     // conditions and timeout.
     let mut floor_config = mutating["items"][0].clone();
@@ -628,7 +687,7 @@ async fn main() {
     if std::env::var("BENCH_ROWS").as_deref() == Ok("room") {
         let up = ["--node-lease-seconds", lease.as_str()];
         let cluster = support::TestCluster::shared_with(nodes, &up);
-        room::run(cluster, || {
+        room::run(cluster, node_count, || {
             Berth::shared_with(nodes, &up, &["--resync-seconds", &resync])
         })
         .await;
@@ -654,7 +713,7 @@ async fn main() {
     println!("{cached_rss}");
     let mut rows = Vec::new();
     if std::env::var("BENCH_ROWS").as_deref() == Ok("mutate") {
-        print_reviews(mutate_reviews(berth, &client).await);
+        print_reviews(mutate_reviews(berth, &client, node_count).await);
         println!("berth's peak RSS: {:.0} MiB", peak_rss_mib(pid));
         return;
     }
@@ -666,7 +725,7 @@ async fn main() {
     let quiet = if only_exclusion {
         None
     } else {
-        let reviews = mutate_reviews(berth, &client).await;
+        let reviews = mutate_reviews(berth, &client, node_count).await;
         println!();
         Some((reviews, peak_rss_mib(pid)))
     };

@@ -5,23 +5,21 @@
 //! whole `/mutate` review as the handler runs it, from the request body's bytes to
 //! the response's, with 0, 1,000 and 5,000 nodes in the webhook's node cache.
 
-use std::collections::BTreeMap;
 use std::hint::black_box;
-use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::http::Request;
-use berth::admission::body::BodyLimits;
-use berth::admission::handlers::{AppState, router};
-use berth::admission::state::FixedView;
+use berth::admission::handlers::router;
 use berth::names::IMAGES_ANNOTATION_PREFIX;
-use berth::placement::{Input, NamespaceInfo, NodeIndex, NodeInfo, Requester, build_patch, decide};
+use berth::placement::{Input, NamespaceInfo, NodeIndex, Requester, build_patch, decide};
 use berth::policy::{PlacementPolicy, PolicySet};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+#[path = "common/fixed_state.rs"]
+mod fixed_state;
 #[path = "common/typical_pod.rs"]
 mod typical_pod;
+use fixed_state::{node_cache, review_state};
 use serde_json::json;
 use tower::ServiceExt;
 use typical_pod::{typical_pod, typical_review};
@@ -45,35 +43,6 @@ fn policies(n: usize) -> Vec<PlacementPolicy> {
                 "metadata": {"name": format!("policy-{i}")}, "spec": spec
             }))
             .expect("bench policy")
-        })
-        .collect()
-}
-
-/// A node cache of `count` nodes with the labels kwok's nodes carry, one of them
-/// `pool_node`. The others' names sort before it, so a scan of the cache in order
-/// meets the pool's node last.
-fn node_cache(count: usize, pool_node: &str) -> NodeIndex {
-    (0..count)
-        .map(|i| {
-            let name = if i == 0 {
-                pool_node.to_string()
-            } else {
-                format!("n-{i:05}")
-            };
-            let zone = if i % 2 == 0 { "a" } else { "b" };
-            let labels = [
-                ("kubernetes.io/hostname", name.as_str()),
-                ("kubernetes.io/os", "linux"),
-                ("topology.kubernetes.io/zone", zone),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-            let info = NodeInfo {
-                labels,
-                taints: Vec::new(),
-            };
-            (name, info)
         })
         .collect()
 }
@@ -229,34 +198,6 @@ fn bench(c: &mut Criterion) {
 /// How many nodes the webhook's cache holds in the review bench.
 const CACHED_NODES: [usize; 3] = [0, 1_000, 5_000];
 
-/// The webhook's state as `make bench-cluster` has it for its `/mutate` row: the
-/// policy of `policies/cdn.yaml` (a dedicated pool on node2), a namespace `bench`
-/// opted into it, and `nodes` nodes in the cache, node2 among them.
-fn review_state(nodes: usize) -> Arc<AppState> {
-    let cdn: PlacementPolicy =
-        serde_yaml_ng::from_str(include_str!("../policies/cdn.yaml")).expect("policies/cdn.yaml");
-    let (policies, errors) = PolicySet::compile([&cdn]);
-    assert!(errors.is_empty());
-    let mut namespace = NamespaceInfo::new("bench");
-    namespace
-        .annotations
-        .insert("berth.io/policies".into(), "cdn".into());
-    let view = FixedView {
-        policies: Arc::new(policies),
-        nodes: Arc::new(node_cache(nodes, "node2")),
-        namespaces: BTreeMap::from([("bench".to_string(), Arc::new(namespace))]),
-        groups: Arc::default(),
-    };
-    Arc::new(AppState {
-        view: Arc::new(view),
-        metrics: Arc::default(),
-        tls_ready: true.into(),
-        limits: BodyLimits::new(19 << 20, 128 << 20, Duration::from_secs(10)),
-        berth_user: "system:serviceaccount:berth-system:berth".into(),
-        require_client_cert: false,
-    })
-}
-
 /// One review through the router: the response body's bytes.
 async fn post_review(app: &Router, body: &Bytes) -> Bytes {
     let request = Request::post("/mutate")
@@ -280,7 +221,7 @@ fn review(c: &mut Criterion) {
     let body = Bytes::from(typical_review("bench").to_string());
     let apps: Vec<(usize, Router)> = CACHED_NODES
         .into_iter()
-        .map(|n| (n, router(review_state(n), 256)))
+        .map(|n| (n, router(review_state(n, "bench"), 256)))
         .collect();
     // The review bench measures a pod that is patched, not one turned away early.
     let answer: serde_json::Value =

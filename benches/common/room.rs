@@ -85,7 +85,11 @@ impl Mark {
     }
 }
 
-pub async fn run(cluster: &'static TestCluster, start_berth: impl FnOnce() -> &'static Berth) {
+pub async fn run(
+    cluster: &'static TestCluster,
+    node_count: usize,
+    start_berth: impl FnOnce() -> &'static Berth,
+) {
     let before = settled_watches(cluster).await;
     let berth = start_berth();
     let watches = settled_watches(cluster).await - before;
@@ -95,7 +99,7 @@ pub async fn run(cluster: &'static TestCluster, start_berth: impl FnOnce() -> &'
     let idle = Mark::now(berth);
     tokio::time::sleep(Duration::from_secs(60)).await;
     let idle = idle.since(berth);
-    let reviews = mutate_reviews(berth, &client).await;
+    let reviews = mutate_reviews(berth, &client, node_count).await;
 
     let count = env_number("BENCH_ROOM_PODS", 2000);
     let ns = fresh_namespace(&client, "bench-room").await;

@@ -2,9 +2,14 @@
 //! serves, that reads only the AdmissionReview's uid and allows the object
 //! unchanged. Nothing a real webhook needs less than this.
 //!
-//! It runs as a process of its own, as berth does (the bench binary started again
-//! with [`CERTS_ENV`] set), so that each can be given a core of its own while the
-//! load generator has the other.
+//! Two more servers stand between the floor and berth, to say where berth's time
+//! goes under load ([`Stage`]): one that reads each review as berth does, and
+//! berth's own router over a fixed state, which does all berth does with a review
+//! but runs none of its live process (watches, the controller).
+//!
+//! Each runs as a process of its own, as berth does (the bench binary started
+//! again with [`CERTS_ENV`] set), so that each can be given a core of its own
+//! while the load generator has the other.
 
 use std::io::BufRead;
 use std::net::SocketAddr;
@@ -13,11 +18,17 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use axum::Json;
+use axum::body::Bytes;
 use axum::routing::post;
+use berth::admission::body::BodyLimits;
+use berth::admission::handlers::router;
+use berth::admission::review::read_within;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 use serde_json::{Value, json};
+
+use crate::fixed_state::review_state;
 
 #[derive(Deserialize)]
 struct Review {
@@ -30,15 +41,41 @@ struct Request {
 }
 
 async fn allow(Json(review): Json<Review>) -> Json<Value> {
+    allowed(review.request.uid)
+}
+
+fn allowed(uid: String) -> Json<Value> {
     Json(
         json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-        "response": {"uid": review.request.uid, "allowed": true}}),
+        "response": {"uid": uid, "allowed": true}}),
     )
 }
 
-/// Set to a folder holding `tls.crt` and `tls.key`, the bench binary serves the
-/// floor instead of benchmarking.
+/// Reads the review as berth reads a small one (in one pass, what it builds
+/// counted), then allows it.
+async fn read_then_allow(body: Bytes) -> Json<Value> {
+    let allowance = BodyLimits::free_allowance(body.len());
+    let (request, _built) = read_within(&body, allowance).expect("read in one pass");
+    allowed(request.expect("a review").uid)
+}
+
+/// How much of berth's work a floor server does with each review.
+#[derive(Debug, Clone)]
+pub enum Stage {
+    /// Finds the uid and allows: the minimal webhook.
+    Uid,
+    /// Reads the review as berth does, then allows.
+    Read,
+    /// berth's own router over [`review_state`]: the cdn policy, the namespace
+    /// named and a cache of that many nodes.
+    Decide { namespace: String, nodes: usize },
+}
+
+/// Set to a folder holding `tls.crt` and `tls.key`, the bench binary serves a
+/// floor server instead of benchmarking.
 const CERTS_ENV: &str = "BENCH_FLOOR_CERTS";
+/// Which [`Stage`] it serves: `uid`, `read`, or `decide <namespace> <nodes>`.
+const STAGE_ENV: &str = "BENCH_FLOOR_STAGE";
 
 /// The floor in its own process; killed when dropped.
 pub struct Floor {
@@ -47,11 +84,17 @@ pub struct Floor {
 }
 
 impl Floor {
-    /// Starts the floor with the certificate pair in `certs`.
-    pub fn spawn(certs: &Path) -> Floor {
+    /// Starts a floor server doing `stage`, with the certificate pair in `certs`.
+    pub fn spawn(certs: &Path, stage: &Stage) -> Floor {
+        let stage = match stage {
+            Stage::Uid => "uid".to_string(),
+            Stage::Read => "read".to_string(),
+            Stage::Decide { namespace, nodes } => format!("decide {namespace} {nodes}"),
+        };
         let mut child = Command::new(std::env::current_exe().expect("the bench binary"))
             .arg("--bench")
             .env(CERTS_ENV, certs)
+            .env(STAGE_ENV, stage)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -84,7 +127,16 @@ pub async fn serve_if_asked() -> bool {
     };
     let certs = Path::new(&certs);
     let read = |f: &str| std::fs::read(certs.join(f)).expect("the floor's certificates");
-    let addr = start(&read("tls.crt"), &read("tls.key")).await;
+    let stage = std::env::var(STAGE_ENV).unwrap_or_default();
+    let app = match stage.split(' ').collect::<Vec<_>>()[..] {
+        ["read"] => axum::Router::new().route("/mutate", post(read_then_allow)),
+        ["decide", namespace, nodes] => {
+            let nodes = nodes.parse().expect("a node count");
+            router(review_state(nodes, namespace), 256)
+        }
+        _ => axum::Router::new().route("/mutate", post(allow)),
+    };
+    let addr = start(&read("tls.crt"), &read("tls.key"), app).await;
     println!("{addr}");
     // The parent holds stdin open for as long as the floor should serve.
     let _ =
@@ -93,12 +145,12 @@ pub async fn serve_if_asked() -> bool {
     true
 }
 
-/// Serves `POST /mutate` on a free 127.0.0.1 port with the PEM pair given, in
-/// the background; returns the address. The connection is served by berth's own
-/// TLS server (`serve_tls`: the same rustls configuration, HTTP/2 settings and
+/// Serves `app` on a free 127.0.0.1 port with the PEM pair given, in the
+/// background; returns the address. The connection is served by berth's own TLS
+/// server (`serve_tls`: the same rustls configuration, HTTP/2 settings and
 /// timers), so that the floor differs from berth only in what it does with a
 /// review.
-async fn start(cert_pem: &[u8], key_pem: &[u8]) -> SocketAddr {
+async fn start(cert_pem: &[u8], key_pem: &[u8], app: axum::Router) -> SocketAddr {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<_, _>>()
         .expect("certificate");
@@ -116,7 +168,6 @@ async fn start(cert_pem: &[u8], key_pem: &[u8]) -> SocketAddr {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("address");
-    let app = axum::Router::new().route("/mutate", post(allow));
     let never = tokio_util::sync::CancellationToken::new();
     tokio::spawn(berth::admission::server::serve_tls(
         listener,

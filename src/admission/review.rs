@@ -604,7 +604,14 @@ impl AdmissionResponse {
     /// Adds `patch`, and `patchType` with it, unless the patch is empty.
     pub fn with_patch(mut self, patch: &json_patch::Patch) -> Self {
         if !patch.0.is_empty() {
-            let bytes = serde_json::to_vec(patch).unwrap_or_default();
+            // Room for an ordinary patch's operations at once: growing the buffer
+            // operation by operation copied it several times per review.
+            let mut bytes = Vec::with_capacity(PATCH_BYTES_PER_OPERATION * patch.0.len());
+            // A patch of JSON values and pointers always serialises; were it not
+            // to, the patch would be empty rather than cut short.
+            if serde_json::to_writer(&mut bytes, patch).is_err() {
+                bytes.clear();
+            }
             self.patch = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
             self.patch_type = Some("JSONPatch".into());
         }
@@ -625,6 +632,10 @@ impl AdmissionResponse {
         }
     }
 }
+
+/// What one operation of berth's patch takes serialised, about: a path and a
+/// toleration, a node affinity or the applied annotation.
+const PATCH_BYTES_PER_OPERATION: usize = 192;
 
 /// An AdmissionReview answering a request, serialised as it stands (no
 /// intermediate JSON value).

@@ -4,6 +4,7 @@
 //! ([`super::selection`]). Used by `berth explain --nodes` and for the "no pool
 //! node fits" warning; resources and inter-pod rules are left to the scheduler.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Toleration};
@@ -119,20 +120,34 @@ fn with_required(
 /// `node` as the controller keeps it: with the pool label and, for a dedicated
 /// pool, the pool taint of the policy that owns it.
 pub fn with_pool_state(name: &str, node: &NodeInfo, policies: &PolicySet) -> NodeInfo {
-    with_pool_of(node, policies.pool_of_node(name, Some(&node.labels)))
+    with_pool_of(node, policies.pool_of_node(name, Some(&node.labels))).into_owned()
 }
 
-/// `node` with the pool label and taint of `owner`, the policy whose pool owns it.
-fn with_pool_of(node: &NodeInfo, owner: Option<&CompiledPolicy>) -> NodeInfo {
-    let mut node = node.clone();
-    if let Some(owner) = owner {
-        node.labels.insert(POOL_LABEL.into(), owner.name.clone());
-        if let Some(taint) = owner.pool_taint() {
-            node.taints.retain(|t| t.key != POOL_TAINT);
-            node.taints.push(taint);
-        }
+/// `node` with the pool label and taint of `owner`, the policy whose pool owns it:
+/// the node itself when the controller has already put them there, as it has on
+/// every pool node it keeps (a copy of a node's labels per review was a good
+/// part of the pool-fit warning's cost).
+fn with_pool_of<'n>(node: &'n NodeInfo, owner: Option<&CompiledPolicy>) -> Cow<'n, NodeInfo> {
+    let Some(owner) = owner else {
+        return Cow::Borrowed(node);
+    };
+    let taint = owner.pool_taint();
+    let labelled = node.labels.get(POOL_LABEL) == Some(&owner.name);
+    let mut pool_taints = node.taints.iter().filter(|t| t.key == POOL_TAINT);
+    let tainted = match &taint {
+        Some(taint) => pool_taints.next() == Some(taint) && pool_taints.next().is_none(),
+        None => true,
+    };
+    if labelled && tainted {
+        return Cow::Borrowed(node);
     }
-    node
+    let mut node = node.clone();
+    node.labels.insert(POOL_LABEL.into(), owner.name.clone());
+    if let Some(taint) = taint {
+        node.taints.retain(|t| t.key != POOL_TAINT);
+        node.taints.push(taint);
+    }
+    Cow::Owned(node)
 }
 
 /// Whether a pod placed as `pod` may go to the node `name`; the error says why not.
@@ -379,5 +394,52 @@ mod tests {
             Ok(()),
             "null is no requirement"
         );
+    }
+
+    #[test]
+    fn a_pool_node_as_the_controller_keeps_it_is_read_as_it_is_and_any_other_gets_the_pool_state() {
+        let policy: crate::policy::PlacementPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+            "metadata": {"name": "cdn"},
+            "spec": {"pool": {"nodeNames": ["n1"], "dedicated": true}}}))
+        .unwrap();
+        let owner = CompiledPolicy::compile(&policy).unwrap();
+        let taint = owner.pool_taint().expect("a dedicated pool");
+        let effect = taint.effect.as_str();
+        let kept = node(
+            &[(POOL_LABEL, "cdn"), ("zone", "a")],
+            &[(POOL_TAINT, "cdn", effect)],
+        );
+        assert!(matches!(
+            with_pool_of(&kept, Some(&owner)),
+            Cow::Borrowed(_)
+        ));
+        assert!(
+            matches!(with_pool_of(&kept, None), Cow::Borrowed(_)),
+            "no pool"
+        );
+        for other in [
+            node(&[("zone", "a")], &[]),
+            node(&[(POOL_LABEL, "gpu")], &[(POOL_TAINT, "cdn", effect)]),
+            node(&[(POOL_LABEL, "cdn")], &[(POOL_TAINT, "gpu", effect)]),
+            node(&[(POOL_LABEL, "cdn")], &[(POOL_TAINT, "cdn", "NoExecute")]),
+            node(
+                &[(POOL_LABEL, "cdn")],
+                &[(POOL_TAINT, "cdn", effect), (POOL_TAINT, "gpu", effect)],
+            ),
+        ] {
+            let state = with_pool_of(&other, Some(&owner));
+            assert!(matches!(state, Cow::Owned(_)), "{other:?}");
+            assert_eq!(
+                state.labels.get(POOL_LABEL).map(String::as_str),
+                Some("cdn")
+            );
+            let pool_taints: Vec<_> = state
+                .taints
+                .iter()
+                .filter(|t| t.key == POOL_TAINT)
+                .collect();
+            assert_eq!(pool_taints, [&taint], "{other:?}");
+        }
     }
 }
