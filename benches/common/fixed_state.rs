@@ -44,6 +44,9 @@ pub fn node_cache(count: usize, pool_node: &str) -> NodeIndex {
         .collect()
 }
 
+/// The node of `policies/cdn.yaml`'s pool.
+const POOL_NODE: &str = "node2";
+
 /// The webhook's state with the cdn policy, `namespace` opted into it, and
 /// `nodes` nodes in the cache, node2 among them (with the pool's label and taint,
 /// as berth's controller keeps it).
@@ -52,13 +55,14 @@ pub fn review_state(nodes: usize, namespace: &str) -> Arc<AppState> {
         .expect("policies/cdn.yaml");
     let (policies, errors) = PolicySet::compile([&cdn]);
     assert!(errors.is_empty());
-    let annotations = BTreeMap::from([("berth.io/policies".to_string(), "cdn".to_string())]);
-    let info = NamespaceInfo::with(namespace, BTreeMap::new(), annotations);
-    let mut cache = node_cache(nodes, "node2");
-    // node2 as berth's controller keeps it: with the pool's label and taint.
-    if let Some(pool_node) = cache.get("node2").cloned() {
-        let kept = with_pool_state("node2", &pool_node, &policies);
-        cache.insert("node2".into(), Arc::new(kept));
+    let mut info = NamespaceInfo::new(namespace);
+    info.annotations
+        .insert("berth.io/policies".into(), "cdn".into());
+    let mut cache = node_cache(nodes, POOL_NODE);
+    // The pool's node as berth's controller keeps it: with its label and taint.
+    if let Some(pool_node) = cache.get(POOL_NODE).cloned() {
+        let kept = with_pool_state(POOL_NODE, &pool_node, &policies);
+        cache.insert(POOL_NODE.into(), Arc::new(kept));
     }
     let view = FixedView {
         policies: Arc::new(policies),

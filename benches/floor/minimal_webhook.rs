@@ -71,6 +71,39 @@ pub enum Stage {
     Decide { namespace: String, nodes: usize },
 }
 
+impl Stage {
+    /// As [`STAGE_ENV`] carries it to the server's process.
+    fn to_env(&self) -> String {
+        match self {
+            Stage::Uid => "uid".to_string(),
+            Stage::Read => "read".to_string(),
+            Stage::Decide { namespace, nodes } => format!("decide {namespace} {nodes}"),
+        }
+    }
+
+    /// What [`Stage::to_env`] wrote; a stage it did not write is a bug of the bench.
+    fn from_env(text: &str) -> Stage {
+        match text.split(' ').collect::<Vec<_>>()[..] {
+            ["uid"] => Stage::Uid,
+            ["read"] => Stage::Read,
+            ["decide", namespace, nodes] => Stage::Decide {
+                namespace: namespace.to_string(),
+                nodes: nodes.parse().expect("a node count"),
+            },
+            _ => panic!("{STAGE_ENV}={text:?} names no stage"),
+        }
+    }
+
+    /// The routes that serve this stage.
+    fn app(self) -> axum::Router {
+        match self {
+            Stage::Uid => axum::Router::new().route("/mutate", post(allow)),
+            Stage::Read => axum::Router::new().route("/mutate", post(read_then_allow)),
+            Stage::Decide { namespace, nodes } => router(review_state(nodes, &namespace), 256),
+        }
+    }
+}
+
 /// Set to a folder holding `tls.crt` and `tls.key`, the bench binary serves a
 /// floor server instead of benchmarking.
 const CERTS_ENV: &str = "BENCH_FLOOR_CERTS";
@@ -86,15 +119,10 @@ pub struct Floor {
 impl Floor {
     /// Starts a floor server doing `stage`, with the certificate pair in `certs`.
     pub fn spawn(certs: &Path, stage: &Stage) -> Floor {
-        let stage = match stage {
-            Stage::Uid => "uid".to_string(),
-            Stage::Read => "read".to_string(),
-            Stage::Decide { namespace, nodes } => format!("decide {namespace} {nodes}"),
-        };
         let mut child = Command::new(std::env::current_exe().expect("the bench binary"))
             .arg("--bench")
             .env(CERTS_ENV, certs)
-            .env(STAGE_ENV, stage)
+            .env(STAGE_ENV, stage.to_env())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -127,16 +155,8 @@ pub async fn serve_if_asked() -> bool {
     };
     let certs = Path::new(&certs);
     let read = |f: &str| std::fs::read(certs.join(f)).expect("the floor's certificates");
-    let stage = std::env::var(STAGE_ENV).unwrap_or_default();
-    let app = match stage.split(' ').collect::<Vec<_>>()[..] {
-        ["read"] => axum::Router::new().route("/mutate", post(read_then_allow)),
-        ["decide", namespace, nodes] => {
-            let nodes = nodes.parse().expect("a node count");
-            router(review_state(nodes, namespace), 256)
-        }
-        _ => axum::Router::new().route("/mutate", post(allow)),
-    };
-    let addr = start(&read("tls.crt"), &read("tls.key"), app).await;
+    let stage = Stage::from_env(&std::env::var(STAGE_ENV).expect("the stage to serve"));
+    let addr = start(&read("tls.crt"), &read("tls.key"), stage.app()).await;
     println!("{addr}");
     // The parent holds stdin open for as long as the floor should serve.
     let _ =
