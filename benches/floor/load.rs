@@ -13,13 +13,20 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 
-/// Reviews answered per second at `addr` over `length`, on `connections`
-/// connections with `streams` in flight on each, each the same `review`; the
-/// server's certificate is checked against `ca_pem`.
+/// Reviews answered, and over how long.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Answered {
+    pub reviews: u64,
+    pub seconds: f64,
+}
+
+/// Reviews answered at `addr` over `length`, on `connections` connections with
+/// `streams` in flight on each, each the same `review`; the server's certificate
+/// is checked against `ca_pem`.
 /// Every answer must contain `expected` (a patch from berth, an allowance from the
 /// floor): a webhook that answered quickly with something else would measure
 /// nothing.
-pub async fn reviews_per_second(
+pub async fn reviews_answered(
     addr: SocketAddr,
     ca_pem: &[u8],
     review: Bytes,
@@ -27,7 +34,7 @@ pub async fn reviews_per_second(
     streams: usize,
     length: Duration,
     expected: &'static str,
-) -> f64 {
+) -> Answered {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(ca_pem) {
         roots.add(cert.expect("CA")).expect("CA certificate");
@@ -78,7 +85,10 @@ pub async fn reviews_per_second(
     });
     let started = Instant::now();
     futures::future::join_all(workers).await;
-    answered.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+    Answered {
+        reviews: answered.load(Ordering::Relaxed),
+        seconds: started.elapsed().as_secs_f64(),
+    }
 }
 
 /// One HTTP/2 connection over TLS to `addr`.

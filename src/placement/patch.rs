@@ -32,7 +32,10 @@ use serde_json::{Value, json};
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PreferredSchedulingTerm, Toleration};
 
-use super::canonical::{key_of_json, preferred_key, requirement_key, toleration_key};
+use super::canonical::{
+    PreferredKey, RequirementKey, TolerationKey, key_of_json, preferred_key, requirement_key,
+    toleration_key,
+};
 use super::grants::{Grants, QueuePriority};
 use super::pod::is_empty_term;
 use crate::names::{APPLIED_ANNOTATION, POOL_TAINT, is_berth_gate, is_owned_node_key};
@@ -41,12 +44,16 @@ const NODE_AFFINITY: [&str; 3] = ["spec", "affinity", "nodeAffinity"];
 const REQUIRED: &str = "requiredDuringSchedulingIgnoredDuringExecution";
 const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
 
-/// Typed grants as JSON, to compare with and insert into the raw pod.
-fn to_values<T: serde::Serialize>(items: &[T]) -> Vec<Value> {
+/// What berth wants in a list: each item's key (what it means to Kubernetes) and
+/// the item as JSON, to compare with and insert into the raw pod. The key comes
+/// from the typed grant, not from the JSON read back.
+type Wanted<K> = Vec<(K, Value)>;
+
+fn wanted<T: serde::Serialize, K>(items: &[T], key: impl Fn(&T) -> K) -> Wanted<K> {
     // Serialising k8s-openapi types into a Value cannot fail.
     items
         .iter()
-        .filter_map(|i| serde_json::to_value(i).ok())
+        .filter_map(|i| Some((key(i), serde_json::to_value(i).ok()?)))
         .collect()
 }
 
@@ -56,20 +63,25 @@ pub fn build_patch(raw: &Value, grants: &Grants) -> Patch {
     let mut builder = Builder {
         raw,
         ops: Vec::new(),
-        created: BTreeSet::new(),
+        created: Vec::new(),
     };
-    builder.tolerations(&to_values(&grants.tolerations));
-    let pin = grants.pinned_to.as_deref().map(pin_field);
-    builder.pinned(grants.pinned_to.as_deref());
-    builder.required(&to_values(&grants.required), pin.as_ref());
-    builder.preferred(&to_values(&grants.preferred));
+    builder.tolerations(wanted(&grants.tolerations, toleration_key));
+    // The pin is a field requirement, `metadata.name In [node]`.
+    let pinned = grants.pinned_to.as_deref();
+    let pin = pinned
+        .map(|node| super::grants::requirement("metadata.name", "In", &[node]))
+        .map(|field| wanted(std::slice::from_ref(&field), requirement_key))
+        .and_then(|mut one| one.pop());
+    builder.pinned(pinned);
+    builder.required(&wanted(&grants.required, requirement_key), pin);
+    builder.preferred(wanted(&grants.preferred, preferred_key));
     builder.scheduler(grants.scheduler_name.as_deref());
-    let gates: Vec<Value> = grants
+    let gates = grants
         .scheduling_gates
         .iter()
-        .map(|g| json!({"name": g}))
+        .map(|g| (g.clone(), json!({"name": g})))
         .collect();
-    builder.scheduling_gates(&gates);
+    builder.scheduling_gates(gates);
     builder.scheduling_group(grants.pod_group.as_deref());
     builder.priority(grants.priority.as_ref());
     builder.applied_annotation(&grants.applied);
@@ -79,12 +91,20 @@ pub fn build_patch(raw: &Value, grants: &Grants) -> Patch {
 struct Builder<'a> {
     raw: &'a Value,
     ops: Vec<PatchOperation>,
-    /// Objects this patch creates, so each parent is added once.
-    created: BTreeSet<Vec<String>>,
+    /// Objects this patch creates, so each parent is added once (a handful of
+    /// short paths at most: a list searched beats a set of copies).
+    created: Vec<Vec<&'static str>>,
 }
 
 fn pointer(tokens: &[&str]) -> PointerBuf {
-    PointerBuf::from_tokens(tokens.iter().copied())
+    // Sized once for the tokens (escapes aside), rather than grown token by token:
+    // the empty string always parses, as the root.
+    let length = tokens.iter().map(|t| t.len() + 1).sum::<usize>();
+    let mut path = PointerBuf::parse(String::with_capacity(length)).unwrap_or_default();
+    for token in tokens {
+        path.push_back(*token);
+    }
+    path
 }
 
 /// JSON Patch operations at the path of `tokens`, each token escaped as a JSON
@@ -143,13 +163,13 @@ fn is_owned_preferred(term: &Value) -> bool {
 /// longer wanted, or repeated) in descending order, and the wanted items missing.
 /// Items are compared by `key` (an item without one equals nothing), so the cost
 /// grows with the list's length times its logarithm, whatever a pod brings.
-fn reconcile_list<'w, K: Ord>(
+fn reconcile_list<K: Ord>(
     current: &[Value],
-    wanted: &'w [Value],
+    wanted: Wanted<K>,
     key: impl Fn(&Value) -> Option<K>,
     owned: impl Fn(&Value) -> bool,
-) -> (Vec<usize>, Vec<&'w Value>) {
-    let wanted_keys: BTreeSet<K> = wanted.iter().filter_map(&key).collect();
+) -> (Vec<usize>, Vec<Value>) {
+    let wanted_keys: BTreeSet<&K> = wanted.iter().map(|(k, _)| k).collect();
     let mut kept: BTreeSet<K> = BTreeSet::new();
     let mut remove = Vec::new();
     for (i, item) in current.iter().enumerate() {
@@ -166,20 +186,11 @@ fn reconcile_list<'w, K: Ord>(
         }
     }
     remove.reverse();
-    let mut missing = Vec::new();
-    for item in wanted {
-        if let Some(k) = key(item)
-            && kept.insert(k)
-        {
-            missing.push(item);
-        }
-    }
+    let missing = wanted
+        .into_iter()
+        .filter_map(|(k, item)| kept.insert(k).then_some(item))
+        .collect();
     (remove, missing)
-}
-
-/// The field requirement that pins a pod to `node`.
-pub fn pin_field(node: &str) -> Value {
-    json!({"key": "metadata.name", "operator": "In", "values": [node]})
 }
 
 fn toleration_of(item: &Value) -> Option<super::canonical::TolerationKey> {
@@ -205,37 +216,52 @@ impl Builder<'_> {
 
     /// Makes sure the object at `tokens` and its parents exist, creating the
     /// missing ones (a `null` counts as missing) from the top down.
-    fn ensure_object(&mut self, tokens: &[&str]) {
+    fn ensure_object(&mut self, tokens: &[&'static str]) {
+        let mut at = Some(self.raw);
         for depth in 1..=tokens.len() {
-            let path = &tokens[..depth];
-            if lookup(self.raw, path).is_some_and(Value::is_object) {
+            at = at.and_then(|value| value.get(tokens[depth - 1]));
+            if at.is_some_and(Value::is_object) {
                 continue;
             }
-            if self
-                .created
-                .insert(path.iter().map(|t| t.to_string()).collect())
-            {
+            let path = &tokens[..depth];
+            if !self.created.iter().any(|created| created == path) {
+                self.created.push(path.to_vec());
                 self.add(path, json!({}));
             }
         }
     }
 
-    fn tolerations(&mut self, wanted: &[Value]) {
-        let path = ["spec", "tolerations"];
-        let Some(current) = lookup(self.raw, &path).and_then(Value::as_array) else {
+    /// Adds the list at `path` when the pod has none, else reconciles it with the
+    /// pod's ([`reconcile_list`]): berth's items it no longer wants go, and the
+    /// wanted ones it lacks are appended.
+    fn list<K: Ord>(
+        &mut self,
+        path: &[&'static str],
+        wanted: Wanted<K>,
+        key: impl Fn(&Value) -> Option<K>,
+        owned: impl Fn(&Value) -> bool,
+    ) {
+        let Some(current) = lookup(self.raw, path).and_then(Value::as_array) else {
             if !wanted.is_empty() {
-                self.ensure_object(&path[..1]);
-                self.add(&path, Value::Array(wanted.to_vec()));
+                self.ensure_object(&path[..path.len() - 1]);
+                let items = wanted.into_iter().map(|(_, item)| item).collect();
+                self.add(path, Value::Array(items));
             }
             return;
         };
-        let (remove, missing) = reconcile_list(current, wanted, toleration_of, is_owned_toleration);
+        let (remove, missing) = reconcile_list(current, wanted, key, owned);
         for i in remove {
-            self.remove(&["spec", "tolerations", &i.to_string()]);
+            self.remove(&[path, &[i.to_string().as_str()]].concat());
         }
+        let end = [path, &["-"]].concat();
         for item in missing {
-            self.add(&["spec", "tolerations", "-"], item.clone());
+            self.add(&end, item);
         }
+    }
+
+    fn tolerations(&mut self, wanted: Wanted<TolerationKey>) {
+        let path = ["spec", "tolerations"];
+        self.list(&path, wanted, toleration_of, is_owned_toleration);
     }
 
     /// A held pod that named its node loses the name ([`Grants::pinned_to`]).
@@ -247,7 +273,7 @@ impl Builder<'_> {
 
     /// berth's required expressions (and the pin, a field requirement) ANDed into
     /// every term that matches something.
-    fn required(&mut self, wanted: &[Value], pin: Option<&Value>) {
+    fn required(&mut self, wanted: &Wanted<RequirementKey>, pin: Option<(RequirementKey, Value)>) {
         let required = [&NODE_AFFINITY[..], &[REQUIRED]].concat();
         let terms_path = [&required[..], &["nodeSelectorTerms"]].concat();
         // Only a pod without required node affinity (absent or `null`) gets a term
@@ -256,10 +282,11 @@ impl Builder<'_> {
         if !lookup(self.raw, &required).is_some_and(Value::is_object) {
             let mut term = serde_json::Map::new();
             if !wanted.is_empty() {
-                term.insert("matchExpressions".into(), Value::Array(wanted.to_vec()));
+                let expressions = wanted.iter().map(|(_, item)| item.clone()).collect();
+                term.insert("matchExpressions".into(), Value::Array(expressions));
             }
-            if let Some(pin) = pin {
-                term.insert("matchFields".into(), Value::Array(vec![pin.clone()]));
+            if let Some((_, pin)) = pin {
+                term.insert("matchFields".into(), Value::Array(vec![pin]));
             }
             if !term.is_empty() {
                 self.ensure_object(&required);
@@ -278,8 +305,7 @@ impl Builder<'_> {
             }
             let index = t.to_string();
             self.add_missing(&terms_path, &index, term, "matchExpressions", wanted);
-            let pin = pin.map(std::slice::from_ref).unwrap_or_default();
-            self.add_missing(&terms_path, &index, term, "matchFields", pin);
+            self.add_missing(&terms_path, &index, term, "matchFields", pin.as_slice());
         }
     }
 
@@ -290,7 +316,7 @@ impl Builder<'_> {
         index: &str,
         term: &Value,
         key: &str,
-        wanted: &[Value],
+        wanted: &[(RequirementKey, Value)],
     ) {
         let path = [terms, &[index], &[key]].concat();
         let current = term.get(key).and_then(Value::as_array);
@@ -301,8 +327,8 @@ impl Builder<'_> {
             .collect();
         let missing: Vec<Value> = wanted
             .iter()
-            .filter(|w| requirement_of(w).is_some_and(|k| present.insert(k)))
-            .cloned()
+            .filter(|(k, _)| present.insert(k.clone()))
+            .map(|(_, item)| item.clone())
             .collect();
         if current.is_none() {
             if !missing.is_empty() {
@@ -315,49 +341,22 @@ impl Builder<'_> {
         }
     }
 
-    fn preferred(&mut self, wanted: &[Value]) {
+    fn preferred(&mut self, wanted: Wanted<PreferredKey>) {
         let path = [&NODE_AFFINITY[..], &[PREFERRED]].concat();
-        let Some(current) = lookup(self.raw, &path).and_then(Value::as_array) else {
-            if !wanted.is_empty() {
-                self.ensure_object(&NODE_AFFINITY);
-                self.add(&path, Value::Array(wanted.to_vec()));
-            }
-            return;
-        };
-        let (remove, missing) = reconcile_list(current, wanted, preferred_of, is_owned_preferred);
-        for i in remove {
-            let i = i.to_string();
-            self.remove(&[&path[..], &[i.as_str()]].concat());
-        }
-        for item in missing {
-            self.add(&[&path[..], &["-"]].concat(), item.clone());
-        }
+        self.list(&path, wanted, preferred_of, is_owned_preferred);
     }
 
     /// Scheduling gates can only be added at CREATE, which is when berth mutates.
     /// Every `berth.io/` gate is berth's: one the pod brings itself is removed.
-    fn scheduling_gates(&mut self, wanted: &[Value]) {
+    fn scheduling_gates(&mut self, wanted: Wanted<String>) {
         let path = ["spec", "schedulingGates"];
-        let Some(current) = lookup(self.raw, &path).and_then(Value::as_array) else {
-            if !wanted.is_empty() {
-                self.ensure_object(&path[..1]);
-                self.add(&path, Value::Array(wanted.to_vec()));
-            }
-            return;
-        };
         let owned = |g: &Value| {
             g.get("name")
                 .and_then(Value::as_str)
                 .is_some_and(is_berth_gate)
         };
         let name = |g: &Value| g.get("name").and_then(Value::as_str).map(str::to_owned);
-        let (remove, missing) = reconcile_list(current, wanted, name, owned);
-        for i in remove {
-            self.remove(&["spec", "schedulingGates", &i.to_string()]);
-        }
-        for item in missing {
-            self.add(&["spec", "schedulingGates", "-"], item.clone());
-        }
+        self.list(&path, wanted, name, owned);
     }
 
     /// `spec.schedulingGroup` can only be set at CREATE; berth sets it only on a

@@ -9,9 +9,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{NodeSelectorTerm, PreferredSchedulingTerm, Toleration};
+use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
-use crate::names::is_daemonset_controller;
+use crate::lenient::Key;
+use crate::names::{APPLIED_ANNOTATION, is_daemonset_controller};
 use crate::policy::ImageRef;
 use crate::policy::compile::Labels;
 use crate::policy::groups::QosClass;
@@ -61,10 +63,44 @@ struct Fields {
 struct Meta {
     #[serde(default, deserialize_with = "nullable")]
     labels: Labels,
-    #[serde(default, deserialize_with = "nullable")]
-    annotations: Labels,
+    /// Of the annotations, the one berth reads: its record of what it applied.
+    #[serde(default, deserialize_with = "nullable", rename = "annotations")]
+    applied: AppliedRecord,
     #[serde(default, deserialize_with = "nullable")]
     owner_references: Vec<OwnerReference>,
+}
+
+/// The `berth.io/applied` annotation of a pod's annotations, the others stepped
+/// over rather than copied (a pod may carry many, and berth reads none of them).
+#[derive(Debug, Clone, Default)]
+struct AppliedRecord(Option<String>);
+
+impl<'de> Deserialize<'de> for AppliedRecord {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(AppliedRecordVisitor)
+    }
+}
+
+struct AppliedRecordVisitor;
+
+impl<'de> Visitor<'de> for AppliedRecordVisitor {
+    type Value = AppliedRecord;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a map of annotations")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AppliedRecord, A::Error> {
+        let mut record = None;
+        while let Some(Key(key)) = map.next_key()? {
+            if key == APPLIED_ANNOTATION {
+                record = Some(map.next_value()?);
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(AppliedRecord(record))
+    }
 }
 
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -115,13 +151,67 @@ struct SchedulingGroup {
     pod_group_name: Option<String>,
 }
 
-/// Requests and limits, each quantity raw (a string, or a number from some clients).
+/// Requests and limits, as the QoS class reads them.
 #[derive(Debug, Clone, Default, Deserialize)]
 struct Resources {
     #[serde(default, deserialize_with = "nullable")]
-    requests: BTreeMap<String, serde_json::Value>,
+    requests: Compute,
     #[serde(default, deserialize_with = "nullable")]
-    limits: BTreeMap<String, serde_json::Value>,
+    limits: Compute,
+}
+
+/// Of a list of requests or limits, the CPU and memory, each quantity raw (a
+/// string, or a number from some clients), and whether it lists anything at all;
+/// other resources are stepped over rather than copied.
+#[derive(Debug, Clone, Default)]
+struct Compute {
+    cpu: Option<serde_json::Value>,
+    memory: Option<serde_json::Value>,
+    lists_any: bool,
+}
+
+impl Compute {
+    /// The raw quantity of `cpu` or `memory`.
+    fn get(&self, resource: &str) -> Option<&serde_json::Value> {
+        match resource {
+            "cpu" => self.cpu.as_ref(),
+            "memory" => self.memory.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Compute {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(ComputeVisitor)
+    }
+}
+
+struct ComputeVisitor;
+
+impl<'de> Visitor<'de> for ComputeVisitor {
+    type Value = Compute;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a map of resource quantities")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Compute, A::Error> {
+        let mut compute = Compute::default();
+        while let Some(Key(resource)) = map.next_key()? {
+            compute.lists_any = true;
+            let slot = match &*resource {
+                "cpu" => &mut compute.cpu,
+                "memory" => &mut compute.memory,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
+            };
+            *slot = Some(map.next_value()?);
+        }
+        Ok(compute)
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -261,13 +351,10 @@ impl PodView {
         &self.fields.metadata.labels
     }
 
-    /// The value of the annotation `key`.
-    pub fn annotation(&self, key: &str) -> Option<&str> {
-        self.fields
-            .metadata
-            .annotations
-            .get(key)
-            .map(String::as_str)
+    /// The `berth.io/applied` annotation: berth's record of the policies it
+    /// applied.
+    pub fn applied_record(&self) -> Option<&str> {
+        self.fields.metadata.applied.0.as_deref()
     }
 
     /// The controller ownerReference(s): who recreates the pod.
@@ -357,7 +444,7 @@ impl PodView {
     pub fn qos_class(&self) -> QosClass {
         let spec = &self.fields.spec;
         let pod_level = &spec.resources;
-        if !(pod_level.requests.is_empty() && pod_level.limits.is_empty()) {
+        if pod_level.requests.lists_any || pod_level.limits.lists_any {
             return qos_of([pod_level]);
         }
         qos_of(
@@ -398,9 +485,8 @@ impl PodView {
 /// The QoS class of containers (or of a pod's own resources) with these resources.
 fn qos_of<'r>(all: impl IntoIterator<Item = &'r Resources>) -> QosClass {
     const COMPUTE: [&str; 2] = ["cpu", "memory"];
-    let quantity = |map: &BTreeMap<String, serde_json::Value>, key: &str| {
-        map.get(key).and_then(crate::quantity::from_json)
-    };
+    let quantity =
+        |compute: &Compute, key: &str| compute.get(key).and_then(crate::quantity::from_json);
     let mut any = false;
     let mut guaranteed = true;
     for resources in all {
@@ -505,6 +591,42 @@ mod tests {
             QosClass::BestEffort,
             "only cpu and memory count"
         );
+    }
+
+    #[test]
+    fn pod_level_resources_decide_the_qos_class_alone() {
+        let qos = |spec: serde_json::Value| {
+            PodView::read(&json!({"kind": "Pod", "spec": spec}))
+                .unwrap()
+                .qos_class()
+        };
+        let guaranteed =
+            json!([{"name": "a", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]);
+        assert_eq!(qos(json!({"containers": guaranteed})), QosClass::Guaranteed);
+        assert_eq!(
+            qos(json!({"containers": guaranteed, "resources": {"requests": {"cpu": "1"}}})),
+            QosClass::Burstable,
+            "the pod's own requests, without limits"
+        );
+    }
+
+    #[test]
+    fn of_the_annotations_only_berths_record_is_read() {
+        let record = |annotations: serde_json::Value| {
+            let pod = json!({"kind": "Pod", "metadata": {"annotations": annotations}});
+            PodView::read(&pod)
+                .unwrap()
+                .applied_record()
+                .map(str::to_owned)
+        };
+        let annotations = json!({"a": "1", APPLIED_ANNOTATION: "cdn,gpu", "z": "2"});
+        assert_eq!(record(annotations), Some("cdn,gpu".into()));
+        assert_eq!(record(json!({"a": "1"})), None);
+        assert_eq!(record(json!(null)), None);
+        let error = PodView::read(&json!({"kind": "Pod", "metadata": {"annotations": {
+            APPLIED_ANNOTATION: 7}}}))
+        .unwrap_err();
+        assert!(error.contains("not a readable Pod"), "{error}");
     }
 
     #[test]

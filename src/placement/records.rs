@@ -30,7 +30,7 @@ pub fn forbidden_changes(old: &PodView, new: &PodView, username: &str, berth: &s
     if username == berth {
         return forbidden;
     }
-    if old.annotation(APPLIED_ANNOTATION) != new.annotation(APPLIED_ANNOTATION) {
+    if old.applied_record() != new.applied_record() {
         forbidden.push(format!(
             "{APPLIED_ANNOTATION} is berth's record of what it applied; only berth sets it"
         ));
@@ -59,7 +59,7 @@ pub fn unheld_record(pod: &PodView, requester: Requester, policies: &PolicySet) 
     if pod.is_daemonset_pod(requester) || pod.scheduling_gates().any(|g| g == AVOID_GATE) {
         return None;
     }
-    let policy = applied_names(pod.annotation(APPLIED_ANNOTATION))
+    let policy = applied_names(pod.applied_record())
         .into_iter()
         .find(|name| policies.get(name).is_some_and(|p| p.spec.avoid.is_some()))?;
     Some(format!(

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
-use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use globset::{Candidate, GlobBuilder, GlobSet, GlobSetBuilder};
 use oci_spec::distribution::Reference;
 
 /// A container image as a pod names it, and its normalised form.
@@ -146,12 +146,22 @@ impl ImagePatterns {
         &self.patterns
     }
 
-    /// The first pattern that matches `image`, if any.
+    /// The first pattern that matches `image`, if any. Whether one matches is
+    /// asked first: that search stops at the first match, where listing them all
+    /// runs every pattern to the end, and most images a policy sees match none.
     pub fn first_match(&self, image: &ImageRef) -> Option<&str> {
-        self.set
-            .matches(&image.normalised)
-            .first()
-            .map(|&i| self.patterns[i].as_str())
+        let candidate = Candidate::new(&image.normalised);
+        if !self.set.is_match_candidate(&candidate) {
+            return None;
+        }
+        match self.patterns.as_slice() {
+            [only] => Some(only),
+            _ => self
+                .set
+                .matches_candidate(&candidate)
+                .first()
+                .map(|&i| self.patterns[i].as_str()),
+        }
     }
 }
 
@@ -249,6 +259,13 @@ mod tests {
             patterns.first_match(&ImageRef::new("cdn/app")),
             Some("*cdn*")
         );
+        // Of several that match, the one listed first.
+        for (patterns, first) in [(["*cdn*", "*app*"], "*cdn*"), (["*app*", "*cdn*"], "*app*")] {
+            let patterns = ImagePatterns::new(&patterns).unwrap();
+            let image = ImageRef::new("cdn/app");
+            assert_eq!(patterns.first_match(&image), Some(first));
+        }
+        assert_eq!(patterns.first_match(&ImageRef::new("nginx")), None);
     }
 
     #[test]
