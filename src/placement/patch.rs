@@ -68,12 +68,15 @@ pub fn build_patch(raw: &Value, grants: &Grants) -> Patch {
     builder.tolerations(wanted(&grants.tolerations, toleration_key));
     // The pin is a field requirement, `metadata.name In [node]`.
     let pinned = grants.pinned_to.as_deref();
-    let pin = pinned
+    let pin: Vec<_> = pinned
         .map(|node| super::grants::requirement("metadata.name", "In", &[node]))
-        .map(|field| wanted(std::slice::from_ref(&field), requirement_key))
-        .and_then(|mut one| one.pop());
+        .into_iter()
+        .collect();
     builder.pinned(pinned);
-    builder.required(&wanted(&grants.required, requirement_key), pin);
+    builder.required(
+        &wanted(&grants.required, requirement_key),
+        &wanted(&pin, requirement_key),
+    );
     builder.preferred(wanted(&grants.preferred, preferred_key));
     builder.scheduler(grants.scheduler_name.as_deref());
     let gates = grants
@@ -273,7 +276,7 @@ impl Builder<'_> {
 
     /// berth's required expressions (and the pin, a field requirement) ANDed into
     /// every term that matches something.
-    fn required(&mut self, wanted: &Wanted<RequirementKey>, pin: Option<(RequirementKey, Value)>) {
+    fn required(&mut self, wanted: &Wanted<RequirementKey>, pin: &Wanted<RequirementKey>) {
         let required = [&NODE_AFFINITY[..], &[REQUIRED]].concat();
         let terms_path = [&required[..], &["nodeSelectorTerms"]].concat();
         // Only a pod without required node affinity (absent or `null`) gets a term
@@ -281,12 +284,14 @@ impl Builder<'_> {
         // apiserver refuses it: berth leaves it so rather than make it match.
         if !lookup(self.raw, &required).is_some_and(Value::is_object) {
             let mut term = serde_json::Map::new();
+            let values = |list: &Wanted<RequirementKey>| {
+                Value::Array(list.iter().map(|(_, item)| item.clone()).collect())
+            };
             if !wanted.is_empty() {
-                let expressions = wanted.iter().map(|(_, item)| item.clone()).collect();
-                term.insert("matchExpressions".into(), Value::Array(expressions));
+                term.insert("matchExpressions".into(), values(wanted));
             }
-            if let Some((_, pin)) = pin {
-                term.insert("matchFields".into(), Value::Array(vec![pin]));
+            if !pin.is_empty() {
+                term.insert("matchFields".into(), values(pin));
             }
             if !term.is_empty() {
                 self.ensure_object(&required);
@@ -305,7 +310,7 @@ impl Builder<'_> {
             }
             let index = t.to_string();
             self.add_missing(&terms_path, &index, term, "matchExpressions", wanted);
-            self.add_missing(&terms_path, &index, term, "matchFields", pin.as_slice());
+            self.add_missing(&terms_path, &index, term, "matchFields", pin);
         }
     }
 

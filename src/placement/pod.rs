@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{NodeSelectorTerm, PreferredSchedulingTerm, Toleration};
-use serde::de::{IgnoredAny, MapAccess, Visitor};
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use crate::lenient::Key;
@@ -77,29 +77,59 @@ struct AppliedRecord(Option<String>);
 
 impl<'de> Deserialize<'de> for AppliedRecord {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(AppliedRecordVisitor)
+        let picked = Picked::new([APPLIED_ANNOTATION], "a map of annotations");
+        let ([record], _) = picked.deserialize(deserializer)?;
+        Ok(AppliedRecord(record))
     }
 }
 
-struct AppliedRecordVisitor;
+/// Of a map, the values of `keys` (the last of a repeated key), each read as `T`,
+/// and whether the map has any member at all; the other members are stepped over
+/// rather than copied.
+struct Picked<T, const N: usize> {
+    keys: [&'static str; N],
+    what: &'static str,
+    value: std::marker::PhantomData<T>,
+}
 
-impl<'de> Visitor<'de> for AppliedRecordVisitor {
-    type Value = AppliedRecord;
+impl<T, const N: usize> Picked<T, N> {
+    fn new(keys: [&'static str; N], what: &'static str) -> Self {
+        Picked {
+            keys,
+            what,
+            value: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<'de, T: Deserialize<'de>, const N: usize> DeserializeSeed<'de> for Picked<T, N> {
+    type Value = ([Option<T>; N], bool);
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de, T: Deserialize<'de>, const N: usize> Visitor<'de> for Picked<T, N> {
+    type Value = ([Option<T>; N], bool);
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a map of annotations")
+        f.write_str(self.what)
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AppliedRecord, A::Error> {
-        let mut record = None;
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut picked = std::array::from_fn(|_| None);
+        let mut any = false;
         while let Some(Key(key)) = map.next_key()? {
-            if key == APPLIED_ANNOTATION {
-                record = Some(map.next_value()?);
-            } else {
-                map.next_value::<IgnoredAny>()?;
+            any = true;
+            match self.keys.iter().position(|k| *k == key) {
+                Some(i) => picked[i] = Some(map.next_value()?),
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
             }
         }
-        Ok(AppliedRecord(record))
+        Ok((picked, any))
     }
 }
 
@@ -183,34 +213,13 @@ impl Compute {
 
 impl<'de> Deserialize<'de> for Compute {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(ComputeVisitor)
-    }
-}
-
-struct ComputeVisitor;
-
-impl<'de> Visitor<'de> for ComputeVisitor {
-    type Value = Compute;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a map of resource quantities")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Compute, A::Error> {
-        let mut compute = Compute::default();
-        while let Some(Key(resource)) = map.next_key()? {
-            compute.lists_any = true;
-            let slot = match &*resource {
-                "cpu" => &mut compute.cpu,
-                "memory" => &mut compute.memory,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                    continue;
-                }
-            };
-            *slot = Some(map.next_value()?);
-        }
-        Ok(compute)
+        let picked = Picked::new(["cpu", "memory"], "a map of resource quantities");
+        let ([cpu, memory], lists_any) = picked.deserialize(deserializer)?;
+        Ok(Compute {
+            cpu,
+            memory,
+            lists_any,
+        })
     }
 }
 
