@@ -17,6 +17,9 @@ pub const ANCHOR_LABEL_PREFIX: &str = "node-restriction.kubernetes.io/berth.runs
 /// on nodes where a pod of an `avoid` policy runs. Pods that policy avoids keep off
 /// them, so that `avoid` is symmetric as required anti-affinity is.
 pub const PLACED_LABEL_PREFIX: &str = "node-restriction.kubernetes.io/berth.placed.";
+/// Finalizer on every policy: a deleted policy's labels and taints are cleaned
+/// from its nodes before it goes.
+pub const POLICY_FINALIZER: &str = "berth.io/cleanup";
 /// Taint key on dedicated pool nodes: `berth.io/pool=<policy>:NoSchedule`.
 pub const POOL_TAINT: &str = "berth.io/pool";
 /// Namespace annotation that opts a namespace into policies: `"cdn, gpu"`.

@@ -8,6 +8,7 @@ mod support;
 
 use std::time::Duration;
 
+use berth::names;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 use support::{Berth, Nodes, eventually};
@@ -23,12 +24,19 @@ fn berth() -> &'static Berth {
     Berth::shared_with(NODES, &[], &["--resync-seconds", "3600"])
 }
 
-/// Waits until berth recorded `images` as the last good spec of `policy`: the node
-/// pass that compiled that spec has run.
+/// Waits until berth recorded `images` as the last good spec of `policy` and its
+/// finalizer is on it: the node pass that compiled that spec has run, and no
+/// finalizer write of berth's is still to come (one that met a change of the test's
+/// would fail, and its retry be a pass no change asked for).
 async fn recorded(api: &Api<DynamicObject>, policy: &str, images: &Value) {
     eventually(&format!("{policy}: {images} recorded"), WAIT, || async {
         let object = api.get(policy).await.ok()?;
-        (object.data["status"]["lastGoodSpec"]["images"] == *images).then_some(())
+        let finalized = object
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == names::POLICY_FINALIZER));
+        (finalized && object.data["status"]["lastGoodSpec"]["images"] == *images).then_some(())
     })
     .await;
 }
@@ -49,7 +57,10 @@ async fn a_policy_status_write_wakes_nothing_and_a_spec_change_one_pass() {
                 "schedulerName": "berth-quiet"}),
         );
     }
+    // Neither policy is changed before berth has finalized both: a change racing a
+    // finalizer write fails that write, and its retry is a pass of its own.
     recorded(&api, "quiet-a", &json!(["*quiet-a*"])).await;
+    recorded(&api, "quiet-b", &json!(["*quiet-b*"])).await;
     // A change to quiet-b, once recorded, leaves no wake behind: every earlier one
     // (creations, finalizers) was taken by the pass that recorded it or before.
     let spec = |images: &str| Patch::Merge(json!({"spec": {"images": [images]}}));
@@ -80,6 +91,7 @@ async fn a_policy_status_write_wakes_nothing_and_a_spec_change_one_pass() {
     assert_eq!(
         counter("berth_reconciles_total") - passes,
         1.0,
-        "one node pass, for the spec change"
+        "one node pass, for the spec change; berth's log:\n{}",
+        berth.log()
     );
 }

@@ -26,12 +26,9 @@ use serde_json::json;
 
 use super::wishes::{Wishes, Writer};
 use super::writes::{Error, Kind, RETRY_FAILED, Writes};
-use crate::names::FIELD_MANAGER;
+use crate::names::{FIELD_MANAGER, POLICY_FINALIZER};
 use crate::objects::PolicyObject;
 use crate::policy::crd::PlacementPolicyStatus;
-
-/// The finalizer that lets berth clean a deleted policy's labels and taints.
-pub const FINALIZER: &str = "berth.io/cleanup";
 
 /// The part of a policy a wish is for: the two are written apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -70,7 +67,7 @@ pub fn current_status(policy: &PolicyObject) -> Option<PlacementPolicyStatus> {
 
 /// Whether `policy` carries berth's finalizer.
 pub fn finalized(policy: &PolicyObject) -> bool {
-    policy.finalizers().iter().any(|f| f == FINALIZER)
+    policy.finalizers().iter().any(|f| f == POLICY_FINALIZER)
 }
 
 /// What the policy writer works with.
@@ -100,7 +97,7 @@ impl Writer for PolicyWriter {
                 let rest = policy
                     .finalizers()
                     .iter()
-                    .filter(|f| *f != FINALIZER)
+                    .filter(|f| *f != POLICY_FINALIZER)
                     .cloned()
                     .collect();
                 (Kind::Finalizer, finalizers_patch(&policy, rest))
@@ -134,7 +131,7 @@ pub async fn add_finalizer(
     policy: &PolicyObject,
 ) -> Result<(), Error> {
     let mut finalizers = policy.finalizers().to_vec();
-    finalizers.push(FINALIZER.into());
+    finalizers.push(POLICY_FINALIZER.into());
     let patch = finalizers_patch(policy, finalizers);
     write(writes, client, Kind::Finalizer, &policy.name_any(), patch).await
 }
@@ -208,8 +205,13 @@ mod tests {
         let (policies, mut feed) = kube::runtime::reflector::store::<PolicyObject>();
         for p in [
             policy("new", &["other.io/keep"], false, None),
-            policy("done", &[FINALIZER], false, Some(3)),
-            policy("deleted", &["other.io/keep", FINALIZER], true, Some(3)),
+            policy("done", &[POLICY_FINALIZER], false, Some(3)),
+            policy(
+                "deleted",
+                &["other.io/keep", POLICY_FINALIZER],
+                true,
+                Some(3),
+            ),
             policy("going", &[], true, None),
         ] {
             feed.apply_watcher_event(&Event::Apply(p));
@@ -292,7 +294,7 @@ mod tests {
         assert_eq!(request.uri().path(), format!("{base}/new"));
         assert_eq!(
             body(request).await,
-            json!({"metadata": {"finalizers": ["other.io/keep", FINALIZER], "resourceVersion": "7"}})
+            json!({"metadata": {"finalizers": ["other.io/keep", POLICY_FINALIZER], "resourceVersion": "7"}})
         );
         send.send_response(answer(
             200,
