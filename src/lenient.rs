@@ -221,7 +221,7 @@ pub enum Skip {
     Status,
     /// `status`, in a Pod's `spec` all but the containers and the fields of
     /// [`POD_SPEC_READ`], and in its containers (init and ephemeral ones too) all
-    /// but `name`, `image` and `resources`. Admission reads nothing else there and
+    /// but `name`, `image`, `resources` and `restartPolicy`. Admission reads nothing else there and
     /// patches nothing there, and env, probes, mounts and volumes are most of a
     /// pod's bytes: building them into JSON values was most of a review's cost.
     PodContainerDetail,
@@ -246,8 +246,9 @@ const POD_SPEC_READ: [&str; 11] = [
     "schedulingGroup",
     "tolerations",
 ];
-/// What [`Skip::PodContainerDetail`] keeps of a container.
-const CONTAINER_ESSENTIALS: [&str; 3] = ["name", "image", "resources"];
+/// What [`Skip::PodContainerDetail`] keeps of a container: the restart policy
+/// tells a sidecar from an init container that runs alone, for the pod's QoS class.
+const CONTAINER_ESSENTIALS: [&str; 4] = ["name", "image", "resources", "restartPolicy"];
 
 /// Where an object stands in what is read leniently, as far as skipping goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

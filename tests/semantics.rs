@@ -14,7 +14,7 @@
 
 mod differential;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use berth::admission::cel;
@@ -31,7 +31,8 @@ use differential::expect::{Expected, Pools, Tally, canonical_requirement, expect
 use differential::oracle::{Oracle, PodAnswer};
 use differential::world::{DAEMONSET_CONTROLLER, POOL_TAINT, World, arb_world};
 use k8s_openapi::api::core::v1::{Namespace, Node};
-use proptest::strategy::{Strategy, ValueTree};
+use proptest::prelude::{Just, any, prop, prop_oneof};
+use proptest::strategy::{BoxedStrategy, Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use serde_json::{Value, json};
 
@@ -551,6 +552,174 @@ fn kubernetes_own_node_affinity_table_agrees_with_berths_reading() {
         );
     }
     finish(&tally, &format!("Kubernetes' table: {} cases", seeds.len()));
+}
+
+/// Requests or limits as a user writes them: a few of CPU, memory, a hugepage
+/// size and ephemeral storage (which the QoS class ignores), zero included.
+fn arb_resource_list() -> impl Strategy<Value = Value> {
+    let name = prop::sample::select(vec!["cpu", "memory", "hugepages-2Mi", "ephemeral-storage"]);
+    let amount = prop::sample::select(vec![
+        "0", "1", "1000m", "500m", "2", "100Mi", "1Gi", "1024Mi",
+    ]);
+    prop::collection::btree_map(name, amount, 0..4).prop_map(|list| json!(list))
+}
+
+/// A container's (or a pod's own) resources: requests, and limits that are left
+/// out, the requests again (the usual Guaranteed pod), or a list of their own.
+fn arb_requirements() -> impl Strategy<Value = Value> {
+    let limits = prop_oneof![
+        Just(None),
+        Just(Some(None)),
+        arb_resource_list().prop_map(|l| Some(Some(l)))
+    ];
+    (prop::option::of(arb_resource_list()), limits).prop_map(|(requests, limits)| {
+        let mut resources = json!({});
+        if let Some(requests) = &requests {
+            resources["requests"] = requests.clone();
+        }
+        match limits {
+            None => {}
+            Some(None) => resources["limits"] = requests.unwrap_or_else(|| json!({})),
+            Some(Some(limits)) => resources["limits"] = limits,
+        }
+        resources
+    })
+}
+
+/// CPU and memory both requested and limited alike: what makes a container
+/// Guaranteed, unless an amount is zero.
+fn arb_guaranteed() -> impl Strategy<Value = Value> {
+    let amount = prop::sample::select(vec!["0", "1", "1000m", "2", "1Gi", "1024Mi"]);
+    (amount.clone(), amount).prop_map(|(cpu, memory)| {
+        let both = json!({"cpu": cpu, "memory": memory});
+        json!({"requests": both, "limits": both})
+    })
+}
+
+/// A pod of one to three containers and up to two init containers (sidecars or
+/// not), with pod-level resources half the time. A third of the pods have every
+/// container (or the pod itself) Guaranteed-shaped, which unrelated lists seldom
+/// are.
+fn arb_resource_pod() -> impl Strategy<Value = Value> {
+    let pod = |requirements: BoxedStrategy<Value>, own: BoxedStrategy<Option<Value>>| {
+        let containers = |range| prop::collection::vec(requirements.clone(), range);
+        let sidecars = prop::collection::vec(any::<bool>(), 2);
+        (containers(1..4), containers(0..3), sidecars, own)
+    };
+    let half = |own: BoxedStrategy<Value>| prop::option::weighted(0.5, own).boxed();
+    // Pod-level limits alone over Guaranteed containers: the apiserver fills the
+    // pod's requests (and limits) from what the containers, sidecars counted
+    // apart, add up to, and the class turns on the sum.
+    let (cpu, memory) = (vec!["500m", "1"], vec!["512Mi", "1Gi"]);
+    let small = (prop::sample::select(cpu), prop::sample::select(memory))
+        .prop_map(|(cpu, memory)| {
+            let both = json!({"cpu": cpu, "memory": memory});
+            json!({"requests": both, "limits": both})
+        })
+        .boxed();
+    let (cpu, memory) = (
+        vec!["1", "1500m", "2", "3"],
+        vec!["1Gi", "1536Mi", "2Gi", "3Gi"],
+    );
+    let limits_alone = (prop::sample::select(cpu), prop::sample::select(memory))
+        .prop_map(|(cpu, memory)| Some(json!({"limits": {"cpu": cpu, "memory": memory}})))
+        .boxed();
+    prop_oneof![
+        2 => pod(arb_requirements().boxed(), half(arb_requirements().boxed())),
+        1 => pod(arb_guaranteed().boxed(), half(arb_guaranteed().boxed())),
+        1 => pod(small, limits_alone),
+    ]
+    .prop_map(|(containers, init, sidecars, pod_level)| {
+        let named = |prefix: &str, list: Vec<Value>| -> Vec<Value> {
+            list.into_iter()
+                .enumerate()
+                .map(|(i, resources)| {
+                    json!({"name": format!("{prefix}{i}"), "image": "nginx", "resources": resources})
+                })
+                .collect()
+        };
+        let mut init = named("i", init);
+        // A sidecar is an init container that keeps running beside the others.
+        for (container, sidecar) in init.iter_mut().zip(sidecars) {
+            if sidecar {
+                container["restartPolicy"] = json!("Always");
+            }
+        }
+        let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "qos", "namespace": "default"},
+            "spec": {"containers": named("c", containers), "initContainers": init}});
+        if let Some(resources) = pod_level {
+            pod["spec"]["resources"] = resources;
+        }
+        pod
+    })
+}
+
+/// The QoS class orders a queue (`qosTieBreak`): berth's reading of it is
+/// Kubernetes' own `ComputePodQOS` on generated requests and limits, container
+/// and pod level, sidecars among the init containers, of every pod the apiserver
+/// accepts: the class the apiserver records at create, after it has filled in
+/// the pod-level resources the webhook never sees filled.
+#[test]
+fn berth_reads_the_qos_class_kubernetes_computes() {
+    let mut oracle = Oracle::start();
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
+    );
+    let strategy = arb_resource_pod();
+    let pods: Vec<Value> = (0..env_number("SEMANTICS_QOS_PODS", 3000))
+        .map(|_| strategy.new_tree(&mut runner).expect("a pod").current())
+        .collect();
+    let mut tally = Tally::default();
+    let mut classes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut pod_level = 0;
+    for (pod, answer) in pods.iter().zip(oracle.evaluate(&pods, &[])) {
+        let Some(stored) = answer.stored.filter(|_| answer.valid) else {
+            continue;
+        };
+        // As the webhook reads it (before the apiserver fills pod-level resources
+        // in) and as the controller reads it once stored.
+        for (property, read) in [
+            (
+                "berth's QoS class of the pod as admitted is Kubernetes'",
+                pod,
+            ),
+            (
+                "berth's QoS class of the pod as stored is Kubernetes'",
+                &stored,
+            ),
+        ] {
+            let view = PodView::read(read).expect("berth reads a pod the apiserver accepts");
+            let berth = format!("{:?}", view.qos_class());
+            tally.check(property, berth == answer.qos, || {
+                format!(
+                    "berth {berth}, Kubernetes {} for {}, stored as {}",
+                    answer.qos, pod["spec"], stored["spec"]
+                )
+            });
+        }
+        *classes.entry(answer.qos).or_default() += 1;
+        pod_level += usize::from(stored["spec"]["resources"].is_object());
+    }
+    // Every class, and pods whose own resources decide, among those accepted.
+    for class in ["Guaranteed", "Burstable", "BestEffort"] {
+        assert!(
+            classes.get(class).copied().unwrap_or(0) >= 20,
+            "too few accepted {class} pods to judge by: {classes:?}"
+        );
+    }
+    assert!(
+        pod_level >= 20,
+        "too few accepted pods with pod-level resources: {pod_level}"
+    );
+    finish(
+        &tally,
+        &format!(
+            "QoS: {} generated pods, accepted by class {classes:?}, {pod_level} with pod-level resources",
+            pods.len()
+        ),
+    );
 }
 
 /// Worlds built around each case of Kubernetes' own table, the first cases of the

@@ -77,26 +77,28 @@ struct AppliedRecord(Option<String>);
 
 impl<'de> Deserialize<'de> for AppliedRecord {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let picked = Picked::new([APPLIED_ANNOTATION], "a map of annotations");
+        let picked = Picked::new([APPLIED_ANNOTATION], "a map of annotations", |_| false);
         let ([record], _) = picked.deserialize(deserializer)?;
         Ok(AppliedRecord(record))
     }
 }
 
 /// Of a map, the values of `keys` (the last of a repeated key), each read as `T`,
-/// and whether the map has any member at all; the other members are stepped over
+/// and whether any of its keys is `notable`; the other members are stepped over
 /// rather than copied.
 struct Picked<T, const N: usize> {
     keys: [&'static str; N],
     what: &'static str,
+    notable: fn(&str) -> bool,
     value: std::marker::PhantomData<T>,
 }
 
 impl<T, const N: usize> Picked<T, N> {
-    fn new(keys: [&'static str; N], what: &'static str) -> Self {
+    fn new(keys: [&'static str; N], what: &'static str, notable: fn(&str) -> bool) -> Self {
         Picked {
             keys,
             what,
+            notable,
             value: std::marker::PhantomData,
         }
     }
@@ -121,7 +123,7 @@ impl<'de, T: Deserialize<'de>, const N: usize> Visitor<'de> for Picked<T, N> {
         let mut picked = std::array::from_fn(|_| None);
         let mut any = false;
         while let Some(Key(key)) = map.next_key()? {
-            any = true;
+            any |= (self.notable)(&key);
             match self.keys.iter().position(|k| *k == key) {
                 Some(i) => picked[i] = Some(map.next_value()?),
                 None => {
@@ -172,6 +174,16 @@ struct Container {
     image: Option<String>,
     #[serde(default, deserialize_with = "nullable")]
     resources: Resources,
+    /// `Always` on an init container makes it a sidecar, running beside the
+    /// containers rather than before them.
+    #[serde(default)]
+    restart_policy: Option<String>,
+}
+
+impl Container {
+    fn is_sidecar(&self) -> bool {
+        self.restart_policy.as_deref() == Some("Always")
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -191,13 +203,21 @@ struct Resources {
 }
 
 /// Of a list of requests or limits, the CPU and memory, each quantity raw (a
-/// string, or a number from some clients), and whether it lists anything at all;
-/// other resources are stepped over rather than copied.
+/// string, or a number from some clients), and whether it names a resource that
+/// pod-level resources manage; other resources are stepped over rather than
+/// copied.
 #[derive(Debug, Clone, Default)]
 struct Compute {
     cpu: Option<serde_json::Value>,
     memory: Option<serde_json::Value>,
-    lists_any: bool,
+    names_pod_level: bool,
+}
+
+/// The resources a pod's own `resources` may set: CPU, memory and hugepages
+/// (Kubernetes' `IsSupportedPodLevelResource`). Only when they name one of these
+/// do they decide the pod's QoS class.
+fn is_pod_level_resource(name: &str) -> bool {
+    matches!(name, "cpu" | "memory") || name.starts_with("hugepages-")
 }
 
 impl Compute {
@@ -213,12 +233,16 @@ impl Compute {
 
 impl<'de> Deserialize<'de> for Compute {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let picked = Picked::new(["cpu", "memory"], "a map of resource quantities");
-        let ([cpu, memory], lists_any) = picked.deserialize(deserializer)?;
+        let picked = Picked::new(
+            ["cpu", "memory"],
+            "a map of resource quantities",
+            is_pod_level_resource,
+        );
+        let ([cpu, memory], names_pod_level) = picked.deserialize(deserializer)?;
         Ok(Compute {
             cpu,
             memory,
-            lists_any,
+            names_pod_level,
         })
     }
 }
@@ -316,7 +340,7 @@ impl PodView {
                 .map(|(name, image)| Container {
                     name: name.to_owned(),
                     image: image.map(str::to_owned),
-                    resources: Resources::default(),
+                    ..Container::default()
                 })
                 .collect()
         };
@@ -446,22 +470,57 @@ impl PodView {
         self.fields.spec.priority_class_name.as_deref()
     }
 
-    /// The pod's QoS class, as Kubernetes derives it from CPU and memory requests
-    /// and limits: Guaranteed when every container limits both and requests what it
-    /// limits, BestEffort when none requests or limits either, else Burstable.
-    /// Pod-level resources, when set, decide alone.
+    /// The pod's QoS class as the apiserver records it (`ComputePodQOS` at create):
+    /// from the pod's own resources when they name CPU, memory or hugepages, once
+    /// filled from its containers as the apiserver fills them
+    /// ([`PodView::pod_level`]), else from its containers and init containers,
+    /// each a class of its own; containers of different classes make the pod
+    /// Burstable.
     pub fn qos_class(&self) -> QosClass {
         let spec = &self.fields.spec;
-        let pod_level = &spec.resources;
-        if pod_level.requests.lists_any || pod_level.limits.lists_any {
-            return qos_of([pod_level]);
+        let own = &spec.resources;
+        if own.requests.names_pod_level || own.limits.names_pod_level {
+            return same_or_burstable(
+                amounts_qos(self.pod_level("cpu")),
+                amounts_qos(self.pod_level("memory")),
+            );
         }
-        qos_of(
+        spec.init_containers
+            .iter()
+            .chain(&spec.containers)
+            .map(|c| {
+                let of = |key| amounts_qos((c.resources.request(key), c.resources.limit(key)));
+                same_or_burstable(of("cpu"), of("memory"))
+            })
+            .reduce(same_or_burstable)
+            .unwrap_or(QosClass::BestEffort)
+    }
+
+    /// The pod-level request and limit of `key` (CPU or memory) as the apiserver
+    /// stores them (`DefaultPodLevelResources`, after admission): a request left
+    /// out is what the containers request together, else the pod's limit; a limit
+    /// left out, when every container limits `key`, is what they limit together
+    /// or the request, whichever is more.
+    fn pod_level(&self, key: &str) -> (Option<f64>, Option<f64>) {
+        let spec = &self.fields.spec;
+        let own = &spec.resources;
+        let limit = own.limit(key);
+        let request = quantity(&own.requests, key)
+            .or_else(|| together(spec, |c| c.resources.request(key)))
+            .or(limit);
+        let all_limit = || {
             spec.init_containers
                 .iter()
                 .chain(&spec.containers)
-                .map(|c| &c.resources),
-        )
+                .all(|c| c.resources.limit(key).is_some())
+        };
+        let limit = match (limit, request) {
+            (None, Some(request)) if all_limit() => {
+                together(spec, |c| c.resources.limit(key)).map(|l| l.max(request))
+            }
+            (limit, _) => limit,
+        };
+        (request, limit)
     }
 
     /// The DaemonSet that controls the pod, as its ownerReferences say
@@ -491,27 +550,68 @@ impl PodView {
     }
 }
 
-/// The QoS class of containers (or of a pod's own resources) with these resources.
-fn qos_of<'r>(all: impl IntoIterator<Item = &'r Resources>) -> QosClass {
-    const COMPUTE: [&str; 2] = ["cpu", "memory"];
-    let quantity =
-        |compute: &Compute, key: &str| compute.get(key).and_then(crate::quantity::from_json);
-    let mut any = false;
-    let mut guaranteed = true;
-    for resources in all {
-        for key in COMPUTE {
-            let limit = quantity(&resources.limits, key);
-            // A request left out defaults to the limit.
-            let request = quantity(&resources.requests, key).or(limit);
-            any |= request.is_some_and(|r| r > 0.0) || limit.is_some();
-            guaranteed &= matches!((request, limit), (Some(r), Some(l)) if r == l && l > 0.0);
+/// The QoS class of one resource's request and limit, as Kubernetes'
+/// `resourceQOS`: a request other than the limit is Burstable, both zero or
+/// absent BestEffort, both the same above zero Guaranteed. A zero limit is no
+/// limit at all.
+fn amounts_qos((request, limit): (Option<f64>, Option<f64>)) -> QosClass {
+    let (request, limit) = (request.unwrap_or(0.0), limit.unwrap_or(0.0));
+    if request != limit {
+        QosClass::Burstable
+    } else if request == 0.0 {
+        QosClass::BestEffort
+    } else {
+        QosClass::Guaranteed
+    }
+}
+
+/// What a pod's containers need of one resource together, as Kubernetes adds it
+/// up (`aggregateContainerResourcesByFn`): the containers and the sidecars run
+/// at once, and each other init container runs alone beside the sidecars started
+/// before it, so the pod needs the more of the two. `None` when no container
+/// lists the resource.
+fn together(spec: &Spec, amount: impl Fn(&Container) -> Option<f64>) -> Option<f64> {
+    let mut listed = false;
+    let mut of = |c: &Container| {
+        let a = amount(c);
+        listed |= a.is_some();
+        a.unwrap_or(0.0)
+    };
+    let mut running: f64 = spec.containers.iter().map(&mut of).sum();
+    let (mut sidecars, mut initialising) = (0.0_f64, 0.0_f64);
+    for init in &spec.init_containers {
+        let a = of(init);
+        if init.is_sidecar() {
+            running += a;
+            sidecars += a;
+            initialising = initialising.max(sidecars);
+        } else {
+            initialising = initialising.max(a + sidecars);
         }
     }
-    match (any, guaranteed) {
-        (false, _) => QosClass::BestEffort,
-        (true, true) => QosClass::Guaranteed,
-        (true, false) => QosClass::Burstable,
+    listed.then_some(running.max(initialising))
+}
+
+/// The quantity `compute` lists for `key`, when it reads as one.
+fn quantity(compute: &Compute, key: &str) -> Option<f64> {
+    compute.get(key).and_then(crate::quantity::from_json)
+}
+
+impl Resources {
+    /// The request for `key`; left out, the limit (the apiserver's defaulting of
+    /// a container, which a pod `berth explain` reads from a file has not had yet).
+    fn request(&self, key: &str) -> Option<f64> {
+        quantity(&self.requests, key).or_else(|| self.limit(key))
     }
+
+    fn limit(&self, key: &str) -> Option<f64> {
+        quantity(&self.limits, key)
+    }
+}
+
+/// Two classes as one: the class they share, else Burstable.
+fn same_or_burstable(a: QosClass, b: QosClass) -> QosClass {
+    if a == b { a } else { QosClass::Burstable }
 }
 
 /// Whether a toleration is a wildcard for `effect`: no key and `Exists` tolerates
@@ -600,22 +700,56 @@ mod tests {
             QosClass::BestEffort,
             "only cpu and memory count"
         );
+        assert_eq!(
+            qos(json!([{"name": "a", "resources": {"limits": {"cpu": "0"}}}])),
+            QosClass::BestEffort,
+            "a zero limit is no limit"
+        );
     }
 
     #[test]
-    fn pod_level_resources_decide_the_qos_class_alone() {
+    fn pod_level_resources_decide_the_qos_class_once_filled_from_the_containers() {
         let qos = |spec: serde_json::Value| {
             PodView::read(&json!({"kind": "Pod", "spec": spec}))
                 .unwrap()
                 .qos_class()
         };
-        let guaranteed =
-            json!([{"name": "a", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]);
+        let container = |name: &str, limits: serde_json::Value| json!({"name": name, "resources": {"limits": limits}});
+        let one = json!({"cpu": "1", "memory": "1Gi"});
+        let guaranteed = json!([container("a", one.clone())]);
         assert_eq!(qos(json!({"containers": guaranteed})), QosClass::Guaranteed);
         assert_eq!(
             qos(json!({"containers": guaranteed, "resources": {"requests": {"cpu": "1"}}})),
+            QosClass::Guaranteed,
+            "the pod's limits are filled from its containers', which all limit both"
+        );
+        assert_eq!(
+            qos(json!({"containers": [{"name": "a"}], "resources": {"requests": {"cpu": "1"}}})),
             QosClass::Burstable,
-            "the pod's own requests, without limits"
+            "a request no limit is filled for"
+        );
+        let two = json!({"limits": {"cpu": "2", "memory": "2Gi"}});
+        assert_eq!(
+            qos(json!({"containers": guaranteed, "resources": two})),
+            QosClass::Burstable,
+            "the pod's requests are filled from its containers', under its limits"
+        );
+        let with_init = |restart: Option<&str>| {
+            let mut init = container("init", one.clone());
+            if let Some(policy) = restart {
+                init["restartPolicy"] = json!(policy);
+            }
+            qos(json!({"containers": guaranteed, "initContainers": [init], "resources": two}))
+        };
+        assert_eq!(
+            with_init(Some("Always")),
+            QosClass::Guaranteed,
+            "a sidecar runs beside the container: together they request the limits"
+        );
+        assert_eq!(
+            with_init(None),
+            QosClass::Burstable,
+            "an init container runs before the container, not beside it"
         );
     }
 

@@ -18,6 +18,9 @@ pub struct PodAnswer {
     pub fits: Vec<bool>,
     pub why: Vec<String>,
     pub scores: Option<Vec<i64>>,
+    /// The QoS class the apiserver computes for the pod as stored
+    /// (`Guaranteed`, `Burstable`, `BestEffort`); empty when it cannot be decoded.
+    pub qos: String,
 }
 
 impl PodAnswer {

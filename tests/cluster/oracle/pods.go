@@ -13,6 +13,7 @@ import (
 	podutil "k8s.io/kubernetes/pkg/api/pod"
 	api "k8s.io/kubernetes/pkg/apis/core"
 	_ "k8s.io/kubernetes/pkg/apis/core/install" // core/v1 defaults and conversions in legacyscheme
+	"k8s.io/kubernetes/pkg/apis/core/v1/helper/qos"
 	corevalidation "k8s.io/kubernetes/pkg/apis/core/validation"
 )
 
@@ -32,6 +33,10 @@ type podAnswer struct {
 	// weights of the preferred terms that match); null when a preferred term does
 	// not parse (kube-scheduler then fails the pod's scoring).
 	Scores []int64 `json:"scores"`
+	// QOS: the pod's QoS class as the apiserver records it in status.qosClass
+	// (ComputePodQOS, with the feature gates of this version, of the pod with its
+	// pod-level resources defaulted as at create); "" when it cannot be decoded.
+	QOS string `json:"qos"`
 }
 
 type evaluateAnswer struct {
@@ -78,6 +83,10 @@ func evaluatePod(raw json.RawMessage, nodes []*v1.Node) podAnswer {
 			answer.Why = make([]string, len(nodes))
 			return answer
 		}
+		// The pod registry's create step (PrepareForCreate) fills pod-level
+		// requests and limits from the containers' after admission, before it
+		// validates and records the QoS class.
+		podutil.DefaultPodLevelResources(internal)
 		opts := podutil.GetValidationOptionsFromPodSpecAndMeta(&internal.Spec, nil, &internal.ObjectMeta, nil)
 		opts.ResourceIsPod = true
 		for _, e := range corevalidation.ValidatePodCreate(internal, opts) {
@@ -93,6 +102,8 @@ func evaluatePod(raw json.RawMessage, nodes []*v1.Node) podAnswer {
 			if err := json.Unmarshal(stored, pod); err != nil {
 				answer.Errors = append(answer.Errors, "re-read: "+err.Error())
 				answer.Valid = false
+			} else {
+				answer.QOS = string(qos.ComputePodQOS(pod))
 			}
 		}
 	}
