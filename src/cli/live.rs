@@ -25,9 +25,11 @@ use crate::placement::exclusion::{self, ExclusionPod, Hold};
 use crate::placement::explain::explain;
 use crate::placement::interpod::{Bound, Neighbours};
 use crate::placement::rooms::{Rooms, node_rooms};
-use crate::placement::{Input, NamespaceInfo, NodeIndex, NodeInfo, Requester, build_patch, decide};
+use crate::placement::{
+    Input, NamespaceIndex, NamespaceInfo, NodeIndex, NodeInfo, Requester, build_patch, decide,
+};
 use crate::policy::compile::{Labels, PolicyCompiler};
-use crate::policy::{NamespaceOptIn, OptIn, PolicySet};
+use crate::policy::{OptIn, PolicySet};
 
 /// An object in the cluster to explain.
 #[derive(Debug, Args)]
@@ -70,7 +72,7 @@ struct Scene {
     nodes: NodeIndex,
     /// The nodes with the room left on each, as the controller predicts fit.
     rooms: Rooms,
-    namespaces: NamespaceOptIn,
+    namespaces: NamespaceIndex,
     /// Each namespace's labels, for pod affinity's `namespaceSelector`.
     namespace_labels: BTreeMap<String, Labels>,
     pods: Vec<PodObject>,
@@ -228,7 +230,13 @@ async fn read_scene(client: &Client, namespace: &str) -> Result<Scene, String> {
         policies,
         nodes,
         rooms,
-        namespaces: NamespaceOptIn::new(namespaces.iter().map(|ns| &ns.metadata)),
+        namespaces: namespaces
+            .iter()
+            .map(|ns| {
+                let info = NamespaceInfo::from_meta(&ns.metadata);
+                (info.name.clone(), std::sync::Arc::new(info))
+            })
+            .collect(),
         namespace_labels: namespaces
             .iter()
             .filter_map(|ns| Some((ns.metadata.name.clone()?, ns.metadata.labels.clone()?)))

@@ -40,7 +40,7 @@ use crate::objects::{
     DaemonSetObject, DeploymentObject, NamespaceMeta, NodeObject, PodObject, PolicyObject,
     StatefulSetObject, WorkloadObject,
 };
-use crate::placement::{NamespaceInfo, NodeIndex};
+use crate::placement::{NamespaceIndex, NamespaceInfo, NodeIndex};
 use crate::policy::compile::{Compiled, PolicyCompiler};
 use crate::telemetry::Metrics;
 pub use groups::GroupState;
@@ -51,10 +51,6 @@ pub use wakes::{Changed, Wakes};
 /// How often the gang mode is looked up again: a feature turned on in the
 /// apiserver is picked up without a restart.
 const GANG_MODE_EVERY: Duration = Duration::from_secs(60);
-
-/// Namespaces by name, as decisions read them. A persistent map, as
-/// [`NodeIndex`] is: a change costs O(log n), a reader's snapshot a pointer.
-pub type NamespaceIndex = imbl::OrdMap<String, Arc<NamespaceInfo>>;
 
 /// The namespace and uid of every DaemonSet, ordered by namespace: what tells a
 /// DaemonSet's pod from a pod that names one in a forged ownerReference.

@@ -15,9 +15,9 @@ use super::node_writer::NodeQueue;
 use super::podgroups::{PodGroupWrites, PodGroups};
 use super::policy_writer::PolicyWrites;
 use super::writes::Writes;
-use crate::cluster::{Cluster, DaemonSets, NamespaceIndex};
+use crate::cluster::{Cluster, DaemonSets};
 use crate::objects::PolicyObject;
-use crate::policy::NamespaceOptIn;
+use crate::placement::NamespaceIndex;
 use crate::policy::compile::Compiled;
 use crate::telemetry::Metrics;
 
@@ -143,9 +143,9 @@ pub struct Snapshot {
     /// The policies in force: deleted ones left out, ones that stopped compiling
     /// at their last good version.
     pub compiled: Arc<Compiled>,
-    pub namespaces: NamespaceOptIn,
-    /// Each namespace as the webhook decides in it, its annotations already read.
-    pub namespace_index: Arc<NamespaceIndex>,
+    /// Each namespace as the webhook decides in it, its annotations read once per
+    /// change of the namespace: what the controller asks of opt-in too.
+    pub namespaces: Arc<NamespaceIndex>,
     pub daemonsets: Arc<DaemonSets>,
 }
 
@@ -153,13 +153,10 @@ impl Snapshot {
     pub fn take(cluster: &Cluster) -> Snapshot {
         let objects = cluster.stores.policies.state();
         let compiled = cluster.in_force();
-        let namespaces = cluster.stores.namespaces.state();
-        let namespaces = NamespaceOptIn::new(namespaces.iter().map(|ns| &ns.metadata));
         Snapshot {
             objects,
             compiled,
-            namespaces,
-            namespace_index: cluster.namespaces(),
+            namespaces: cluster.namespaces(),
             daemonsets: cluster.daemonsets(),
         }
     }

@@ -99,7 +99,7 @@ impl Missed {
                 .namespace
                 .as_ref()
                 .filter(|ns| !exempt.pods_of(ns))
-                .and_then(|ns| snapshot.namespace_index.get(ns))
+                .and_then(|ns| snapshot.namespaces.get(ns))
             else {
                 continue;
             };

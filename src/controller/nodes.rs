@@ -155,7 +155,7 @@ pub async fn run(
             let pod_groups = groups.gang_mode == GangMode::PodGroup;
             let opt_in = (
                 &*snapshot.compiled.set,
-                &snapshot.namespaces as &(dyn OptIn + Sync),
+                &*snapshot.namespaces as &(dyn OptIn + Sync),
             );
             sweeper
                 .sweep(
@@ -227,7 +227,7 @@ pub async fn reconcile(
             node.labels(),
             policies,
             &on_node,
-            &snapshot.namespaces,
+            &*snapshot.namespaces,
         );
         // A node that carries what it should takes back any older wish not yet
         // taken, so that the writer does not start a write that no longer holds

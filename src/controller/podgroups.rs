@@ -190,7 +190,7 @@ fn wanted(pods: &[Arc<PodObject>], snapshot: &Snapshot) -> BTreeMap<GroupKey, Gr
         };
         let meta = &pod.metadata;
         let namespace = meta.namespace.clone().unwrap_or_default();
-        let member = pod_entitlements(pod, &snapshot.compiled.set, &snapshot.namespaces)
+        let member = pod_entitlements(pod, &snapshot.compiled.set, &*snapshot.namespaces)
             .into_iter()
             .find_map(|p| {
                 let member = p.spec.gang.as_ref()?.member(meta.labels.as_ref()?).ok()??;

@@ -204,7 +204,7 @@ pub async fn release_held_pods(
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
     );
     let policies = &snapshot.compiled.set;
-    let plan = exclusion::plan(&all, policies, &snapshot.namespaces, unseen, rooms);
+    let plan = exclusion::plan(&all, policies, &*snapshot.namespaces, unseen, rooms);
     // Held now: gated and not released in this pass. (In a block: a set of
     // pointers is not Send, and must be gone before the next await.)
     {
@@ -350,7 +350,7 @@ async fn requeue_blockers(
     reported: &mut super::events::Reported,
 ) {
     let policies = &snapshot.compiled.set;
-    for (pod, waited, why) in to_requeue(plan, policies, &snapshot.namespaces, wait) {
+    for (pod, waited, why) in to_requeue(plan, policies, &*snapshot.namespaces, wait) {
         let api: Api<Pod> = Api::namespaced(pass.client.clone(), &pod.namespace);
         let unchanged = EvictParams {
             delete_options: Some(DeleteParams {
@@ -419,7 +419,7 @@ pub fn report_routing_conflicts(
         let entitled = crate::placement::opt_in::pod_entitlements(
             pod,
             &snapshot.compiled.set,
-            &snapshot.namespaces,
+            &*snapshot.namespaces,
         );
         let pools: Vec<&str> = entitled
             .iter()

@@ -23,7 +23,6 @@ use super::writes::{Kind, RETRY_FAILED};
 use crate::cluster::{Changed, Stores};
 use crate::names::GROUP_GATES;
 use crate::objects::{PodObject, WorkloadObject};
-use crate::placement::NamespaceInfo;
 use crate::placement::exclusion;
 use crate::placement::groups::GangMode;
 use crate::placement::matching::match_policies;
@@ -187,7 +186,7 @@ async fn release_groups(
         pods,
         &workloads,
         policies,
-        &snapshot.namespaces,
+        &*snapshot.namespaces,
         rooms,
         &waiting_for_policy,
         k8s_openapi::jiff::Timestamp::now(),
@@ -211,12 +210,11 @@ fn ranked_workloads<K>(
     let mut ranked = Vec::new();
     for workload in workloads {
         let namespace = workload.metadata.namespace.clone().unwrap_or_default();
-        let Some((config, labels)) = snapshot.namespaces.get(&namespace) else {
+        let Some(info) = snapshot.namespaces.get(&namespace) else {
             continue;
         };
         let view = workload.template_pod();
-        let info = NamespaceInfo::with(&namespace, labels.clone(), Default::default());
-        let matches = match_policies(&view, &info, Some(config), policies);
+        let matches = match_policies(&view, info, Some(info.config_or_none()), policies);
         let order = matches
             .applied
             .iter()

@@ -105,6 +105,14 @@ impl NamespaceInfo {
             .get_or_init(|| NamespaceConfig::parse(&self.annotations))
             .as_ref()
     }
+
+    /// Its berth annotations, or none when they cannot be read: what the
+    /// controller trusts of a namespace whose annotations are broken.
+    pub fn config_or_none(&self) -> &NamespaceConfig {
+        static NONE: std::sync::LazyLock<NamespaceConfig> =
+            std::sync::LazyLock::new(NamespaceConfig::default);
+        self.config().unwrap_or(&NONE)
+    }
 }
 
 /// What placement knows about a node.
@@ -132,6 +140,34 @@ impl NodeInfo {
 /// a copy of the whole map per change cost O(n) each time a burst labelled
 /// thousands of nodes.
 pub type NodeIndex = imbl::OrdMap<String, std::sync::Arc<NodeInfo>>;
+
+/// Namespaces by name, as decisions read them. A persistent map, as
+/// [`NodeIndex`] is: a change costs O(log n), a reader's snapshot a pointer.
+pub type NamespaceIndex = imbl::OrdMap<String, std::sync::Arc<NamespaceInfo>>;
+
+/// The namespaces as the controller asks of them: each namespace's berth
+/// annotations are read once per change of the namespace (and kept in its
+/// [`NamespaceInfo`]), not on every pass. Annotations that do not parse opt the
+/// namespace into nothing by annotation; its labels may still be selected.
+impl crate::policy::OptIn for NamespaceIndex {
+    fn opts_in(&self, policy: &crate::policy::CompiledPolicy, namespace: &str) -> bool {
+        self.get(namespace)
+            .is_some_and(|ns| policy.namespace_opts_in(ns.config_or_none(), &ns.labels))
+    }
+
+    fn takes_daemonsets(&self, policy: &crate::policy::CompiledPolicy, namespace: &str) -> bool {
+        self.get(namespace).is_some_and(|ns| {
+            let opts_in = policy.namespace_opts_in(ns.config_or_none(), &ns.labels);
+            policy.takes_daemonsets_from(&ns.labels, opts_in)
+        })
+    }
+
+    fn named(&self, namespace: &str) -> &[String] {
+        self.get(namespace)
+            .map(|ns| ns.config_or_none().policies.as_slice())
+            .unwrap_or_default()
+    }
+}
 
 /// Everything one decision looks at.
 #[derive(Debug, Clone, Copy)]

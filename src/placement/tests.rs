@@ -1141,3 +1141,45 @@ fn a_namespace_reads_its_annotations_once_and_a_changed_copy_again() {
     let broken = moved.clone();
     assert_eq!(broken.config().unwrap_err().key, "berth.io/images.Bad_Name");
 }
+
+#[test]
+fn the_namespace_index_answers_opt_in_from_annotations_read_once_and_labels() {
+    use crate::policy::OptIn;
+    let selecting = mk_policy(
+        "edge",
+        json!({"images": ["*edge*"], "namespaceSelector": {"matchLabels": {"team": "edge"}},
+               "pool": {"nodeNames": ["node3"], "daemonSets": "Tolerate"}}),
+    );
+    let set = mk_set(&[cdn(), selecting]);
+    let (cdn, edge) = (set.get("cdn").unwrap(), set.get("edge").unwrap());
+    let mut labelled = NamespaceInfo::new("labelled");
+    labelled.labels.insert("team".into(), "edge".into());
+    let mut broken = NamespaceInfo::new("broken");
+    broken.labels.insert("team".into(), "edge".into());
+    broken
+        .annotations
+        .insert("berth.io/policies".into(), "cdn,,".into());
+    assert!(broken.config().is_err(), "the annotation does not parse");
+    let index: NamespaceIndex = [opted_in("cdn"), labelled, broken]
+        .into_iter()
+        .map(|ns| (ns.name.clone(), std::sync::Arc::new(ns)))
+        .collect();
+    assert!(index.opts_in(cdn, "default"), "named in berth.io/policies");
+    assert_eq!(index.named("default"), ["cdn".to_string()]);
+    assert!(!index.opts_in(edge, "default"));
+    assert!(index.opts_in(edge, "labelled"), "selected by its labels");
+    assert!(index.takes_daemonsets(edge, "labelled"));
+    assert!(
+        !index.opts_in(cdn, "broken"),
+        "a broken annotation names nothing"
+    );
+    assert!(index.named("broken").is_empty());
+    assert!(
+        index.opts_in(edge, "broken"),
+        "its labels are still selected"
+    );
+    assert!(
+        !index.opts_in(cdn, "unknown"),
+        "a namespace not in the cache"
+    );
+}

@@ -13,7 +13,7 @@ pub use annotations::{AnnotationError, NamespaceConfig};
 pub use compile::{CompiledPolicy, PolicyError, PolicySet};
 pub use crd::{PlacementPolicy, PlacementPolicySpec};
 pub use image::{ImagePatterns, ImageRef};
-pub use opt_in::{NamespaceOptIn, OptIn};
+pub use opt_in::OptIn;
 
 /// A compiled set of policies named and specified as given, for tests; every one
 /// must compile.

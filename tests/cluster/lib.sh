@@ -51,6 +51,24 @@ kubectl_for() {
 	"$K8S_BIN/kubectl" --kubeconfig "$dir/kubeconfig" "$@"
 }
 
+# established DIR SECONDS ARGS...: waits until the CRDs that ARGS name (as kubectl
+# names them: crd/NAME, or -f FILES) are Established. `kubectl wait` has been seen
+# to give up at once rather than wait (a loaded machine, a CRD whose status the
+# apiserver had not written yet), so it is asked again until SECONDS have passed;
+# its last answer is printed when they have.
+established() {
+	local dir="$1" seconds="$2"
+	shift 2
+	local deadline=$((SECONDS + seconds)) out
+	until out="$(kubectl_for "$dir" wait --for=condition=Established --timeout=5s "$@" 2>&1)"; do
+		if [ $SECONDS -ge $deadline ]; then
+			echo "$out" >&2
+			return 1
+		fi
+		sleep 0.5
+	done
+}
+
 # record_command DIR NAME [VAR=VALUE...] EXECUTABLE ARGS...: keep how to start a
 # component in DIR/commands/NAME (its executable, then its command line quoted for
 # the shell), so `launch` can start it now and `component DIR start` again later.
