@@ -360,6 +360,7 @@ fn policy_changes(
             tracing::warn!(%error, last_good_kept = invalid.kept, "policy does not compile");
         }
         metrics.policy_compiles.inc();
+        let _turn = wakes.turn();
         write(&published.in_force, Arc::new(compiled));
         published.policies_synced.send_replace(true);
         wakes.all();
@@ -376,6 +377,7 @@ fn namespace_changes(
     let mut hashes = Hashes::new(seen::namespace::<NamespaceMeta>);
     let info = |ns: &NamespaceMeta| Arc::new(NamespaceInfo::from_meta(&ns.metadata));
     move |store, event| {
+        let _turn = wakes.turn();
         match hashes.changed(event) {
             Seen::Nothing => return,
             Seen::Object(name) => {
@@ -472,6 +474,7 @@ fn daemonset_changes(
                 .iter()
                 .filter_map(|d| Some((d.namespace()?, d.uid()?)))
                 .collect();
+            let _turn = wakes.turn();
             write(&published.daemonsets, Arc::new(daemonsets));
             wakes.everything();
         }

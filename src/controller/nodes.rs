@@ -114,15 +114,19 @@ pub async fn run(
             continue;
         }
         let started = std::time::Instant::now();
-        // Taken before the caches are read: a change after this is in the next pass.
+        // What changed and the state it changed are taken in one turn of the room:
+        // a change published after this is in the next pass, one published before
+        // is in this one and leaves no wake behind.
+        let turn = wakes.turn();
         let changed = wakes.take();
         let status = wakes.take_status();
         if changed.is_nothing() && !status && !scan && !sweep {
             continue;
         }
+        let snapshot = Snapshot::take(cluster);
+        drop(turn);
         let failures = context.writes.failures(&RETRIED_BY_EVERYTHING);
         let pass = context.pass();
-        let snapshot = Snapshot::take(cluster);
         let wanted_classes = queues::wanted(&snapshot.compiled.set);
         if matches!(changed, Changed::Everything) {
             queue_classes
