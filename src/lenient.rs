@@ -221,9 +221,10 @@ pub enum Skip {
     Status,
     /// `status`, in a Pod's `spec` all but the containers and the fields of
     /// [`POD_SPEC_READ`], and in its containers (init and ephemeral ones too) all
-    /// but `name`, `image`, `resources` and `restartPolicy`. Admission reads nothing else there and
-    /// patches nothing there, and env, probes, mounts and volumes are most of a
-    /// pod's bytes: building them into JSON values was most of a review's cost.
+    /// but `name`, `image`, `resources` and `restartPolicy`. Admission reads
+    /// nothing else there and patches nothing there, and env, probes, mounts and
+    /// volumes are most of a pod's bytes: building them into JSON values was most
+    /// of a review's cost.
     PodContainerDetail,
 }
 

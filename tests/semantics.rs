@@ -586,14 +586,20 @@ fn arb_requirements() -> impl Strategy<Value = Value> {
     })
 }
 
-/// CPU and memory both requested and limited alike: what makes a container
-/// Guaranteed, unless an amount is zero.
-fn arb_guaranteed() -> impl Strategy<Value = Value> {
-    let amount = prop::sample::select(vec!["0", "1", "1000m", "2", "1Gi", "1024Mi"]);
-    (amount.clone(), amount).prop_map(|(cpu, memory)| {
-        let both = json!({"cpu": cpu, "memory": memory});
-        json!({"requests": both, "limits": both})
-    })
+/// CPU and memory both requested and limited alike, of the amounts given: what
+/// makes a container Guaranteed, unless an amount is zero.
+fn arb_guaranteed_of(cpu: Vec<&'static str>, memory: Vec<&'static str>) -> BoxedStrategy<Value> {
+    (prop::sample::select(cpu), prop::sample::select(memory))
+        .prop_map(|(cpu, memory)| {
+            let both = json!({"cpu": cpu, "memory": memory});
+            json!({"requests": both, "limits": both})
+        })
+        .boxed()
+}
+
+fn arb_guaranteed() -> BoxedStrategy<Value> {
+    let amounts = vec!["0", "1", "1000m", "2", "1Gi", "1024Mi"];
+    arb_guaranteed_of(amounts.clone(), amounts)
 }
 
 /// A pod of one to three containers and up to two init containers (sidecars or
@@ -610,13 +616,7 @@ fn arb_resource_pod() -> impl Strategy<Value = Value> {
     // Pod-level limits alone over Guaranteed containers: the apiserver fills the
     // pod's requests (and limits) from what the containers, sidecars counted
     // apart, add up to, and the class turns on the sum.
-    let (cpu, memory) = (vec!["500m", "1"], vec!["512Mi", "1Gi"]);
-    let small = (prop::sample::select(cpu), prop::sample::select(memory))
-        .prop_map(|(cpu, memory)| {
-            let both = json!({"cpu": cpu, "memory": memory});
-            json!({"requests": both, "limits": both})
-        })
-        .boxed();
+    let small = arb_guaranteed_of(vec!["500m", "1"], vec!["512Mi", "1Gi"]);
     let (cpu, memory) = (
         vec!["1", "1500m", "2", "3"],
         vec!["1Gi", "1536Mi", "2Gi", "3Gi"],
@@ -626,7 +626,7 @@ fn arb_resource_pod() -> impl Strategy<Value = Value> {
         .boxed();
     prop_oneof![
         2 => pod(arb_requirements().boxed(), half(arb_requirements().boxed())),
-        1 => pod(arb_guaranteed().boxed(), half(arb_guaranteed().boxed())),
+        1 => pod(arb_guaranteed(), half(arb_guaranteed())),
         1 => pod(small, limits_alone),
     ]
     .prop_map(|(containers, init, sidecars, pod_level)| {

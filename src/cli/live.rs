@@ -5,7 +5,7 @@
 //! gate (and behind which pod), or waiting for the scheduler (with the
 //! scheduler's last word).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -27,6 +27,7 @@ use crate::placement::interpod::{Bound, Neighbours};
 use crate::placement::rooms::{Rooms, node_rooms};
 use crate::placement::{
     Input, NamespaceIndex, NamespaceInfo, NodeIndex, NodeInfo, Requester, build_patch, decide,
+    namespace_index,
 };
 use crate::policy::compile::{Labels, PolicyCompiler};
 use crate::policy::{OptIn, PolicySet};
@@ -72,9 +73,8 @@ struct Scene {
     nodes: NodeIndex,
     /// The nodes with the room left on each, as the controller predicts fit.
     rooms: Rooms,
+    /// Each namespace, for opt-in and for pod affinity's `namespaceSelector`.
     namespaces: NamespaceIndex,
-    /// Each namespace's labels, for pod affinity's `namespaceSelector`.
-    namespace_labels: BTreeMap<String, Labels>,
     pods: Vec<PodObject>,
 }
 
@@ -113,9 +113,9 @@ impl Scene {
                 })
                 .collect(),
             namespace_labels: self
-                .namespace_labels
+                .namespaces
                 .iter()
-                .map(|(n, l)| (n.as_str(), l))
+                .map(|(n, ns)| (n.as_str(), &ns.labels))
                 .collect(),
         };
         explain(&input, title, &decision, patch.0.len(), Some(&neighbours))
@@ -230,17 +230,7 @@ async fn read_scene(client: &Client, namespace: &str) -> Result<Scene, String> {
         policies,
         nodes,
         rooms,
-        namespaces: namespaces
-            .iter()
-            .map(|ns| {
-                let info = NamespaceInfo::from_meta(&ns.metadata);
-                (info.name.clone(), std::sync::Arc::new(info))
-            })
-            .collect(),
-        namespace_labels: namespaces
-            .iter()
-            .filter_map(|ns| Some((ns.metadata.name.clone()?, ns.metadata.labels.clone()?)))
-            .collect(),
+        namespaces: namespace_index(namespaces.iter().map(|ns| &ns.metadata)),
         pods,
     })
 }

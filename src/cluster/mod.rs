@@ -40,7 +40,7 @@ use crate::objects::{
     DaemonSetObject, DeploymentObject, NamespaceMeta, NodeObject, PodObject, PolicyObject,
     StatefulSetObject, WorkloadObject,
 };
-use crate::placement::{NamespaceIndex, NamespaceInfo, NodeIndex};
+use crate::placement::{NamespaceIndex, NamespaceInfo, NodeIndex, namespace_index};
 use crate::policy::compile::{Compiled, PolicyCompiler};
 use crate::telemetry::Metrics;
 pub use groups::GroupState;
@@ -389,11 +389,7 @@ fn namespace_changes(
                 write(&published.namespaces, Arc::new(next));
             }
             Seen::Relisted => {
-                let index = store
-                    .state()
-                    .iter()
-                    .map(|ns| (ns.name_any(), info(ns)))
-                    .collect();
+                let index = namespace_index(store.state().iter().map(|ns| &ns.metadata));
                 write(&published.namespaces, Arc::new(index));
                 published.namespaces_synced.send_replace(true);
             }

@@ -145,6 +145,20 @@ pub type NodeIndex = imbl::OrdMap<String, std::sync::Arc<NodeInfo>>;
 /// [`NodeIndex`] is: a change costs O(log n), a reader's snapshot a pointer.
 pub type NamespaceIndex = imbl::OrdMap<String, std::sync::Arc<NamespaceInfo>>;
 
+/// The index of these namespaces, each read as decisions read it
+/// ([`NamespaceInfo::from_meta`]).
+pub fn namespace_index<'a>(
+    namespaces: impl IntoIterator<Item = &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+) -> NamespaceIndex {
+    namespaces
+        .into_iter()
+        .map(|meta| {
+            let info = NamespaceInfo::from_meta(meta);
+            (info.name.clone(), std::sync::Arc::new(info))
+        })
+        .collect()
+}
+
 /// The namespaces as the controller asks of them: each namespace's berth
 /// annotations are read once per change of the namespace (and kept in its
 /// [`NamespaceInfo`]), not on every pass. Annotations that do not parse opt the

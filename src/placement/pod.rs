@@ -480,18 +480,12 @@ impl PodView {
         let spec = &self.fields.spec;
         let own = &spec.resources;
         if own.requests.names_pod_level || own.limits.names_pod_level {
-            return same_or_burstable(
-                amounts_qos(self.pod_level("cpu")),
-                amounts_qos(self.pod_level("memory")),
-            );
+            return requirements_qos(|key| self.pod_level(key));
         }
         spec.init_containers
             .iter()
             .chain(&spec.containers)
-            .map(|c| {
-                let of = |key| amounts_qos((c.resources.request(key), c.resources.limit(key)));
-                same_or_burstable(of("cpu"), of("memory"))
-            })
+            .map(|c| requirements_qos(|key| (c.resources.request(key), c.resources.limit(key))))
             .reduce(same_or_burstable)
             .unwrap_or(QosClass::BestEffort)
     }
@@ -548,6 +542,13 @@ impl PodView {
             })
         })
     }
+}
+
+/// The QoS class of one container's (or a pod's own) requests and limits, given
+/// the request and limit of each resource, as Kubernetes' `requirementsQOS`: CPU
+/// and memory of different classes make it Burstable.
+fn requirements_qos(amounts: impl Fn(&str) -> (Option<f64>, Option<f64>)) -> QosClass {
+    same_or_burstable(amounts_qos(amounts("cpu")), amounts_qos(amounts("memory")))
 }
 
 /// The QoS class of one resource's request and limit, as Kubernetes'
