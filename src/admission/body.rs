@@ -81,10 +81,49 @@ impl BodyLimits {
         FREE.saturating_sub(length)
     }
 
-    /// One of the CPU slots for reading and deciding a large review, if one comes
-    /// free by `answer_by`.
-    pub async fn cpu_slot(&self, answer_by: Instant) -> Option<OwnedSemaphorePermit> {
-        tokio::time::timeout_at(answer_by, self.cpu.clone().acquire_owned())
+    /// The turn on a core in which a review of `length` bytes is read and decided,
+    /// if one comes free by `answer_by`: a small review's (read and decided at
+    /// once, on the async worker that received it) is always free; a large one
+    /// holds one of the CPU slots from its first walk to its decision.
+    ///
+    /// Holding the slot across the steps is what keeps a flood of large reviews
+    /// answering: with a slot taken per step, each review would wait behind every
+    /// later one's first step, and under more than the cores can do in time all of
+    /// them would miss their deadline half done. One turn each, they are decided in
+    /// the order they came, and those whose deadline passes in line are refused
+    /// before any of their work is done.
+    pub async fn cpu_turn(&self, length: usize, answer_by: Instant) -> Option<CpuTurn> {
+        let slot = if Self::is_small(length) {
+            None
+        } else {
+            let slot = self.cpu.clone().acquire_owned();
+            Some(tokio::time::timeout_at(answer_by, slot).await.ok()?.ok()?)
+        };
+        Some(CpuTurn { slot, answer_by })
+    }
+}
+
+/// A review's turn on a core: its CPU work runs in it, done by `answer_by`.
+#[derive(Debug)]
+pub struct CpuTurn {
+    /// The CPU slot a large review holds; none for a small one.
+    slot: Option<OwnedSemaphorePermit>,
+    answer_by: Instant,
+}
+
+impl CpuTurn {
+    /// Runs `work`, done by the turn's deadline or not at all. A small review's
+    /// work (under a millisecond) runs at once; a large review's would stall every
+    /// other request and `/healthz` with it on the async workers, so it runs on a
+    /// thread for blocking work.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        if self.slot.is_none() {
+            return Some(work());
+        }
+        tokio::time::timeout_at(self.answer_by, tokio::task::spawn_blocking(work))
             .await
             .ok()?
             .ok()
@@ -369,6 +408,29 @@ mod tests {
             started.elapsed(),
             Duration::from_millis(100),
             "it waits until then, not its budget_wait of 5 s"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_large_review_keeps_its_core_from_its_first_step_to_its_decision() {
+        let mut limits = BodyLimits::new(400_000, 0, Duration::from_secs(5));
+        limits.cpu = Arc::new(Semaphore::new(1));
+        let large = INLINE + 1;
+        let first = limits.cpu_turn(large, later()).await.expect("a free core");
+        assert_eq!(first.run(|| 1).await, Some(1), "its walk");
+        // A later review finds the core taken between the first one's steps, and
+        // waits until its own deadline, no longer.
+        let answer_by = Instant::now() + Duration::from_millis(100);
+        assert!(limits.cpu_turn(large, answer_by).await.is_none());
+        assert_eq!(Instant::now(), answer_by);
+        assert_eq!(first.run(|| 2).await, Some(2), "its decision");
+        // A small review is read and decided at once, whoever holds the cores.
+        let small = limits.cpu_turn(INLINE, later()).await.expect("no wait");
+        assert_eq!(small.run(|| 3).await, Some(3));
+        drop(first);
+        assert!(
+            limits.cpu_turn(large, later()).await.is_some(),
+            "the core is free"
         );
     }
 }

@@ -17,7 +17,7 @@ use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use super::body::{BodyLimits, Charge, ReadBody};
+use super::body::{BodyLimits, Charge, CpuTurn, ReadBody};
 use super::cost;
 use super::review::{self, AdmissionRequest, AdmissionResponse};
 use super::service::{self, Snapshot, Verdict};
@@ -250,49 +250,29 @@ fn unread(
     answer(response)
 }
 
-/// Runs a review's CPU work, done by `answer_by`. Reading and deciding a large
-/// review would stall every other request and `/healthz` with it on the async
-/// workers, so it runs on a thread for blocking work while it holds one of the
-/// CPU slots; the work of a small one (under a millisecond) runs at once.
-async fn on_cpu<T: Send + 'static>(
-    limits: &BodyLimits,
-    small: bool,
-    answer_by: Instant,
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Option<T> {
-    if small {
-        return Some(work());
-    }
-    let _slot = limits.cpu_slot(answer_by).await?;
-    tokio::time::timeout_at(answer_by, tokio::task::spawn_blocking(work))
-        .await
-        .ok()?
-        .ok()
-}
-
-/// A review's body, not read yet: whether it is small (read at once rather than
-/// on a CPU slot), and why the quick read gave up on it, if it tried.
+/// A review's body, not read yet, and why the quick read gave up on it, if it
+/// tried.
 struct Unread<'b> {
     body: &'b Bytes,
-    small: bool,
     tried: Option<review::GaveUp>,
 }
 
 /// Reads a review once what reading it costs is charged to the budget: the walk
-/// ([`cost::parse_cost`]) finds the cost without allocating. The answer when it
-/// cannot be read by `answer_by` or within the budget.
+/// ([`cost::parse_cost`]) finds the cost without allocating. Both run in the
+/// review's `turn`. The answer when it cannot be read by `answer_by` or within the
+/// budget.
 async fn read_charged(
     state: &AppState,
     path: &str,
     started: std::time::Instant,
-    Unread { body, small, tried }: Unread<'_>,
+    Unread { body, tried }: Unread<'_>,
+    turn: &CpuTurn,
     held: &mut Option<OwnedSemaphorePermit>,
     answer_by: Instant,
 ) -> Result<Result<AdmissionRequest, String>, Response> {
     let limits = &state.limits;
     let scanned = body.clone();
-    let Some(cost) = on_cpu(limits, small, answer_by, move || cost::parse_cost(&scanned)).await
-    else {
+    let Some(cost) = turn.run(move || cost::parse_cost(&scanned)).await else {
         return Err(late(state, path, started, body));
     };
     match limits
@@ -313,11 +293,9 @@ async fn read_charged(
         }
     }
     let read = body.clone();
-    on_cpu(limits, small, answer_by, move || {
-        review::parse_after(&read, tried)
-    })
-    .await
-    .ok_or_else(|| late(state, path, started, body))
+    turn.run(move || review::parse_after(&read, tried))
+        .await
+        .ok_or_else(|| late(state, path, started, body))
 }
 
 /// Reads, decides and answers one review by `answer_by`. A decision is linear in
@@ -349,6 +327,9 @@ async fn admit(
         }
     };
     let small = BodyLimits::is_small(body.len());
+    let Some(turn) = limits.cpu_turn(body.len(), answer_by).await else {
+        return late(state, path, started, &body);
+    };
     // A small review is read at once, what it builds counted as it reads: one that
     // builds no more than takes nothing from the budget needs no walk. Any other
     // (costlier, larger, or not read in one pass) is costed first, and read once
@@ -359,10 +340,10 @@ async fn admit(
         tried => {
             let unread = Unread {
                 body: &body,
-                small,
                 tried: tried.and_then(Result::err),
             };
-            match read_charged(state, path, started, unread, &mut held, answer_by).await {
+            let charged = read_charged(state, path, started, unread, &turn, &mut held, answer_by);
+            match charged.await {
                 Ok(parsed) => parsed,
                 Err(refused) => return refused,
             }
@@ -399,7 +380,7 @@ async fn admit(
     let groups = state.view.groups();
     let berth_user = state.berth_user.clone();
     let uid = request.uid.clone();
-    let deciding = on_cpu(limits, small, answer_by, move || {
+    let deciding = turn.run(move || {
         let snapshot = Snapshot {
             policies: &policies,
             namespace: &namespace,
@@ -420,7 +401,7 @@ async fn admit(
         observe(state, path, "deadline", started);
         return answer(response);
     };
-    drop(held);
+    drop((held, turn));
     response.warnings.splice(0..0, warnings);
     record(state, path, &response, &verdict, started);
     answer(response)
