@@ -655,11 +655,11 @@ fn arb_resource_pod() -> impl Strategy<Value = Value> {
     })
 }
 
-/// The QoS class orders a queue (`qosTieBreak`): berth's reading of it is
-/// Kubernetes' own `ComputePodQOS` on generated requests and limits, container
-/// and pod level, sidecars among the init containers, of every pod the apiserver
-/// accepts: the class the apiserver records at create, after it has filled in
-/// the pod-level resources the webhook never sees filled.
+/// The QoS class orders a queue (`qosTieBreak`): berth's reading of it is the
+/// class Kubernetes' pod registry records at create (`PrepareForCreate`, after it
+/// has filled in the pod-level resources the webhook never sees filled), on
+/// generated requests and limits, container and pod level, sidecars among the
+/// init containers, of every pod the apiserver accepts.
 #[test]
 fn berth_reads_the_qos_class_kubernetes_computes() {
     let mut oracle = Oracle::start();

@@ -18,7 +18,7 @@ pub struct PodAnswer {
     pub fits: Vec<bool>,
     pub why: Vec<String>,
     pub scores: Option<Vec<i64>>,
-    /// The QoS class the apiserver computes for the pod as stored
+    /// The QoS class the pod registry records in the pod's status at create
     /// (`Guaranteed`, `Burstable`, `BestEffort`); empty when it cannot be decoded.
     pub qos: String,
 }

@@ -7,14 +7,13 @@ import (
 	"github.com/go-logr/logr"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
-	podutil "k8s.io/kubernetes/pkg/api/pod"
 	api "k8s.io/kubernetes/pkg/apis/core"
 	_ "k8s.io/kubernetes/pkg/apis/core/install" // core/v1 defaults and conversions in legacyscheme
-	"k8s.io/kubernetes/pkg/apis/core/v1/helper/qos"
-	corevalidation "k8s.io/kubernetes/pkg/apis/core/validation"
+	podregistry "k8s.io/kubernetes/pkg/registry/core/pod"
 )
 
 // podAnswer is what Kubernetes' code says of one pod.
@@ -22,7 +21,8 @@ type podAnswer struct {
 	// Valid: the apiserver would accept this pod at CREATE (after defaulting).
 	Valid  bool     `json:"valid"`
 	Errors []string `json:"errors"`
-	// Stored: the pod as the apiserver stores and serves it (defaults applied, empty
+	// Stored: the pod as the apiserver stores and serves it (defaults and the pod
+	// registry's create steps applied, its status the registry's first; empty
 	// lists and unknown fields dropped); null when it cannot be decoded.
 	Stored json.RawMessage `json:"stored"`
 	// Fits: per node, whether the pod may run there (whatever Valid says).
@@ -33,9 +33,9 @@ type podAnswer struct {
 	// weights of the preferred terms that match); null when a preferred term does
 	// not parse (kube-scheduler then fails the pod's scoring).
 	Scores []int64 `json:"scores"`
-	// QOS: the pod's QoS class as the apiserver records it in status.qosClass
-	// (ComputePodQOS, with the feature gates of this version, of the pod with its
-	// pod-level resources defaulted as at create); "" when it cannot be decoded.
+	// QOS: the pod's QoS class as the pod registry records it in status.qosClass
+	// at create (with the feature gates of this version); "" when it cannot be
+	// decoded.
 	QOS string `json:"qos"`
 }
 
@@ -60,9 +60,9 @@ func evaluate(rawPods, rawNodes []json.RawMessage) evaluateAnswer {
 }
 
 // evaluatePod decodes the pod as the apiserver decodes a request body (into the
-// internal type, with the v1 defaults), validates it as the pod registry does at
-// CREATE, encodes it back as v1 (what is stored and served, and what a webhook
-// reinvoked sees), and judges that pod against each node.
+// internal type, with the v1 defaults), prepares and validates it as the pod
+// registry does at CREATE, encodes it back as v1 (what is stored and served, and
+// what a webhook reinvoked sees), and judges that pod against each node.
 func evaluatePod(raw json.RawMessage, nodes []*v1.Node) podAnswer {
 	answer := podAnswer{Errors: []string{}}
 	decoded, _, err := legacyscheme.Codecs.UniversalDecoder(api.SchemeGroupVersion).Decode(raw, nil, nil)
@@ -83,16 +83,18 @@ func evaluatePod(raw json.RawMessage, nodes []*v1.Node) podAnswer {
 			answer.Why = make([]string, len(nodes))
 			return answer
 		}
-		// The pod registry's create step (PrepareForCreate) fills pod-level
-		// requests and limits from the containers' after admission, before it
-		// validates and records the QoS class.
-		podutil.DefaultPodLevelResources(internal)
-		opts := podutil.GetValidationOptionsFromPodSpecAndMeta(&internal.Spec, nil, &internal.ObjectMeta, nil)
-		opts.ResourceIsPod = true
-		for _, e := range corevalidation.ValidatePodCreate(internal, opts) {
+		// The pod registry's own create steps, after admission: PrepareForCreate
+		// (fields of disabled features dropped, the SchedulingGated condition,
+		// matchLabelKeys merged into pod-affinity selectors, pod-level requests
+		// and limits filled from the containers', the QoS class recorded), then
+		// its validation.
+		ctx := genericapirequest.NewDefaultContext()
+		podregistry.Strategy.PrepareForCreate(ctx, internal)
+		for _, e := range podregistry.Strategy.Validate(ctx, internal) {
 			answer.Errors = append(answer.Errors, e.Error())
 		}
 		answer.Valid = len(answer.Errors) == 0
+		answer.QOS = string(internal.Status.QOSClass)
 		stored, err := runtime.Encode(legacyscheme.Codecs.LegacyCodec(v1.SchemeGroupVersion), internal)
 		if err != nil {
 			answer.Errors = append(answer.Errors, "encode: "+err.Error())
@@ -102,8 +104,6 @@ func evaluatePod(raw json.RawMessage, nodes []*v1.Node) podAnswer {
 			if err := json.Unmarshal(stored, pod); err != nil {
 				answer.Errors = append(answer.Errors, "re-read: "+err.Error())
 				answer.Valid = false
-			} else {
-				answer.QOS = string(qos.ComputePodQOS(pod))
 			}
 		}
 	}
