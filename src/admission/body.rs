@@ -92,37 +92,53 @@ impl BodyLimits {
     /// them would miss their deadline half done. One turn each, they are decided in
     /// the order they came, and those whose deadline passes in line are refused
     /// before any of their work is done.
+    ///
+    /// A review charges what reading it costs in its turn ([`BodyLimits::charge`]),
+    /// and may wait there for the budget with its core idle. It keeps the core: no
+    /// review is charged outside a turn, so the budget it waits for is freed only by
+    /// another turn's end or by a queued body given up, and the reviews in line
+    /// could do no more than their own cost walk before they too waited for it.
     pub async fn cpu_turn(&self, length: usize, answer_by: Instant) -> Option<CpuTurn> {
         let slot = if Self::is_small(length) {
             None
         } else {
             let slot = self.cpu.clone().acquire_owned();
-            Some(tokio::time::timeout_at(answer_by, slot).await.ok()?.ok()?)
+            Some(Arc::new(
+                tokio::time::timeout_at(answer_by, slot).await.ok()?.ok()?,
+            ))
         };
         Some(CpuTurn { slot, answer_by })
     }
 }
 
-/// A review's turn on a core: its CPU work runs in it, done by `answer_by`.
+/// A review's turn on a core: its CPU work runs in it, answered by `answer_by`.
 #[derive(Debug)]
 pub struct CpuTurn {
-    /// The CPU slot a large review holds; none for a small one.
-    slot: Option<OwnedSemaphorePermit>,
+    /// The CPU slot a large review holds; none for a small one. Shared with the
+    /// work running in the turn, so that the slot is free again only once the
+    /// review is answered and its work has ended.
+    slot: Option<Arc<OwnedSemaphorePermit>>,
     answer_by: Instant,
 }
 
 impl CpuTurn {
-    /// Runs `work`, done by the turn's deadline or not at all. A small review's
+    /// Runs `work`; its result if it ends by the turn's deadline. A small review's
     /// work (under a millisecond) runs at once; a large review's would stall every
     /// other request and `/healthz` with it on the async workers, so it runs on a
-    /// thread for blocking work.
+    /// thread for blocking work. Work that overruns the deadline is not waited
+    /// for, but it keeps the core until it ends: a flood of reviews refused late
+    /// never has more of them at work than there are cores.
     pub async fn run<T: Send + 'static>(
         &self,
         work: impl FnOnce() -> T + Send + 'static,
     ) -> Option<T> {
-        if self.slot.is_none() {
+        let Some(slot) = self.slot.clone() else {
             return Some(work());
-        }
+        };
+        let work = move || {
+            let _slot = slot;
+            work()
+        };
         tokio::time::timeout_at(self.answer_by, tokio::task::spawn_blocking(work))
             .await
             .ok()?
@@ -432,5 +448,27 @@ mod tests {
             limits.cpu_turn(large, later()).await.is_some(),
             "the core is free"
         );
+    }
+
+    #[tokio::test]
+    async fn work_that_overruns_its_deadline_keeps_its_core_until_it_ends() {
+        let mut limits = BodyLimits::new(400_000, 0, Duration::from_secs(5));
+        limits.cpu = Arc::new(Semaphore::new(1));
+        let answer_by = Instant::now() + Duration::from_millis(20);
+        let turn = limits
+            .cpu_turn(INLINE + 1, answer_by)
+            .await
+            .expect("a core");
+        let (finish, finished) = std::sync::mpsc::channel::<()>();
+        let overrun = turn.run(move || finished.recv().is_ok()).await;
+        assert_eq!(
+            overrun, None,
+            "the review is not kept waiting past its deadline"
+        );
+        drop(turn);
+        assert_eq!(limits.cpu.available_permits(), 0, "its work still runs");
+        finish.send(()).unwrap();
+        let next = limits.cpu_turn(INLINE + 1, later()).await;
+        assert!(next.is_some(), "the core is free once the work has ended");
     }
 }

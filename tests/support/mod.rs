@@ -427,7 +427,8 @@ impl Berth {
             let cluster = TestCluster::shared_with(nodes, up_args);
             let dir = cluster.dir.to_string_lossy().into_owned();
             // The test binary was built with the same sources: use its berth, unless
-            // BERTH_BIN names another (a bench of an earlier release).
+            // BERTH_BIN names another (the static release build, in `make test`; a
+            // bench's earlier release).
             let bin = std::env::var("BERTH_BIN")
                 .unwrap_or_else(|_| env!("CARGO_BIN_EXE_berth").to_owned());
             let output = Command::new(repo_root().join("tests/cluster/berth-up"))

@@ -61,8 +61,10 @@ func evaluate(rawPods, rawNodes []json.RawMessage) evaluateAnswer {
 
 // evaluatePod decodes the pod as the apiserver decodes a request body (into the
 // internal type, with the v1 defaults), prepares and validates it as the pod
-// registry does at CREATE, encodes it back as v1 (what is stored and served, and
-// what a webhook reinvoked sees), and judges that pod against each node.
+// registry does at CREATE, after admission, encodes it back as v1 (what is stored
+// and served: what the controller reads, and what a webhook sees of the pod when
+// it is next updated or re-created from it), and judges that pod against each
+// node.
 func evaluatePod(raw json.RawMessage, nodes []*v1.Node) podAnswer {
 	answer := podAnswer{Errors: []string{}}
 	decoded, _, err := legacyscheme.Codecs.UniversalDecoder(api.SchemeGroupVersion).Decode(raw, nil, nil)
@@ -84,10 +86,12 @@ func evaluatePod(raw json.RawMessage, nodes []*v1.Node) podAnswer {
 			return answer
 		}
 		// The pod registry's own create steps, after admission: PrepareForCreate
-		// (fields of disabled features dropped, the SchedulingGated condition,
-		// matchLabelKeys merged into pod-affinity selectors, pod-level requests
-		// and limits filled from the containers', the QoS class recorded), then
-		// its validation.
+		// (generation 1 and a fresh status, fields of disabled features dropped,
+		// the SchedulingGated condition, matchLabelKeys merged into pod-affinity
+		// selectors and topology spread, the AppArmor version skew, pod-level
+		// requests and limits filled from the containers', the QoS class
+		// recorded), then its validation (ValidatePodCreate; the declarative
+		// validation rest.ValidateCreate adds is not run).
 		ctx := genericapirequest.NewDefaultContext()
 		podregistry.Strategy.PrepareForCreate(ctx, internal)
 		for _, e := range podregistry.Strategy.Validate(ctx, internal) {
