@@ -130,8 +130,8 @@ pub fn daemonset_grants(
     decision
 }
 
-/// A DaemonSet's pod template, as a pod, raw and read.
-fn template_pod(daemonset: &Value) -> Option<(Value, PodView)> {
+/// A DaemonSet's pod template, read as a pod.
+fn template_pod(daemonset: &Value) -> Option<PodView> {
     let template = daemonset.pointer("/spec/template")?;
     let pod = serde_json::json!({
         "apiVersion": "v1",
@@ -139,8 +139,7 @@ fn template_pod(daemonset: &Value) -> Option<(Value, PodView)> {
         "metadata": template.get("metadata").cloned().unwrap_or_else(|| serde_json::json!({})),
         "spec": template.get("spec").cloned().unwrap_or_else(|| serde_json::json!({})),
     });
-    let view = PodView::read(&pod).ok()?;
-    Some((pod, view))
+    PodView::read(&pod).ok()
 }
 
 /// What a DaemonSet's template should carry: the tolerations of the pools that take
@@ -178,11 +177,11 @@ fn template_grants(
 /// tolerates the node's taints and its node affinity admits the node, so pools are
 /// opened and closed to a DaemonSet here, not on its pods.
 pub fn template_patch(daemonset: &Value, policies: &PolicySet, namespace: &NamespaceInfo) -> Patch {
-    let Some((pod, view)) = template_pod(daemonset) else {
+    let Some(view) = template_pod(daemonset) else {
         return Patch(Vec::new());
     };
     let (grants, _, _) = template_grants(&view, policies, namespace);
-    let mut patch = super::patch::build_patch(&pod, &grants);
+    let mut patch = super::patch::build_patch(&view, &grants);
     // A template's annotations are the user's: leave them alone.
     patch
         .0
@@ -200,7 +199,7 @@ pub fn template_drift(
     policies: &PolicySet,
     namespace: &NamespaceInfo,
 ) -> Option<Patch> {
-    let (_, view) = template_pod(daemonset)?;
+    let view = template_pod(daemonset)?;
     let (_, allowed, excluded) = template_grants(&view, policies, namespace);
     let in_force = |name: &str| policies.get(name).is_some();
     // The pools in force whose taint one of berth's tolerations tolerates, read as

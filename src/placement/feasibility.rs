@@ -17,7 +17,7 @@ use super::selection::{
     term_parses, tolerates,
 };
 use super::warning::bounded;
-use super::{Input, NodeIndex, NodeInfo};
+use super::{NodeIndex, NodeInfo};
 use crate::names::{POOL_LABEL, POOL_TAINT};
 use crate::policy::{CompiledPolicy, PolicySet};
 
@@ -223,7 +223,7 @@ pub fn describe_requirement(r: &NodeSelectorRequirement) -> String {
 
 /// Warnings for pools whose nodes the pod's own constraints rule out.
 pub fn pool_warnings(
-    input: &Input,
+    policies: &PolicySet,
     pod: &PodView,
     grants: &Grants,
     nodes: &NodeIndex,
@@ -241,7 +241,7 @@ pub fn pool_warnings(
     let named: Option<Vec<&String>> = pools
         .iter()
         .map(|name| {
-            let pool = input.policies.get(name)?.spec.pool.as_ref()?;
+            let pool = policies.get(name)?.spec.pool.as_ref()?;
             pool.node_selector
                 .is_none()
                 .then_some(pool.node_names.iter())
@@ -259,7 +259,7 @@ pub fn pool_warnings(
     };
     let mut pool_nodes = candidates
         .filter_map(|(name, node)| {
-            let owner = input.policies.pool_of_node(name, Some(&node.labels))?;
+            let owner = policies.pool_of_node(name, Some(&node.labels))?;
             pools
                 .contains(&owner.name)
                 .then(|| (name, with_pool_of(node, Some(owner))))

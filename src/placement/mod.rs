@@ -28,6 +28,7 @@ pub mod scheduler;
 pub mod selection;
 pub mod warning;
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
@@ -183,11 +184,12 @@ impl crate::policy::OptIn for NamespaceIndex {
     }
 }
 
-/// Everything one decision looks at.
-#[derive(Debug, Clone, Copy)]
-pub struct Input<'a> {
-    /// The pod as admitted, raw.
-    pub pod: &'a Value,
+/// Everything one decision looks at. The pod is JSON (`berth explain`, tests) or
+/// berth's view of it as read from an AdmissionReview ([`PodView`]).
+#[derive(Debug)]
+pub struct Input<'a, P: ?Sized = Value> {
+    /// The pod as admitted.
+    pub pod: &'a P,
     pub namespace: &'a NamespaceInfo,
     pub policies: &'a PolicySet,
     /// Known nodes, when there are any (the webhook's cache, `explain --nodes`).
@@ -196,6 +198,31 @@ pub struct Input<'a> {
     pub requester: Requester,
     /// How the cluster enforces gangs, and its default PriorityClass.
     pub groups: groups::GroupContext<'a>,
+}
+
+impl<P: ?Sized> Clone for Input<'_, P> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<P: ?Sized> Copy for Input<'_, P> {}
+
+/// A pod as berth decides on it: its [`PodView`], or why it cannot be read.
+pub trait PodSource {
+    fn view(&self) -> Result<Cow<'_, PodView>, String>;
+}
+
+impl PodSource for Value {
+    fn view(&self) -> Result<Cow<'_, PodView>, String> {
+        PodView::read(self).map(Cow::Owned)
+    }
+}
+
+impl PodSource for PodView {
+    fn view(&self) -> Result<Cow<'_, PodView>, String> {
+        Ok(Cow::Borrowed(self))
+    }
 }
 
 /// A policy that applies to the pod, and why.
@@ -238,8 +265,8 @@ pub struct Decision {
 }
 
 /// Decides what happens to one pod. Never panics, whatever the JSON.
-pub fn decide(input: &Input) -> Decision {
-    let pod = match PodView::read(input.pod) {
+pub fn decide<P: PodSource + ?Sized>(input: &Input<'_, P>) -> Decision {
+    let pod = match input.pod.view() {
         Ok(pod) => pod,
         Err(reason) => {
             return Decision {
@@ -249,6 +276,7 @@ pub fn decide(input: &Input) -> Decision {
             };
         }
     };
+    let pod = pod.as_ref();
     let mut decision = Decision::default();
     let config = match input.namespace.config() {
         Ok(config) => Some(config),
@@ -337,7 +365,7 @@ pub fn decide(input: &Input) -> Decision {
     if let Some(nodes) = input.nodes {
         decision
             .warnings
-            .extend(feasibility::pool_warnings(input, &pod, &grants, nodes));
+            .extend(feasibility::pool_warnings(input.policies, pod, &grants, nodes));
     }
     decision.warnings.extend(coscheduling::conflict_warning(
         &pod,

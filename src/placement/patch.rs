@@ -1,8 +1,9 @@
 //! The JSON Patch that turns the pod as admitted into the pod berth wants.
 //!
-//! Patches are computed against the **raw JSON**, never by re-serialising typed
-//! objects, and consist of targeted operations: fields unknown to the compiled
-//! Kubernetes types survive untouched. Parents are created before children.
+//! Patches are targeted operations computed from berth's view of the pod as sent
+//! ([`PodView`]: which objects and lists it has, and what they hold), never the
+//! pod re-serialised: fields unknown to the compiled Kubernetes types survive
+//! untouched. Parents are created before children.
 //!
 //! Merge rules (SPEC "Merge, never clobber"):
 //! - berth's required node requirements are ANDed into *every* existing
@@ -33,15 +34,14 @@ use serde_json::{Value, json};
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PreferredSchedulingTerm, Toleration};
 
 use super::canonical::{
-    PreferredKey, RequirementKey, TolerationKey, key_of_json, preferred_key, requirement_key,
-    toleration_key,
+    PreferredKey, RequirementKey, TolerationKey, preferred_key, requirement_key, toleration_key,
 };
 use super::grants::{Grants, QueuePriority};
-use super::pod::is_empty_term;
+use super::PodSource;
+use super::pod::{Part, PodView};
+use super::selection::is_empty_term;
 use crate::names::{APPLIED_ANNOTATION, POOL_TAINT, is_berth_gate, is_owned_node_key};
 
-const NODE_AFFINITY: [&str; 3] = ["spec", "affinity", "nodeAffinity"];
-const REQUIRED: &str = "requiredDuringSchedulingIgnoredDuringExecution";
 const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
 
 /// What berth wants in a list: each item's key (what it means to Kubernetes) and
@@ -57,11 +57,14 @@ fn wanted<T: serde::Serialize, K>(items: &[T], key: impl Fn(&T) -> K) -> Wanted<
         .collect()
 }
 
-/// The operations that apply `grants` to the pod `raw`; empty when the pod already
-/// is what berth wants.
-pub fn build_patch(raw: &Value, grants: &Grants) -> Patch {
+/// The operations that apply `grants` to `pod`; empty when the pod already is
+/// what berth wants, or cannot be read (berth then refuses it).
+pub fn build_patch<P: PodSource + ?Sized>(pod: &P, grants: &Grants) -> Patch {
+    let Ok(pod) = pod.view() else {
+        return Patch(Vec::new());
+    };
     let mut builder = Builder {
-        raw,
+        pod: &pod,
         ops: Vec::new(),
         created: Vec::new(),
     };
@@ -92,11 +95,10 @@ pub fn build_patch(raw: &Value, grants: &Grants) -> Patch {
 }
 
 struct Builder<'a> {
-    raw: &'a Value,
+    pod: &'a PodView,
     ops: Vec<PatchOperation>,
-    /// Objects this patch creates, so each parent is added once (a handful of
-    /// short paths at most: a list searched beats a set of copies).
-    created: Vec<Vec<&'static str>>,
+    /// Objects this patch creates, so each is added once.
+    created: Vec<Part>,
 }
 
 fn pointer(tokens: &[&str]) -> PointerBuf {
@@ -134,43 +136,24 @@ pub fn test(tokens: &[&str], value: Value) -> PatchOperation {
     })
 }
 
-fn lookup<'v>(raw: &'v Value, tokens: &[&str]) -> Option<&'v Value> {
-    tokens.iter().try_fold(raw, |v, t| match v {
-        Value::Object(map) => map.get(*t),
-        Value::Array(items) => items.get(t.parse::<usize>().ok()?),
-        _ => None,
-    })
+fn is_owned_toleration(t: &Toleration) -> bool {
+    t.key.as_deref() == Some(POOL_TAINT)
 }
 
-fn is_owned_toleration(t: &Value) -> bool {
-    t.get("key").and_then(Value::as_str) == Some(POOL_TAINT)
-}
-
-fn has_owned_key(expressions: Option<&Value>) -> bool {
-    expressions
-        .and_then(Value::as_array)
-        .is_some_and(|e| e.iter().any(is_owned_expression))
-}
-
-fn is_owned_expression(e: &Value) -> bool {
-    e.get("key")
-        .and_then(Value::as_str)
-        .is_some_and(is_owned_node_key)
-}
-
-fn is_owned_preferred(term: &Value) -> bool {
-    has_owned_key(term.pointer("/preference/matchExpressions"))
+fn is_owned_preferred(term: &PreferredSchedulingTerm) -> bool {
+    let expressions = term.preference.match_expressions.iter().flatten();
+    expressions.into_iter().any(|e| is_owned_node_key(&e.key))
 }
 
 /// For a list where berth owns some items: the indices to remove (owned and no
 /// longer wanted, or repeated) in descending order, and the wanted items missing.
 /// Items are compared by `key` (an item without one equals nothing), so the cost
 /// grows with the list's length times its logarithm, whatever a pod brings.
-fn reconcile_list<K: Ord>(
-    current: &[Value],
+fn reconcile_list<T, K: Ord>(
+    current: &[T],
     wanted: Wanted<K>,
-    key: impl Fn(&Value) -> Option<K>,
-    owned: impl Fn(&Value) -> bool,
+    key: impl Fn(&T) -> Option<K>,
+    owned: impl Fn(&T) -> bool,
 ) -> (Vec<usize>, Vec<Value>) {
     let wanted_keys: BTreeSet<&K> = wanted.iter().map(|(k, _)| k).collect();
     let mut kept: BTreeSet<K> = BTreeSet::new();
@@ -196,18 +179,6 @@ fn reconcile_list<K: Ord>(
     (remove, missing)
 }
 
-fn toleration_of(item: &Value) -> Option<super::canonical::TolerationKey> {
-    key_of_json::<Toleration, _>(item, toleration_key)
-}
-
-fn requirement_of(item: &Value) -> Option<super::canonical::RequirementKey> {
-    key_of_json::<NodeSelectorRequirement, _>(item, requirement_key)
-}
-
-fn preferred_of(item: &Value) -> Option<super::canonical::PreferredKey> {
-    key_of_json::<PreferredSchedulingTerm, _>(item, preferred_key)
-}
-
 impl Builder<'_> {
     fn add(&mut self, tokens: &[&str], value: Value) {
         self.ops.push(add(tokens, value));
@@ -217,59 +188,58 @@ impl Builder<'_> {
         self.ops.push(remove(tokens));
     }
 
-    /// Makes sure the object at `tokens` and its parents exist, creating the
-    /// missing ones (a `null` counts as missing) from the top down.
-    fn ensure_object(&mut self, tokens: &[&'static str]) {
-        let mut at = Some(self.raw);
-        for depth in 1..=tokens.len() {
-            at = at.and_then(|value| value.get(tokens[depth - 1]));
-            if at.is_some_and(Value::is_object) {
-                continue;
-            }
-            let path = &tokens[..depth];
-            if !self.created.iter().any(|created| created == path) {
-                self.created.push(path.to_vec());
-                self.add(path, json!({}));
-            }
+    /// Makes sure `part` and its parents exist, creating the missing ones (a
+    /// `null` counts as missing) from the top down.
+    fn ensure_object(&mut self, part: Part) {
+        if self.pod.has(part) || self.created.contains(&part) {
+            return;
         }
+        if let Some(parent) = part.parent() {
+            self.ensure_object(parent);
+        }
+        self.created.push(part);
+        self.add(part.path(), json!({}));
     }
 
-    /// Adds the list at `path` when the pod has none, else reconciles it with the
-    /// pod's ([`reconcile_list`]): berth's items it no longer wants go, and the
-    /// wanted ones it lacks are appended.
-    fn list<K: Ord>(
+    /// Adds the list `name` of `parent` when the pod has none (`current`), else
+    /// reconciles it with the pod's ([`reconcile_list`]): berth's items it no
+    /// longer wants go, and the wanted ones it lacks are appended.
+    fn list<T, K: Ord>(
         &mut self,
-        path: &[&'static str],
+        (parent, name): (Part, &str),
+        current: Option<&[T]>,
         wanted: Wanted<K>,
-        key: impl Fn(&Value) -> Option<K>,
-        owned: impl Fn(&Value) -> bool,
+        key: impl Fn(&T) -> Option<K>,
+        owned: impl Fn(&T) -> bool,
     ) {
-        let Some(current) = lookup(self.raw, path).and_then(Value::as_array) else {
+        let path = [parent.path(), &[name]].concat();
+        let Some(current) = current else {
             if !wanted.is_empty() {
-                self.ensure_object(&path[..path.len() - 1]);
+                self.ensure_object(parent);
                 let items = wanted.into_iter().map(|(_, item)| item).collect();
-                self.add(path, Value::Array(items));
+                self.add(&path, Value::Array(items));
             }
             return;
         };
         let (remove, missing) = reconcile_list(current, wanted, key, owned);
         for i in remove {
-            self.remove(&[path, &[i.to_string().as_str()]].concat());
+            self.remove(&[&path[..], &[i.to_string().as_str()]].concat());
         }
-        let end = [path, &["-"]].concat();
+        let end = [&path[..], &["-"]].concat();
         for item in missing {
             self.add(&end, item);
         }
     }
 
     fn tolerations(&mut self, wanted: Wanted<TolerationKey>) {
-        let path = ["spec", "tolerations"];
-        self.list(&path, wanted, toleration_of, is_owned_toleration);
+        let key = |t: &Toleration| Some(toleration_key(t));
+        let current = self.pod.toleration_list();
+        self.list((Part::Spec, "tolerations"), current, wanted, key, is_owned_toleration);
     }
 
     /// A held pod that named its node loses the name ([`Grants::pinned_to`]).
     fn pinned(&mut self, node: Option<&str>) {
-        if node.is_some() && lookup(self.raw, &["spec", "nodeName"]).is_some() {
+        if node.is_some() && self.pod.has_node_name() {
             self.remove(&["spec", "nodeName"]);
         }
     }
@@ -277,12 +247,12 @@ impl Builder<'_> {
     /// berth's required expressions (and the pin, a field requirement) ANDed into
     /// every term that matches something.
     fn required(&mut self, wanted: &Wanted<RequirementKey>, pin: &Wanted<RequirementKey>) {
-        let required = [&NODE_AFFINITY[..], &[REQUIRED]].concat();
-        let terms_path = [&required[..], &["nodeSelectorTerms"]].concat();
+        let required = Part::RequiredNodeAffinity;
+        let terms_path = [required.path(), &["nodeSelectorTerms"]].concat();
         // Only a pod without required node affinity (absent or `null`) gets a term
         // of its own. A `required` object with no terms matches no node, and the
         // apiserver refuses it: berth leaves it so rather than make it match.
-        if !lookup(self.raw, &required).is_some_and(Value::is_object) {
+        if !self.pod.has(required) {
             let mut term = serde_json::Map::new();
             let values = |list: &Wanted<RequirementKey>| {
                 Value::Array(list.iter().map(|(_, item)| item.clone()).collect())
@@ -294,13 +264,13 @@ impl Builder<'_> {
                 term.insert("matchFields".into(), values(pin));
             }
             if !term.is_empty() {
-                self.ensure_object(&required);
+                self.ensure_object(required);
                 // Moved in, not through `json!`, which would copy it value by value.
                 self.add(&terms_path, Value::Array(vec![Value::Object(term)]));
             }
             return;
         }
-        let Some(terms) = lookup(self.raw, &terms_path).and_then(Value::as_array) else {
+        let Some(terms) = self.pod.required_term_list() else {
             return;
         };
         for (t, term) in terms.iter().enumerate() {
@@ -309,26 +279,27 @@ impl Builder<'_> {
                 continue;
             }
             let index = t.to_string();
-            self.add_missing(&terms_path, &index, term, "matchExpressions", wanted);
-            self.add_missing(&terms_path, &index, term, "matchFields", pin);
+            let term_path = [&terms_path[..], &[index.as_str()]].concat();
+            let expressions = term.match_expressions.as_deref();
+            self.add_missing(&term_path, "matchExpressions", expressions, wanted);
+            self.add_missing(&term_path, "matchFields", term.match_fields.as_deref(), pin);
         }
     }
 
-    /// Adds to the list `key` of term `index` the `wanted` requirements it lacks.
+    /// Adds to the list `key` of the term at `term` the `wanted` requirements it
+    /// lacks (`current`, `None` when the term has no such list).
     fn add_missing(
         &mut self,
-        terms: &[&str],
-        index: &str,
-        term: &Value,
+        term: &[&str],
         key: &str,
+        current: Option<&[NodeSelectorRequirement]>,
         wanted: &[(RequirementKey, Value)],
     ) {
-        let path = [terms, &[index], &[key]].concat();
-        let current = term.get(key).and_then(Value::as_array);
+        let path = [term, &[key]].concat();
         let mut present: BTreeSet<_> = current
             .into_iter()
             .flatten()
-            .filter_map(requirement_of)
+            .map(requirement_key)
             .collect();
         let missing: Vec<Value> = wanted
             .iter()
@@ -347,33 +318,30 @@ impl Builder<'_> {
     }
 
     fn preferred(&mut self, wanted: Wanted<PreferredKey>) {
-        let path = [&NODE_AFFINITY[..], &[PREFERRED]].concat();
-        self.list(&path, wanted, preferred_of, is_owned_preferred);
+        let key = |t: &PreferredSchedulingTerm| Some(preferred_key(t));
+        let current = self.pod.preferred_list();
+        let list = (Part::NodeAffinity, PREFERRED);
+        self.list(list, current, wanted, key, is_owned_preferred);
     }
 
     /// Scheduling gates can only be added at CREATE, which is when berth mutates.
     /// Every `berth.io/` gate is berth's: one the pod brings itself is removed.
     fn scheduling_gates(&mut self, wanted: Wanted<String>) {
-        let path = ["spec", "schedulingGates"];
-        let owned = |g: &Value| {
-            g.get("name")
-                .and_then(Value::as_str)
-                .is_some_and(is_berth_gate)
-        };
-        let name = |g: &Value| g.get("name").and_then(Value::as_str).map(str::to_owned);
-        self.list(&path, wanted, name, owned);
+        let current = self.pod.gate_list();
+        let name = |g: &&str| Some(g.to_string());
+        let owned = |g: &&str| is_berth_gate(g);
+        let list = (Part::Spec, "schedulingGates");
+        self.list(list, current.as_deref(), wanted, name, owned);
     }
 
     /// `spec.schedulingGroup` can only be set at CREATE; berth sets it only on a
     /// pod that names no group itself.
     fn scheduling_group(&mut self, wanted: Option<&str>) {
-        let path = ["spec", "schedulingGroup"];
         if let Some(name) = wanted
-            && lookup(self.raw, &[&path[..], &["podGroupName"]].concat()).and_then(Value::as_str)
-                != Some(name)
+            && self.pod.pod_group_name() != Some(name)
         {
-            self.ensure_object(&path[..1]);
-            self.add(&path, json!({"podGroupName": name}));
+            self.ensure_object(Part::Spec);
+            self.add(&["spec", "schedulingGroup"], json!({"podGroupName": name}));
         }
     }
 
@@ -382,34 +350,32 @@ impl Builder<'_> {
     /// whose priority or preemption policy differs from its class.
     fn priority(&mut self, wanted: Option<&QueuePriority>) {
         let Some(wanted) = wanted else { return };
+        let class = self.pod.priority_class_name().map(|c| json!(c));
         let fields = [
-            ("priorityClassName", json!(wanted.class)),
-            ("priority", json!(wanted.value)),
-            ("preemptionPolicy", json!("Never")),
+            ("priorityClassName", json!(wanted.class), class.as_ref()),
+            ("priority", json!(wanted.value), self.pod.priority()),
+            ("preemptionPolicy", json!("Never"), self.pod.preemption_policy()),
         ];
-        for (field, value) in fields {
-            let path = ["spec", field];
-            if lookup(self.raw, &path) != Some(&value) {
-                self.ensure_object(&path[..1]);
-                self.add(&path, value);
+        for (field, value, current) in fields {
+            if current != Some(&value) {
+                self.ensure_object(Part::Spec);
+                self.add(&["spec", field], value);
             }
         }
     }
 
     fn scheduler(&mut self, wanted: Option<&str>) {
-        let path = ["spec", "schedulerName"];
         if let Some(name) = wanted
-            && lookup(self.raw, &path).and_then(Value::as_str) != Some(name)
+            && self.pod.scheduler_name() != Some(name)
         {
-            self.ensure_object(&path[..1]);
-            self.add(&path, json!(name));
+            self.ensure_object(Part::Spec);
+            self.add(&["spec", "schedulerName"], json!(name));
         }
     }
 
     fn applied_annotation(&mut self, applied: &[String]) {
-        let annotations = ["metadata", "annotations"];
         let path = ["metadata", "annotations", APPLIED_ANNOTATION];
-        let current = lookup(self.raw, &path);
+        let current = self.pod.applied_record();
         if applied.is_empty() {
             if current.is_some() {
                 self.remove(&path);
@@ -417,10 +383,10 @@ impl Builder<'_> {
             return;
         }
         let value = applied.join(",");
-        if current.and_then(Value::as_str) == Some(value.as_str()) {
+        if current == Some(value.as_str()) {
             return;
         }
-        self.ensure_object(&annotations);
+        self.ensure_object(Part::Annotations);
         self.add(&path, json!(value));
     }
 }

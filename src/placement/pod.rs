@@ -47,15 +47,52 @@ where
     Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
 
+/// A field that reads `null` as its default, as [`nullable`] does, and says
+/// whether the pod has it at all: the patch adds an object or a list the pod lacks
+/// (absent or `null`) whole, and adds to one it has.
+#[derive(Debug, Clone, Default)]
+struct Present<T> {
+    value: T,
+    present: bool,
+}
+
+impl<'de, T: Deserialize<'de> + Default> Deserialize<'de> for Present<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Option::<T>::deserialize(deserializer)?;
+        Ok(Present {
+            present: value.is_some(),
+            value: value.unwrap_or_default(),
+        })
+    }
+}
+
+impl<T> std::ops::Deref for Present<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.value
+    }
+}
+
+/// A field as the pod has it: absent is `None`, `null` is `Some(None)` (the patch
+/// removes a field the pod has, even `null`).
+fn even_null<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(deserializer).map(Some)
+}
+
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Fields {
     #[serde(default)]
     kind: Option<String>,
-    #[serde(default, deserialize_with = "nullable")]
-    metadata: Meta,
-    #[serde(default, deserialize_with = "nullable")]
-    spec: Spec,
+    #[serde(default)]
+    metadata: Present<Meta>,
+    #[serde(default)]
+    spec: Present<Spec>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -64,8 +101,8 @@ struct Meta {
     #[serde(default, deserialize_with = "nullable")]
     labels: Labels,
     /// Of the annotations, the one berth reads: its record of what it applied.
-    #[serde(default, deserialize_with = "nullable", rename = "annotations")]
-    applied: AppliedRecord,
+    #[serde(default, rename = "annotations")]
+    applied: Present<AppliedRecord>,
     #[serde(default, deserialize_with = "nullable")]
     owner_references: Vec<OwnerReference>,
 }
@@ -144,20 +181,26 @@ struct Spec {
     containers: Vec<Container>,
     #[serde(default, deserialize_with = "nullable")]
     init_containers: Vec<Container>,
-    #[serde(default, deserialize_with = "nullable")]
-    tolerations: Vec<Toleration>,
     #[serde(default)]
-    node_name: Option<String>,
+    tolerations: Present<Vec<Toleration>>,
+    #[serde(default, deserialize_with = "even_null")]
+    node_name: Option<Option<String>>,
     #[serde(default, deserialize_with = "nullable")]
     node_selector: BTreeMap<String, String>,
-    #[serde(default, deserialize_with = "nullable")]
-    affinity: Affinity,
+    #[serde(default)]
+    affinity: Present<Affinity>,
     #[serde(default)]
     scheduler_name: Option<String>,
-    #[serde(default, deserialize_with = "nullable")]
-    scheduling_gates: Vec<Gate>,
+    #[serde(default)]
+    scheduling_gates: Present<Vec<Gate>>,
     #[serde(default)]
     priority_class_name: Option<String>,
+    /// The priority and preemption policy as sent, for the patch to compare with
+    /// what a queue's PriorityClass sets: berth reads nothing else of them.
+    #[serde(default)]
+    priority: Option<serde_json::Value>,
+    #[serde(default)]
+    preemption_policy: Option<serde_json::Value>,
     #[serde(default, deserialize_with = "nullable")]
     scheduling_group: SchedulingGroup,
     /// Pod-level resources: when set, they decide the QoS class.
@@ -250,8 +293,8 @@ impl<'de> Deserialize<'de> for Compute {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Affinity {
-    #[serde(default, deserialize_with = "nullable")]
-    node_affinity: NodeAffinity,
+    #[serde(default)]
+    node_affinity: Present<NodeAffinity>,
     #[serde(default, deserialize_with = "nullable")]
     pod_affinity: PodAffinity,
 }
@@ -276,19 +319,15 @@ struct PodAffinity {
 struct NodeAffinity {
     #[serde(default, rename = "requiredDuringSchedulingIgnoredDuringExecution")]
     required: Option<NodeSelector>,
-    #[serde(
-        default,
-        rename = "preferredDuringSchedulingIgnoredDuringExecution",
-        deserialize_with = "nullable"
-    )]
-    preferred: Vec<PreferredSchedulingTerm>,
+    #[serde(default, rename = "preferredDuringSchedulingIgnoredDuringExecution")]
+    preferred: Present<Vec<PreferredSchedulingTerm>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct NodeSelector {
-    #[serde(default, deserialize_with = "nullable")]
-    node_selector_terms: Vec<NodeSelectorTerm>,
+    #[serde(default)]
+    node_selector_terms: Present<Vec<NodeSelectorTerm>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -345,9 +384,9 @@ impl PodView {
                 .collect()
         };
         let mut fields = Fields::default();
-        fields.metadata.labels = labels;
-        fields.spec.containers = list(&mut containers.into_iter());
-        fields.spec.init_containers = list(&mut init_containers.into_iter());
+        fields.metadata.value.labels = labels;
+        fields.spec.value.containers = list(&mut containers.into_iter());
+        fields.spec.value.init_containers = list(&mut init_containers.into_iter());
         PodView { fields }
     }
 
@@ -424,7 +463,8 @@ impl PodView {
         self.fields
             .spec
             .node_name
-            .as_deref()
+            .as_ref()
+            .and_then(Option::as_deref)
             .filter(|n| !n.is_empty())
     }
 
@@ -541,6 +581,104 @@ impl PodView {
                     .then(|| values[0].as_str())
             })
         })
+    }
+}
+
+/// The objects of a pod that berth's patch may have to create, each under its
+/// parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Metadata,
+    Annotations,
+    Spec,
+    Affinity,
+    NodeAffinity,
+    RequiredNodeAffinity,
+}
+
+impl Part {
+    pub fn parent(self) -> Option<Part> {
+        match self {
+            Part::Metadata | Part::Spec => None,
+            Part::Annotations => Some(Part::Metadata),
+            Part::Affinity => Some(Part::Spec),
+            Part::NodeAffinity => Some(Part::Affinity),
+            Part::RequiredNodeAffinity => Some(Part::NodeAffinity),
+        }
+    }
+
+    /// Where it stands in the pod, as JSON Pointer tokens.
+    pub fn path(self) -> &'static [&'static str] {
+        match self {
+            Part::Metadata => &["metadata"],
+            Part::Annotations => &["metadata", "annotations"],
+            Part::Spec => &["spec"],
+            Part::Affinity => &["spec", "affinity"],
+            Part::NodeAffinity => &["spec", "affinity", "nodeAffinity"],
+            Part::RequiredNodeAffinity => &[
+                "spec",
+                "affinity",
+                "nodeAffinity",
+                "requiredDuringSchedulingIgnoredDuringExecution",
+            ],
+        }
+    }
+}
+
+/// A list as the pod has it: `None` when it has none (absent or `null`).
+fn listed<T>(list: &Present<Vec<T>>) -> Option<&[T]> {
+    list.present.then_some(list.value.as_slice())
+}
+
+/// What berth's patch compares before it writes ([`super::patch`]): which objects
+/// and lists the pod has, and the fields berth may set, as sent.
+impl PodView {
+    /// Whether the pod has `part`, as an object (absent or `null` it has not).
+    pub fn has(&self, part: Part) -> bool {
+        let (meta, spec) = (&self.fields.metadata, &self.fields.spec);
+        match part {
+            Part::Metadata => meta.present,
+            Part::Annotations => meta.applied.present,
+            Part::Spec => spec.present,
+            Part::Affinity => spec.affinity.present,
+            Part::NodeAffinity => spec.affinity.node_affinity.present,
+            Part::RequiredNodeAffinity => spec.affinity.node_affinity.required.is_some(),
+        }
+    }
+
+    pub fn toleration_list(&self) -> Option<&[Toleration]> {
+        listed(&self.fields.spec.tolerations)
+    }
+
+    pub fn preferred_list(&self) -> Option<&[PreferredSchedulingTerm]> {
+        listed(&self.fields.spec.affinity.node_affinity.preferred)
+    }
+
+    /// The names of the scheduling gates, when the pod has a list of them.
+    pub fn gate_list(&self) -> Option<Vec<&str>> {
+        let gates = listed(&self.fields.spec.scheduling_gates)?;
+        Some(gates.iter().map(|g| g.name.as_str()).collect())
+    }
+
+    /// The required node-affinity terms, when the pod has a list of them.
+    pub fn required_term_list(&self) -> Option<&[NodeSelectorTerm]> {
+        let required = self.fields.spec.affinity.node_affinity.required.as_ref()?;
+        listed(&required.node_selector_terms)
+    }
+
+    /// Whether the pod has `spec.nodeName` at all, even empty or `null`.
+    pub fn has_node_name(&self) -> bool {
+        self.fields.spec.node_name.is_some()
+    }
+
+    /// `spec.priority` as sent.
+    pub fn priority(&self) -> Option<&serde_json::Value> {
+        self.fields.spec.priority.as_ref()
+    }
+
+    /// `spec.preemptionPolicy` as sent.
+    pub fn preemption_policy(&self) -> Option<&serde_json::Value> {
+        self.fields.spec.preemption_policy.as_ref()
     }
 }
 
