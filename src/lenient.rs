@@ -74,6 +74,28 @@ impl Meter {
         self.charge(ITEM.saturating_add(text(len)))
     }
 
+    /// Runs `read`, then counts what it allocated on this thread: for a read into
+    /// typed values, whose cost no constant here says. The count is jemalloc's
+    /// own (the bytes this thread allocated, freed since or not), so it is exact,
+    /// but it comes once the read is done: a read may build more than its
+    /// allowance before it is stopped. Only a small review's object is read so
+    /// (at most 64 KiB of JSON, one at a time per async worker), and what it built
+    /// is dropped at once when it is over. Where jemalloc does not count, every
+    /// read is over.
+    pub fn charge_allocated<T, E: Error>(
+        &self,
+        read: impl FnOnce() -> Result<T, E>,
+    ) -> Result<T, E> {
+        let before = allocated();
+        let value = read()?;
+        let cost = match (before, allocated()) {
+            (Some(before), Some(after)) => usize::try_from(after.saturating_sub(before)),
+            _ => Ok(usize::MAX),
+        };
+        self.charge(cost.unwrap_or(usize::MAX))?;
+        Ok(value)
+    }
+
     /// Puts an element in `list`, counting the list's first allocation (the
     /// element counts itself): the twin of [`keep`] for lists.
     pub fn push<T, E: Error>(&self, list: &mut Vec<T>, item: T) -> Result<(), E> {
@@ -83,6 +105,18 @@ impl Meter {
         list.push(item);
         Ok(())
     }
+}
+
+/// The bytes this thread has allocated so far, by jemalloc's own count (berth's
+/// allocator); `None` where it does not count.
+fn allocated() -> Option<u64> {
+    thread_local! {
+        // Found once per thread: looking the counter up by name costs more than
+        // reading it.
+        static ALLOCATED: Option<tikv_jemalloc_ctl::thread::ThreadLocal<u64>> =
+            tikv_jemalloc_ctl::thread::allocatedp::read().ok();
+    }
+    ALLOCATED.with(|counter| counter.map(|c| c.get()))
 }
 
 /// Any JSON value, read as `serde_json::Value` reads it, counted on the meter.

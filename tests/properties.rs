@@ -7,7 +7,9 @@ mod support;
 use berth::names::{self, POOL_LABEL, POOL_TAINT};
 use berth::placement::feasibility::{Placement, node_fits};
 use berth::placement::pod::PodView;
-use berth::placement::{Input, NamespaceInfo, NodeInfo, Requester, build_patch, decide};
+use berth::placement::{
+    Decision, Input, NamespaceInfo, NodeInfo, PodSource, Requester, build_patch, decide,
+};
 use berth::policy::crd::{Pool, PoolEffect};
 use berth::policy::{PlacementPolicy, PolicySet};
 use proptest::prelude::*;
@@ -243,15 +245,29 @@ fn arb_spec_extras() -> impl Strategy<Value = Vec<(&'static str, Value)>> {
     )
 }
 
-/// A review of `pod`'s CREATE, as admission reads it.
-fn as_admission_reads(pod: &Value) -> Value {
+/// The pod of a review of `pod`'s CREATE, as admission reads it.
+fn as_admission_reads(pod: &Value) -> Result<PodView, String> {
     let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {"uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"},
             "operation": "CREATE", "object": pod}});
     berth::admission::review::parse(review.to_string().as_bytes())
         .expect("a review")
         .object
+        .and_then(|object| object.pod().cloned())
         .expect("the pod")
+}
+
+/// The decision on `pod` in `ns` under `set`, from anyone but the DaemonSet
+/// controller.
+fn decide_in<P: PodSource + ?Sized>(pod: &P, ns: &NamespaceInfo, set: &PolicySet) -> Decision {
+    decide(&Input {
+        pod,
+        namespace: ns,
+        policies: set,
+        nodes: None,
+        requester: Requester::Other,
+        groups: Default::default(),
+    })
 }
 
 proptest! {
@@ -402,15 +418,7 @@ proptest! {
         }
         let lean = as_admission_reads(&pod);
         let set = compile(&policies);
-        let decide_on = |pod: &Value| decide(&Input {
-            pod,
-            namespace: &ns,
-            policies: &set,
-            nodes: None,
-            requester: Requester::Other,
-            groups: Default::default(),
-        });
-        let (whole_decision, lean_decision) = (decide_on(&pod), decide_on(&lean));
+        let (whole_decision, lean_decision) = (decide_in(&pod, &ns, &set), decide_in(&lean, &ns, &set));
         prop_assert_eq!(format!("{:?}", lean_decision), format!("{:?}", whole_decision));
         prop_assert_eq!(
             build_patch(&lean, &lean_decision.grants),

@@ -18,6 +18,7 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::lenient::{Key, LenientObject, Meter, OptionSeed, Skip};
+use crate::placement::pod::{PodView, ReadPod};
 
 const API_VERSION: &str = "admission.k8s.io/v1";
 
@@ -35,10 +36,40 @@ pub struct AdmissionRequest {
     /// A server-side dry run: berth then writes nothing to the cluster.
     pub dry_run: bool,
     /// The object, read leniently (see the module comment).
-    pub object: Option<Value>,
-    pub old_object: Option<Value>,
+    pub object: Option<Object>,
+    pub old_object: Option<Object>,
     /// Why the object (or the old object) could not be read; berth then refuses.
     pub unreadable: Option<String>,
+}
+
+/// An object under review, as berth reads it.
+// A request holds one or two, never a collection of them: boxing the pod's view to
+// even the variants out would cost an allocation per review for nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum Object {
+    /// A Pod, read into berth's view of it ([`ReadPod`]), or why berth cannot read
+    /// it (a field it needs of the wrong shape, a list over its bound): the pod is
+    /// then refused.
+    Pod(Result<PodView, String>),
+    /// An object of any other kind, as JSON.
+    Json(Value),
+}
+
+impl Object {
+    pub fn pod(&self) -> Option<&Result<PodView, String>> {
+        match self {
+            Object::Pod(pod) => Some(pod),
+            Object::Json(_) => None,
+        }
+    }
+
+    pub fn json(&self) -> Option<&Value> {
+        match self {
+            Object::Json(value) => Some(value),
+            Object::Pod(_) => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -117,10 +148,15 @@ struct RawRequest<'a> {
     old_object: Option<&'a RawValue>,
 }
 
-/// What is skipped of an object of `kind`: a pod's container details are neither
-/// read nor patched (see `Skip`).
+/// Whether objects of `kind` are Pods, read into berth's view of a pod.
+fn is_pod_kind(kind: &GroupVersionKind) -> bool {
+    kind.group.is_empty() && kind.kind == "Pod"
+}
+
+/// What is skipped of an object of `kind` read as JSON: a pod's container details
+/// are neither read nor patched (see `Skip`).
 fn skip_for(kind: &GroupVersionKind) -> Skip {
-    if kind.group.is_empty() && kind.kind == "Pod" {
+    if is_pod_kind(kind) {
         Skip::PodContainerDetail
     } else {
         Skip::Status
@@ -197,8 +233,12 @@ fn parse_in_two(body: &[u8]) -> Result<AdmissionRequest, String> {
         .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
     let raw = envelope.request()?;
     let skip = skip_for(&raw.kind);
+    let pod = is_pod_kind(&raw.kind);
     let mut unreadable = None;
-    let read_object = |raw: &RawValue| crate::lenient::read_json(raw.get(), skip);
+    let read_object = |raw: &RawValue| match pod {
+        true => read_pod(raw.get()),
+        false => crate::lenient::read_json(raw.get(), skip).map(|o| o.map(Object::Json)),
+    };
     let mut read = |raw: Option<&RawValue>, what: &str| match raw.map(read_object).transpose() {
         Ok(object) => object.flatten(),
         Err(e) => {
@@ -221,6 +261,16 @@ fn parse_in_two(body: &[u8]) -> Result<AdmissionRequest, String> {
         old_object,
         unreadable,
     })
+}
+
+/// A Pod's JSON read into its view, as one pass reads it; one whose fields have
+/// the wrong shape is read as JSON, for its view to say what berth cannot read.
+fn read_pod(text: &str) -> serde_json::Result<Option<Object>> {
+    if let Ok(pod) = serde_json::from_str::<Option<ReadPod>>(text) {
+        return Ok(pod.map(|ReadPod(pod)| Object::Pod(pod)));
+    }
+    let json = crate::lenient::read_json(text, Skip::PodContainerDetail)?;
+    Ok(json.map(|json| Object::Pod(PodView::read(&json))))
 }
 
 /// Sets a field once: a second one is a surprise.
@@ -351,11 +401,15 @@ impl<'de> Visitor<'de> for OnePassRequest<'_> {
                 }
                 "dryRun" => once(&mut dry_run, map.next_value::<Option<bool>>()?, "dryRun")?,
                 "object" | "oldObject" => {
-                    let skip = skip_for(
-                        kind.as_ref()
-                            .ok_or_else(|| A::Error::custom("an object before its kind"))?,
-                    );
-                    let value = map.next_value_seed(LenientObject(skip, meter))?;
+                    let kind = kind
+                        .as_ref()
+                        .ok_or_else(|| A::Error::custom("an object before its kind"))?;
+                    let value = if is_pod_kind(kind) {
+                        map.next_value_seed(OptionSeed(PodObject(meter)))?
+                    } else {
+                        let json = map.next_value_seed(LenientObject(skip_for(kind), meter))?;
+                        json.map(Object::Json)
+                    };
                     let (field, name) = match &*key {
                         "object" => (&mut object, "object"),
                         _ => (&mut old_object, "oldObject"),
@@ -380,6 +434,21 @@ impl<'de> Visitor<'de> for OnePassRequest<'_> {
             old_object: old_object.flatten(),
             unreadable: None,
         })
+    }
+}
+
+/// A Pod under review, read straight into its view ([`ReadPod`]), what it
+/// allocates counted on the meter.
+struct PodObject<'m>(&'m Meter);
+
+impl<'de> DeserializeSeed<'de> for PodObject<'_> {
+    type Value = Object;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Object, D::Error> {
+        let ReadPod(pod) = self
+            .0
+            .charge_allocated(|| ReadPod::deserialize(deserializer))?;
+        Ok(Object::Pod(pod))
     }
 }
 
@@ -670,10 +739,8 @@ mod tests {
         assert_eq!(request.uid, "u-1");
         assert_eq!(request.user_info.username, "tenant");
         assert!(request.unreadable.is_none());
-        let object = request.object.unwrap();
-        assert_eq!(object["spec"]["nodeName"], "node2");
-        assert_eq!(object["metadata"], json!({"name": "p"}));
-        assert!(object.get("status").is_none());
+        let pod = request.object.unwrap().pod().cloned().unwrap().unwrap();
+        assert_eq!(pod.node_name(), Some("node2"));
     }
 
     /// A pod as a Deployment makes it, with what berth reads and patches and what
@@ -693,10 +760,14 @@ mod tests {
                             {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}}})
     }
 
+    /// A pod one pass cannot read into its view is read as JSON, for its view to
+    /// say why: of its spec, only what admission reads.
     #[test]
-    fn a_pod_keeps_only_what_admission_reads_of_its_spec() {
-        let request = parse(review(&deployment_pod().to_string()).as_bytes()).expect("readable");
-        let object = request.object.unwrap();
+    fn a_pod_read_as_json_keeps_only_what_admission_reads_of_its_spec() {
+        let text = deployment_pod().to_string();
+        let object = crate::lenient::read_json(&text, Skip::PodContainerDetail)
+            .unwrap()
+            .unwrap();
         let whole = deployment_pod();
         for list in ["initContainers", "containers"] {
             let kept: Vec<&Value> = object["spec"][list].as_array().unwrap().iter().collect();
@@ -721,10 +792,16 @@ mod tests {
     fn keys_written_with_escapes_are_read_as_what_they_spell() {
         let object = r#"{"kind":"Pod","spec":{"t\u006flerations":[],"v\u006flumes":[1],
             "containers":[{"n\u0061me":"c","im\u0061ge":"x","\u0065nv":[1]}]}}"#;
-        let request = parse(review(object).as_bytes()).unwrap();
+        let request = in_one(&review(object)).expect("read in one pass");
+        let pod = request.object.unwrap().pod().cloned().unwrap().unwrap();
+        assert_eq!(pod.toleration_list(), Some(&[][..]));
+        let images = pod.images();
+        let [image] = images.as_slice() else {
+            panic!("{images:?}")
+        };
         assert_eq!(
-            request.object.unwrap()["spec"],
-            json!({"tolerations": [], "containers": [{"name": "c", "image": "x"}]})
+            (image.container.as_str(), image.image.written.as_str()),
+            ("c", "x")
         );
     }
 
@@ -783,13 +860,17 @@ mod tests {
             settled["spec"][field] = value;
         }
         for whole in [deployment_pod(), settled] {
-            let lean = parse(review(&whole.to_string()).as_bytes())
-                .unwrap()
-                .object
-                .unwrap();
+            let body = review(&whole.to_string());
             let patch = build_patch(&whole, &grants);
             assert!(!patch.0.is_empty());
-            assert_eq!(build_patch(&lean, &grants), patch, "{whole}");
+            // Read in one pass, and in two (as JSON, then into its view).
+            for request in [
+                in_one(&body).unwrap(),
+                parse_in_two(body.as_bytes()).unwrap(),
+            ] {
+                let lean = request.object.unwrap().pod().cloned().unwrap();
+                assert_eq!(build_patch(&lean, &grants), patch, "{whole}");
+            }
             // And the patch applies to the whole pod as sent.
             let mut patched = whole.clone();
             json_patch::patch(&mut patched, &patch).expect("applies");
@@ -800,10 +881,8 @@ mod tests {
     #[test]
     fn odd_container_lists_are_kept_null_or_refused_with_the_reason() {
         let request = parse(review(r#"{"kind":"Pod","spec":{"containers":null}}"#).as_bytes());
-        assert_eq!(
-            request.unwrap().object.unwrap()["spec"]["containers"],
-            Value::Null
-        );
+        let pod = request.unwrap().object.unwrap().pod().cloned().unwrap();
+        assert!(pod.unwrap().images().is_empty());
         let request = parse(review(r#"{"kind":"Pod","spec":{"containers":["app"]}}"#).as_bytes());
         let why = request.unwrap().unreadable.unwrap();
         assert!(why.contains("expected a container"), "{why}");
@@ -822,7 +901,7 @@ mod tests {
         );
         let request = parse(body.as_bytes()).unwrap();
         assert_eq!(request.kind.kind, "DaemonSet");
-        assert_eq!(request.object.unwrap(), daemonset);
+        assert_eq!(request.object.unwrap().json(), Some(&daemonset));
     }
 
     #[test]
@@ -860,6 +939,18 @@ mod tests {
             review(
                 r#"{"kind":"Pod","status":{"phase":"Pending"},"spec":{"containers":[{"name":"c","env":[1]}]}}"#,
             ),
+            // Deep in a field berth does not read: stepped over, as is all it
+            // does not read of a pod.
+            review(&format!(
+                r#"{{"x":{}1{}}}"#,
+                "[".repeat(126),
+                "]".repeat(126)
+            )),
+            // Over a bound: read, to be refused for it.
+            review(&format!(
+                r#"{{"spec":{{"tolerations":[{}]}}}}"#,
+                vec![r#"{"operator":"Exists"}"#; 200].join(",")
+            )),
             request(&format!(
                 r#""uid":"u",{kind},"subResource":null,"operation":"UPDATE","namespace":"n","name":"p",
                 "dryRun":true,"extra":{{"a":[1,2]}},"object":{pod},"oldObject":{pod}"#
@@ -891,8 +982,9 @@ mod tests {
             request(r#""uid":"u","operation":"CREATE""#),
             review(r#"{"kind":"Pod","spec":"not an object"}"#),
             review(r#"{"kind":"Pod","spec":{"containers":{"name":"c"}}}"#),
+            // Deep where berth reads: its view cannot say what it is.
             review(&format!(
-                r#"{{"x":{}1{}}}"#,
+                r#"{{"metadata":{{"labels":{}1{}}}}}"#,
                 "[".repeat(126),
                 "]".repeat(126)
             )),

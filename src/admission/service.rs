@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::review::{AdmissionRequest, AdmissionResponse};
+use super::review::{AdmissionRequest, AdmissionResponse, Object};
 use super::state::GroupState;
 use crate::names::is_owned_node_key;
 use crate::placement::canonical::{RequirementKey, requirement_key};
@@ -52,7 +52,10 @@ impl Verdict {
     }
 }
 
-fn run(object: &Value, request: &AdmissionRequest, snapshot: &Snapshot) -> Decision {
+/// A pod as the webhook reads it: its view, or why it cannot be read.
+type Pod = Result<PodView, String>;
+
+fn run(object: &Pod, request: &AdmissionRequest, snapshot: &Snapshot) -> Decision {
     decide(&Input {
         pod: object,
         namespace: snapshot.namespace,
@@ -95,7 +98,7 @@ pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResp
         return refusal;
     }
     if request.is_kind("apps", "DaemonSet")
-        && let Some(object) = request.object.as_ref()
+        && let Some(object) = request.object.as_ref().and_then(Object::json)
     {
         let patch = crate::placement::daemonset::template_patch(
             object,
@@ -115,7 +118,7 @@ pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResp
     let (true, "CREATE", Some(object)) = (
         request.is_pod(),
         request.operation.as_str(),
-        request.object.as_ref(),
+        request.object.as_ref().and_then(Object::pod),
     ) else {
         return (AdmissionResponse::allow(request), Verdict::new("unchanged"));
     };
@@ -174,14 +177,15 @@ pub fn validate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionRe
     if !matches!(operation, "CREATE" | "UPDATE") {
         return (AdmissionResponse::allow(request), Verdict::new("unchanged"));
     }
-    let problems = if request.is_pod() {
-        pod_problems(request, object, snapshot)
-    } else if request.is_kind("", "Namespace") {
-        namespace_problems(object, snapshot.policies)
-    } else if request.is_kind(crate::names::GROUP, "PlacementPolicy") {
-        policy_problems(object, snapshot)
-    } else {
-        Problems::default()
+    let problems = match object {
+        Object::Pod(pod) if request.is_pod() => pod_problems(request, pod, snapshot),
+        Object::Json(json) if request.is_kind("", "Namespace") => {
+            namespace_problems(json, snapshot.policies)
+        }
+        Object::Json(json) if request.is_kind(crate::names::GROUP, "PlacementPolicy") => {
+            policy_problems(json, snapshot)
+        }
+        _ => Problems::default(),
     };
     match problems.denial {
         Some(reason) => (
@@ -206,17 +210,17 @@ struct Problems {
 /// `berth-pools` enforces), else the webhook's own denial (a node name where a pod
 /// it must avoid runs).
 fn entitlement_violations(
-    object: &Value,
+    object: &Pod,
     request: &AdmissionRequest,
     snapshot: &Snapshot,
 ) -> Vec<String> {
     let decision = run(object, request, snapshot);
-    let Ok(pod) = PodView::read(object) else {
+    let Ok(pod) = object else {
         return decision.denial.into_iter().collect();
     };
     let entitled = decision.grants.applied.iter().cloned().collect();
     let breaches = breaches_in_words(
-        &pod,
+        pod,
         &snapshot.namespace.name,
         &entitled,
         snapshot.policies,
@@ -245,26 +249,26 @@ fn owned_expressions(pod: &PodView) -> BTreeSet<RequirementKey> {
 /// added to a running pod, a gated pod's affinity can change) nothing may break it
 /// that did not already, berth's own node expressions may not be dropped, and only
 /// berth changes its record, its gates and who controls the pod.
-fn pod_problems(request: &AdmissionRequest, object: &Value, snapshot: &Snapshot) -> Problems {
+fn pod_problems(request: &AdmissionRequest, object: &Pod, snapshot: &Snapshot) -> Problems {
     let mut violations = entitlement_violations(object, request, snapshot);
     if request.operation == "CREATE"
-        && let Ok(pod) = PodView::read(object)
+        && let Ok(pod) = object
     {
         let requester = Requester::from_username(&request.user_info.username);
-        violations.extend(unheld_record(&pod, requester, snapshot.policies));
+        violations.extend(unheld_record(pod, requester, snapshot.policies));
     }
     if request.operation == "UPDATE"
-        && let Some(old) = request.old_object.as_ref()
+        && let Some(old) = request.old_object.as_ref().and_then(Object::pod)
     {
         let before = entitlement_violations(old, request, snapshot);
         violations.retain(|v| !before.contains(v));
-        if let (Ok(old), Ok(new)) = (PodView::read(old), PodView::read(object)) {
-            if !owned_expressions(&old).is_subset(&owned_expressions(&new)) {
+        if let (Ok(old), Ok(new)) = (old, object) {
+            if !owned_expressions(old).is_subset(&owned_expressions(new)) {
                 violations.push("berth's node affinity on a pod may not be removed".into());
             }
             violations.extend(forbidden_changes(
-                &old,
-                &new,
+                old,
+                new,
                 &request.user_info.username,
                 snapshot.berth_user,
             ));

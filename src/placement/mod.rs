@@ -225,6 +225,13 @@ impl PodSource for PodView {
     }
 }
 
+/// A pod as the webhook reads it: its view, or why it cannot be read.
+impl PodSource for Result<PodView, String> {
+    fn view(&self) -> Result<Cow<'_, PodView>, String> {
+        self.as_ref().map(Cow::Borrowed).map_err(Clone::clone)
+    }
+}
+
 /// A policy that applies to the pod, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Applied {
@@ -266,7 +273,7 @@ pub struct Decision {
 
 /// Decides what happens to one pod. Never panics, whatever the JSON.
 pub fn decide<P: PodSource + ?Sized>(input: &Input<'_, P>) -> Decision {
-    let pod = match input.pod.view() {
+    let view = match input.pod.view() {
         Ok(pod) => pod,
         Err(reason) => {
             return Decision {
@@ -276,7 +283,7 @@ pub fn decide<P: PodSource + ?Sized>(input: &Input<'_, P>) -> Decision {
             };
         }
     };
-    let pod = pod.as_ref();
+    let pod = view.as_ref();
     let mut decision = Decision::default();
     let config = match input.namespace.config() {
         Ok(config) => Some(config),
@@ -293,7 +300,7 @@ pub fn decide<P: PodSource + ?Sized>(input: &Input<'_, P>) -> Decision {
     let daemonset = pod.is_daemonset_pod(input.requester);
     let mut grants = if daemonset {
         let ds =
-            daemonset::daemonset_grants(&pod, input.policies, input.namespace, config, input.nodes);
+            daemonset::daemonset_grants(pod, input.policies, input.namespace, config, input.nodes);
         decision.denial = ds.denial;
         decision.applied = ds
             .grants
@@ -310,20 +317,15 @@ pub fn decide<P: PodSource + ?Sized>(input: &Input<'_, P>) -> Decision {
             .collect();
         ds.grants
     } else {
-        let matches = matching::match_policies(&pod, input.namespace, config, input.policies);
+        let matches = matching::match_policies(pod, input.namespace, config, input.policies);
         decision.warnings.extend(matches.warnings);
         decision.passed_over = matches.passed_over;
         let applied: Vec<_> = matches.applied.iter().map(|(p, _)| *p).collect();
         let mut grants = grants::grants_for(&applied);
         decision.applied = matches.applied.into_iter().map(|(_, a)| a).collect();
-        let targeted = avoid::hold(&pod, input.namespace, config, input.policies, &mut grants);
-        decision.denial = avoid::node_name_denial(
-            &pod,
-            input.nodes,
-            &grants.applied,
-            &targeted,
-            input.policies,
-        );
+        let targeted = avoid::hold(pod, input.namespace, config, input.policies, &mut grants);
+        decision.denial =
+            avoid::node_name_denial(pod, input.nodes, &grants.applied, &targeted, input.policies);
         grants
     };
 
@@ -338,13 +340,13 @@ pub fn decide<P: PodSource + ?Sized>(input: &Input<'_, P>) -> Decision {
     grants.scheduler_name = scheduler;
     decision.warnings.extend(warnings);
     decision.warnings.extend(groups::group_grants(
-        &pod,
+        pod,
         &applied_policies,
         input.groups,
         &mut grants,
     ));
     if grants.priority.is_none() && !daemonset {
-        let foreign = groups::foreign_queue_class(&pod, input.namespace, config, input.policies);
+        let foreign = groups::foreign_queue_class(pod, input.namespace, config, input.policies);
         decision.denial = decision.denial.or(foreign);
     }
 
@@ -352,23 +354,26 @@ pub fn decide<P: PodSource + ?Sized>(input: &Input<'_, P>) -> Decision {
     // take their DaemonSet).
     let entitled: BTreeSet<String> = grants.applied.iter().cloned().collect();
     if !daemonset
-        && let Some(exclusion) = entitlement::wildcard_exclusion(&pod, input.policies, &entitled)
+        && let Some(exclusion) = entitlement::wildcard_exclusion(pod, input.policies, &entitled)
     {
         grants.require(exclusion);
     }
-    let (stripped, warnings) = entitlement::forged_tolerations(&pod, &grants.tolerations);
+    let (stripped, warnings) = entitlement::forged_tolerations(pod, &grants.tolerations);
     decision.stripped = stripped;
     decision.warnings.extend(warnings);
-    let pool_denial = entitlement::node_name_denial(&pod, input.policies, input.nodes, &entitled);
+    let pool_denial = entitlement::node_name_denial(pod, input.policies, input.nodes, &entitled);
     decision.denial = pool_denial.or(decision.denial);
 
     if let Some(nodes) = input.nodes {
-        decision
-            .warnings
-            .extend(feasibility::pool_warnings(input.policies, pod, &grants, nodes));
+        decision.warnings.extend(feasibility::pool_warnings(
+            input.policies,
+            pod,
+            &grants,
+            nodes,
+        ));
     }
     decision.warnings.extend(coscheduling::conflict_warning(
-        &pod,
+        pod,
         &decision.applied,
         &grants,
     ));

@@ -33,11 +33,11 @@ use serde_json::{Value, json};
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PreferredSchedulingTerm, Toleration};
 
+use super::PodSource;
 use super::canonical::{
     PreferredKey, RequirementKey, TolerationKey, preferred_key, requirement_key, toleration_key,
 };
 use super::grants::{Grants, QueuePriority};
-use super::PodSource;
 use super::pod::{Part, PodView};
 use super::selection::is_empty_term;
 use crate::names::{APPLIED_ANNOTATION, POOL_TAINT, is_berth_gate, is_owned_node_key};
@@ -234,7 +234,13 @@ impl Builder<'_> {
     fn tolerations(&mut self, wanted: Wanted<TolerationKey>) {
         let key = |t: &Toleration| Some(toleration_key(t));
         let current = self.pod.toleration_list();
-        self.list((Part::Spec, "tolerations"), current, wanted, key, is_owned_toleration);
+        self.list(
+            (Part::Spec, "tolerations"),
+            current,
+            wanted,
+            key,
+            is_owned_toleration,
+        );
     }
 
     /// A held pod that named its node loses the name ([`Grants::pinned_to`]).
@@ -296,11 +302,7 @@ impl Builder<'_> {
         wanted: &[(RequirementKey, Value)],
     ) {
         let path = [term, &[key]].concat();
-        let mut present: BTreeSet<_> = current
-            .into_iter()
-            .flatten()
-            .map(requirement_key)
-            .collect();
+        let mut present: BTreeSet<_> = current.into_iter().flatten().map(requirement_key).collect();
         let missing: Vec<Value> = wanted
             .iter()
             .filter(|(k, _)| present.insert(k.clone()))
@@ -354,7 +356,11 @@ impl Builder<'_> {
         let fields = [
             ("priorityClassName", json!(wanted.class), class.as_ref()),
             ("priority", json!(wanted.value), self.pod.priority()),
-            ("preemptionPolicy", json!("Never"), self.pod.preemption_policy()),
+            (
+                "preemptionPolicy",
+                json!("Never"),
+                self.pod.preemption_policy(),
+            ),
         ];
         for (field, value, current) in fields {
             if current != Some(&value) {

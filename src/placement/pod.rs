@@ -12,6 +12,9 @@ use k8s_openapi::api::core::v1::{NodeSelectorTerm, PreferredSchedulingTerm, Tole
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
+use super::bounds::{
+    CONTAINERS, OWNER_REFERENCES, PREFERRED_TERMS, REQUIRED_TERMS, SCHEDULING_GATES, TOLERATIONS,
+};
 use crate::lenient::Key;
 use crate::names::{APPLIED_ANNOTATION, is_daemonset_controller};
 use crate::policy::ImageRef;
@@ -74,6 +77,79 @@ impl<T> std::ops::Deref for Present<T> {
     }
 }
 
+/// A list of which berth keeps at most `MOST` items, its bound
+/// ([`super::bounds`]): the rest are stepped over and only counted, so that a list
+/// over its bound costs no more to read than one at it, and is refused by its
+/// length.
+#[derive(Debug, Clone, Default)]
+struct Bounded<T, const MOST: usize> {
+    items: Vec<T>,
+    /// Items stepped over past the bound.
+    over: usize,
+}
+
+impl<T, const MOST: usize> Bounded<T, MOST> {
+    /// Every item, kept whatever the bound: for a list berth made itself.
+    fn all(items: Vec<T>) -> Self {
+        Bounded { items, over: 0 }
+    }
+
+    /// How many items the list has, kept or not.
+    fn count(&self) -> usize {
+        self.items.len() + self.over
+    }
+}
+
+impl<T, const MOST: usize> std::ops::Deref for Bounded<T, MOST> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        &self.items
+    }
+}
+
+impl<'a, T, const MOST: usize> IntoIterator for &'a Bounded<T, MOST> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.items.iter()
+    }
+}
+
+impl<'de, T: Deserialize<'de>, const MOST: usize> Deserialize<'de> for Bounded<T, MOST> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_seq(BoundedVisitor(std::marker::PhantomData))
+    }
+}
+
+struct BoundedVisitor<T, const MOST: usize>(std::marker::PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>, const MOST: usize> Visitor<'de> for BoundedVisitor<T, MOST> {
+    type Value = Bounded<T, MOST>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a sequence")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut list = Bounded {
+            items: Vec::new(),
+            over: 0,
+        };
+        while list.items.len() < MOST {
+            match seq.next_element()? {
+                Some(item) => list.items.push(item),
+                None => return Ok(list),
+            }
+        }
+        while seq.next_element::<IgnoredAny>()?.is_some() {
+            list.over += 1;
+        }
+        Ok(list)
+    }
+}
+
 /// A field as the pod has it: absent is `None`, `null` is `Some(None)` (the patch
 /// removes a field the pod has, even `null`).
 fn even_null<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
@@ -104,7 +180,7 @@ struct Meta {
     #[serde(default, rename = "annotations")]
     applied: Present<AppliedRecord>,
     #[serde(default, deserialize_with = "nullable")]
-    owner_references: Vec<OwnerReference>,
+    owner_references: Bounded<OwnerReference, { OWNER_REFERENCES.most }>,
 }
 
 /// The `berth.io/applied` annotation of a pod's annotations, the others stepped
@@ -178,11 +254,11 @@ pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 #[serde(rename_all = "camelCase")]
 struct Spec {
     #[serde(default, deserialize_with = "nullable")]
-    containers: Vec<Container>,
+    containers: Bounded<Container, { CONTAINERS.most }>,
     #[serde(default, deserialize_with = "nullable")]
-    init_containers: Vec<Container>,
+    init_containers: Bounded<Container, { CONTAINERS.most }>,
     #[serde(default)]
-    tolerations: Present<Vec<Toleration>>,
+    tolerations: Present<Bounded<Toleration, { TOLERATIONS.most }>>,
     #[serde(default, deserialize_with = "even_null")]
     node_name: Option<Option<String>>,
     #[serde(default, deserialize_with = "nullable")]
@@ -192,7 +268,7 @@ struct Spec {
     #[serde(default)]
     scheduler_name: Option<String>,
     #[serde(default)]
-    scheduling_gates: Present<Vec<Gate>>,
+    scheduling_gates: Present<Bounded<Gate, { SCHEDULING_GATES.most }>>,
     #[serde(default)]
     priority_class_name: Option<String>,
     /// The priority and preemption policy as sent, for the patch to compare with
@@ -320,14 +396,14 @@ struct NodeAffinity {
     #[serde(default, rename = "requiredDuringSchedulingIgnoredDuringExecution")]
     required: Option<NodeSelector>,
     #[serde(default, rename = "preferredDuringSchedulingIgnoredDuringExecution")]
-    preferred: Present<Vec<PreferredSchedulingTerm>>,
+    preferred: Present<Bounded<PreferredSchedulingTerm, { PREFERRED_TERMS.most }>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct NodeSelector {
     #[serde(default)]
-    node_selector_terms: Present<Vec<NodeSelectorTerm>>,
+    node_selector_terms: Present<Bounded<NodeSelectorTerm, { REQUIRED_TERMS.most }>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -340,6 +416,20 @@ struct Gate {
 #[derive(Debug, Clone, Default)]
 pub struct PodView {
     fields: Fields,
+}
+
+/// A pod read straight from JSON text into its view, as an AdmissionReview's
+/// object is read: no JSON value is built and dropped on the way. The fields it
+/// reads are those [`PodView::read`] reads, by the same types, so the two read
+/// every pod alike. A pod whose fields have the wrong shape fails the read (the
+/// reader then says why, through [`PodView::read`]); one of another kind or over
+/// a bound is read, as the reason berth refuses it.
+pub struct ReadPod(pub Result<PodView, String>);
+
+impl<'de> Deserialize<'de> for ReadPod {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Fields::deserialize(deserializer).map(|fields| ReadPod(PodView::checked(fields)))
+    }
 }
 
 /// One container image of the pod and the container that runs it.
@@ -356,6 +446,11 @@ impl PodView {
     /// A pod over one of the [`super::bounds`] is refused with the bound it breaks.
     pub fn read(raw: &serde_json::Value) -> Result<PodView, String> {
         let fields = Fields::deserialize(raw).map_err(|e| format!("not a readable Pod: {e}"))?;
+        PodView::checked(fields)
+    }
+
+    /// The view of `fields`, unless they are of another kind or over a bound.
+    fn checked(fields: Fields) -> Result<PodView, String> {
         if let Some(kind) = fields.kind.as_deref().filter(|k| *k != "Pod") {
             return Err(format!("expected a Pod, got kind {kind}"));
         }
@@ -385,8 +480,8 @@ impl PodView {
         };
         let mut fields = Fields::default();
         fields.metadata.value.labels = labels;
-        fields.spec.value.containers = list(&mut containers.into_iter());
-        fields.spec.value.init_containers = list(&mut init_containers.into_iter());
+        fields.spec.value.containers = Bounded::all(list(&mut containers.into_iter()));
+        fields.spec.value.init_containers = Bounded::all(list(&mut init_containers.into_iter()));
         PodView { fields }
     }
 
@@ -394,10 +489,15 @@ impl PodView {
     fn counts(&self) -> Vec<(super::bounds::Bound, usize)> {
         use super::bounds::*;
         let spec = &self.fields.spec;
-        let terms = self.required_affinity().unwrap_or_default();
-        let preferred = self.preferred_terms();
+        let node_affinity = &spec.affinity.node_affinity;
+        let terms = node_affinity
+            .required
+            .as_ref()
+            .map(|r| &r.node_selector_terms);
+        let preferred = &node_affinity.preferred;
         let longest_term = terms
             .iter()
+            .flat_map(|t| t.iter())
             .chain(preferred.iter().map(|p| &p.preference))
             .flat_map(|t| [t.match_expressions.as_ref(), t.match_fields.as_ref()])
             .map(|list| list.map_or(0, Vec::len))
@@ -406,15 +506,15 @@ impl PodView {
         let meta = &self.fields.metadata;
         vec![
             (LABELS, meta.labels.len()),
-            (OWNER_REFERENCES, meta.owner_references.len()),
-            (TOLERATIONS, spec.tolerations.len()),
-            (SCHEDULING_GATES, spec.scheduling_gates.len()),
-            (REQUIRED_TERMS, terms.len()),
-            (PREFERRED_TERMS, preferred.len()),
+            (OWNER_REFERENCES, meta.owner_references.count()),
+            (TOLERATIONS, spec.tolerations.count()),
+            (SCHEDULING_GATES, spec.scheduling_gates.count()),
+            (REQUIRED_TERMS, terms.map_or(0, |t| t.count())),
+            (PREFERRED_TERMS, preferred.count()),
             (TERM_REQUIREMENTS, longest_term),
             (
                 CONTAINERS,
-                spec.containers.len().max(spec.init_containers.len()),
+                spec.containers.count().max(spec.init_containers.count()),
             ),
         ]
     }
@@ -626,8 +726,8 @@ impl Part {
 }
 
 /// A list as the pod has it: `None` when it has none (absent or `null`).
-fn listed<T>(list: &Present<Vec<T>>) -> Option<&[T]> {
-    list.present.then_some(list.value.as_slice())
+fn listed<T, const MOST: usize>(list: &Present<Bounded<T, MOST>>) -> Option<&[T]> {
+    list.present.then_some(&list.value.items)
 }
 
 /// What berth's patch compares before it writes ([`super::patch`]): which objects
