@@ -1,7 +1,8 @@
-//! Decision + patch for a typical Deployment pod (5–8 KB of JSON, read into berth's view of it) against 1, 20 and
-//! 200 policies; with 20 policies and 1,000 or 5,000 nodes passed, as the webhook
-//! passes its node cache; and 20 plus a group policy (gang, ranks, queue) that
-//! applies: what the webhook spends per admission, TLS and HTTP aside. Then the
+//! Decision + patch for a typical Deployment pod (5–8 KB of JSON, read into
+//! berth's view of it) against 1, 20 and 200 policies; with 20 policies and 1,000
+//! or 5,000 nodes passed, as the webhook passes its node cache; and 20 plus a
+//! group policy (gang, ranks, queue) that applies: what the webhook spends per
+//! admission, TLS and HTTP aside. Then the
 //! whole `/mutate` review as the handler runs it, from the request body's bytes to
 //! the response's, with 0, 1,000 and 5,000 nodes in the webhook's node cache.
 

@@ -6,7 +6,9 @@
 //! What the values cost in memory is counted as they are built, by a [`Meter`],
 //! in the same units [`crate::admission::cost`] estimates before a read: a review
 //! small enough is read at once within what costs nothing from the memory budget,
-//! and the read stops, having built no more, as soon as it would cost more.
+//! and the read stops, having built no more, as soon as it would cost more. A
+//! pod's view, read into berth's own types rather than JSON values, is counted by
+//! what it allocates ([`Meter::charge_allocated`]).
 
 use std::borrow::Cow;
 use std::cell::Cell;

@@ -1,15 +1,15 @@
 //! `admission.k8s.io/v1` AdmissionReview, read and written by hand.
 //!
-//! The object stays raw JSON (`serde_json::Value`): patches are computed against
-//! exactly what the apiserver sent, so fields unknown to the compiled Kubernetes
-//! types survive. It is read leniently: `metadata.managedFields` (free-form, any
-//! depth, timestamps a user may set out of any range), `status` and, in a pod, all
-//! of its spec but what admission reads or patches (volumes, and its containers'
-//! env, probes and mounts among what is never read, never patched) are skipped
-//! without being parsed, and the object is read apart from the envelope, so an
-//! object berth cannot read still leaves the uid to answer with a denial. Every
-//! answer is a 200 AdmissionReview echoing the request's uid; `patchType` is set
-//! exactly when a patch is.
+//! A Pod is read straight from the review's bytes into berth's view of it
+//! ([`PodView`]: the fields berth decides on, and which objects and lists the pod
+//! has, for the patch), and nothing else of it is kept: no JSON value is built to
+//! be read again and dropped. Every other object stays JSON (`serde_json::Value`),
+//! read leniently. Either way `metadata.managedFields` (free-form, any depth,
+//! timestamps a user may set out of any range), `status` and all berth neither
+//! reads nor patches are stepped over without being parsed, and the object is read
+//! apart from the envelope, so an object berth cannot read still leaves the uid to
+//! answer with a denial. Every answer is a 200 AdmissionReview echoing the
+//! request's uid; `patchType` is set exactly when a patch is.
 
 use base64::Engine;
 use serde::de::{DeserializeSeed, Error, IgnoredAny, MapAccess, Visitor};
@@ -719,6 +719,7 @@ pub struct Review {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::body::BodyLimits;
 
     fn review(object: &str) -> String {
         format!(
@@ -1037,6 +1038,61 @@ mod tests {
             assert_eq!(read_within(&body, usize::MAX).err(), Some(GaveUp::Shape));
             let why = parse(&body).unwrap_err();
             assert!(why.contains("not UTF-8"), "{why}");
+        }
+    }
+
+    /// A pod's view is counted once it is read: whatever shape a small review
+    /// takes, what the read allocates before the count stays a small multiple of
+    /// its bytes (what the contract states), so that one read per async worker
+    /// at a time can overshoot the free allowance only so far.
+    #[test]
+    fn what_a_pod_view_allocates_is_a_small_multiple_of_its_bytes() {
+        let many = |item: &str, n: usize| vec![item; n].join(",");
+        let keys = |n: usize| {
+            let members: Vec<String> = (0..n).map(|i| format!(r#""{i:x}":"""#)).collect();
+            members.join(",")
+        };
+        let nested = |n| format!("[{}]", many(r#"{"a":[1]}"#, n));
+        let shapes = [
+            format!(
+                r#"{{"spec":{{"affinity":{{"nodeAffinity":{{"requiredDuringSchedulingIgnoredDuringExecution":
+                {{"nodeSelectorTerms":[{{"matchExpressions":[{{"key":"k","operator":"In","values":[{}]}}]}}]}}}}}}}}}}"#,
+                many(r#""""#, 16_000)
+            ),
+            format!(
+                r#"{{"spec":{{"affinity":{{"nodeAffinity":{{"requiredDuringSchedulingIgnoredDuringExecution":
+                {{"nodeSelectorTerms":[{{"matchExpressions":[{}]}}]}}}}}}}}}}"#,
+                many(r#"{"key":"","operator":""}"#, 2_000)
+            ),
+            format!(r#"{{"spec":{{"nodeSelector":{{{}}}}}}}"#, keys(5_000)),
+            format!(r#"{{"metadata":{{"labels":{{{}}}}}}}"#, keys(5_000)),
+            format!(r#"{{"spec":{{"tolerations":[{}]}}}}"#, many("{}", 20_000)),
+            format!(r#"{{"spec":{{"containers":[{}]}}}}"#, many("{}", 20_000)),
+            format!(
+                r#"{{"metadata":{{"ownerReferences":[{}]}}}}"#,
+                many("{}", 20_000)
+            ),
+            format!(
+                r#"{{"spec":{{"containers":[{{"resources":{{"requests":{{"cpu":{}}}}}}}],"priority":{}}}}}"#,
+                nested(2_500),
+                nested(2_500)
+            ),
+            format!(
+                r#"{{"spec":{{"schedulingGates":[{}]}}}}"#,
+                many("{}", 20_000)
+            ),
+        ];
+        for object in shapes {
+            let body = review(&object);
+            assert!(BodyLimits::is_small(body.len()), "{} bytes", body.len());
+            let (request, built) = read_within(body.as_bytes(), usize::MAX).unwrap();
+            assert!(request.unwrap().object.unwrap().pod().is_some());
+            assert!(
+                built <= 20 * body.len(),
+                "{built} bytes built of {}: {}",
+                body.len(),
+                &object[..80]
+            );
         }
     }
 

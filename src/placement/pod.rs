@@ -274,9 +274,9 @@ struct Spec {
     /// The priority and preemption policy as sent, for the patch to compare with
     /// what a queue's PriorityClass sets: berth reads nothing else of them.
     #[serde(default)]
-    priority: Option<serde_json::Value>,
+    priority: Option<Scalar>,
     #[serde(default)]
-    preemption_policy: Option<serde_json::Value>,
+    preemption_policy: Option<Scalar>,
     #[serde(default, deserialize_with = "nullable")]
     scheduling_group: SchedulingGroup,
     /// Pod-level resources: when set, they decide the QoS class.
@@ -327,9 +327,74 @@ struct Resources {
 /// copied.
 #[derive(Debug, Clone, Default)]
 struct Compute {
-    cpu: Option<serde_json::Value>,
-    memory: Option<serde_json::Value>,
+    cpu: Option<Scalar>,
+    memory: Option<Scalar>,
     names_pod_level: bool,
+}
+
+/// A JSON value berth compares or reads as a number, as sent when it is a string,
+/// a number or a boolean. An array or an object is none of these: it is stepped
+/// over rather than built, and kept as `null`, which equals nothing berth writes
+/// and reads as no quantity.
+#[derive(Debug, Clone)]
+struct Scalar(serde_json::Value);
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(ScalarVisitor)
+    }
+}
+
+struct ScalarVisitor;
+
+impl<'de> Visitor<'de> for ScalarVisitor {
+    type Value = Scalar;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, value: bool) -> Result<Scalar, E> {
+        Ok(Scalar(value.into()))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<Scalar, E> {
+        Ok(Scalar(value.into()))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<Scalar, E> {
+        Ok(Scalar(value.into()))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, value: f64) -> Result<Scalar, E> {
+        Ok(Scalar(value.into()))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<Scalar, E> {
+        Ok(Scalar(value.into()))
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Scalar, E> {
+        Ok(Scalar(serde_json::Value::Null))
+    }
+
+    fn visit_none<E: serde::de::Error>(self) -> Result<Scalar, E> {
+        Ok(Scalar(serde_json::Value::Null))
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Scalar, D::Error> {
+        Scalar::deserialize(deserializer)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Scalar, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Scalar(serde_json::Value::Null))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Scalar, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Scalar(serde_json::Value::Null))
+    }
 }
 
 /// The resources a pod's own `resources` may set: CPU, memory and hugepages
@@ -342,11 +407,12 @@ fn is_pod_level_resource(name: &str) -> bool {
 impl Compute {
     /// The raw quantity of `cpu` or `memory`.
     fn get(&self, resource: &str) -> Option<&serde_json::Value> {
-        match resource {
+        let amount = match resource {
             "cpu" => self.cpu.as_ref(),
             "memory" => self.memory.as_ref(),
             _ => None,
-        }
+        };
+        amount.map(|Scalar(value)| value)
     }
 }
 
@@ -773,12 +839,17 @@ impl PodView {
 
     /// `spec.priority` as sent.
     pub fn priority(&self) -> Option<&serde_json::Value> {
-        self.fields.spec.priority.as_ref()
+        self.fields
+            .spec
+            .priority
+            .as_ref()
+            .map(|Scalar(value)| value)
     }
 
     /// `spec.preemptionPolicy` as sent.
     pub fn preemption_policy(&self) -> Option<&serde_json::Value> {
-        self.fields.spec.preemption_policy.as_ref()
+        let policy = self.fields.spec.preemption_policy.as_ref();
+        policy.map(|Scalar(value)| value)
     }
 }
 
