@@ -146,6 +146,41 @@ impl CpuTurn {
     }
 }
 
+/// A body's bytes as they arrive: the first frame kept as it came (most reviews
+/// arrive in one, and need no copy), the bytes of later ones copied after it.
+#[derive(Default)]
+struct Arrived {
+    first: Option<Bytes>,
+    copied: Vec<u8>,
+    /// The length the body announced, if it did: room made at once once it
+    /// needs copying.
+    expected: usize,
+}
+
+impl Arrived {
+    fn len(&self) -> usize {
+        self.first.as_ref().map_or(0, Bytes::len) + self.copied.len()
+    }
+
+    fn push(&mut self, data: Bytes) {
+        if self.first.is_none() && self.copied.is_empty() {
+            self.first = Some(data);
+            return;
+        }
+        if let Some(first) = self.first.take() {
+            self.copied
+                .reserve(self.expected.max(first.len() + data.len()));
+            self.copied.extend_from_slice(&first);
+        }
+        self.copied.extend_from_slice(&data);
+    }
+
+    fn into_bytes(self) -> Bytes {
+        // The first frame is kept only while it is all there is.
+        self.first.unwrap_or_else(|| Bytes::from(self.copied))
+    }
+}
+
 /// Whether a request holds the budget it needs.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Charge {
@@ -179,7 +214,7 @@ impl BodyLimits {
     /// since the request's uid is there. It reads and waits for room no later than
     /// `answer_by`.
     pub async fn read(&self, body: Body, answer_by: Instant) -> ReadBody {
-        let mut bytes: Vec<u8> = Vec::new();
+        let mut bytes = Arrived::default();
         let mut held: Option<OwnedSemaphorePermit> = None;
         let announced = HttpBody::size_hint(&body)
             .exact()
@@ -193,7 +228,7 @@ impl BodyLimits {
                     .reserve(&mut held, Self::units(length), answer_by)
                     .await
                 {
-                    bytes.reserve(length);
+                    bytes.expected = length;
                 } else {
                     refused = Some(Unread::Busy);
                 }
@@ -218,20 +253,21 @@ impl BodyLimits {
                 if refused.is_some() {
                     // Keep what the prefix still has room for: the uid is there.
                     let room = PREFIX.saturating_sub(bytes.len()).min(data.len());
-                    bytes.extend_from_slice(&data[..room]);
+                    bytes.push(data.slice(..room));
                     if bytes.len() >= PREFIX {
                         break;
                     }
                     continue;
                 }
-                bytes.extend_from_slice(&data);
+                bytes.push(data);
             }
             Ok::<_, String>(refused)
         })
         .await;
-        let prefix = |bytes: &[u8]| Bytes::copy_from_slice(&bytes[..bytes.len().min(PREFIX)]);
+        let bytes = bytes.into_bytes();
+        let prefix = |bytes: &Bytes| bytes.slice(..bytes.len().min(PREFIX));
         match read {
-            Ok(Ok(None)) => ReadBody::Whole(Bytes::from(bytes), held),
+            Ok(Ok(None)) => ReadBody::Whole(bytes, held),
             Ok(Ok(Some(Unread::TooLarge))) => ReadBody::TooLarge(prefix(&bytes)),
             Ok(Ok(Some(Unread::Busy))) => ReadBody::Busy(prefix(&bytes)),
             Ok(Err(e)) => ReadBody::Incomplete(prefix(&bytes), e),
@@ -360,6 +396,28 @@ mod tests {
             panic!("a body over the limit is not read whole");
         };
         assert_eq!(prefix.len(), PREFIX, "its first bytes are kept");
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_whole_in_order_and_one_frame_is_not_copied() {
+        let limits = BodyLimits::new(200_000, 800_000, Duration::from_secs(5));
+        let frames = |parts: &[&'static [u8]]| {
+            let parts: Vec<Result<Bytes, std::convert::Infallible>> =
+                parts.iter().map(|p| Ok(Bytes::from_static(p))).collect();
+            Body::from_stream(futures::stream::iter(parts))
+        };
+        let ReadBody::Whole(bytes, _) = limits
+            .read(frames(&[b"ab", b"", b"cd", b"e"]), later())
+            .await
+        else {
+            panic!("read whole");
+        };
+        assert_eq!(&bytes[..], b"abcde");
+        let one: &'static [u8] = b"{\"kind\":\"AdmissionReview\"}";
+        let ReadBody::Whole(bytes, _) = limits.read(frames(&[one]), later()).await else {
+            panic!("read whole");
+        };
+        assert_eq!(bytes.as_ptr(), one.as_ptr(), "kept as it came");
     }
 
     #[tokio::test]

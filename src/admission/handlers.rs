@@ -217,7 +217,10 @@ async fn refuse_unauthenticated(state: &AppState, body: Body) -> Response {
 /// The AdmissionReview carrying `response`, as JSON written into one buffer sized
 /// for its patch and warnings (most of it) rather than grown as it is written.
 fn answer(response: AdmissionResponse) -> Response {
-    let texts = response.patch.iter().chain(&response.warnings);
+    let patch = response.patch.as_ref().map(|p| p.get());
+    let texts = patch
+        .into_iter()
+        .chain(response.warnings.iter().map(String::as_str));
     let size = texts.map(|t| t.len() + 8).sum::<usize>() + 256;
     let mut body = Vec::with_capacity(size);
     match serde_json::to_writer(&mut body, &response.into_review()) {

@@ -43,15 +43,13 @@ pub struct AdmissionRequest {
 }
 
 /// An object under review, as berth reads it.
-// A request holds one or two, never a collection of them: boxing the pod's view to
-// even the variants out would cost an allocation per review for nothing.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Object {
     /// A Pod, read into berth's view of it ([`ReadPod`]), or why berth cannot read
     /// it (a field it needs of the wrong shape, a list over its bound): the pod is
     /// then refused.
-    Pod(Result<PodView, String>),
+    /// Boxed, as [`ReadPod`] reads it.
+    Pod(Box<Result<PodView, String>>),
     /// An object of any other kind, as JSON.
     Json(Value),
 }
@@ -59,7 +57,7 @@ pub enum Object {
 impl Object {
     pub fn pod(&self) -> Option<&Result<PodView, String>> {
         match self {
-            Object::Pod(pod) => Some(pod),
+            Object::Pod(pod) => Some(pod.as_ref()),
             Object::Json(_) => None,
         }
     }
@@ -270,7 +268,7 @@ fn read_pod(text: &str) -> serde_json::Result<Option<Object>> {
         return Ok(pod.map(|ReadPod(pod)| Object::Pod(pod)));
     }
     let json = crate::lenient::read_json(text, Skip::PodContainerDetail)?;
-    Ok(json.map(|json| Object::Pod(PodView::read(&json))))
+    Ok(json.map(|json| Object::Pod(Box::new(PodView::read(&json)))))
 }
 
 /// Sets a field once: a second one is a surprise.
@@ -624,15 +622,18 @@ impl Scanner<'_> {
 }
 
 /// The answer to one request.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionResponse {
     pub uid: String,
     pub allowed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<Value>,
+    /// The patch, base64-encoded, as the JSON string the answer carries: written
+    /// once, as it is, rather than scanned again for characters to escape
+    /// (base64 has none).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub patch: Option<String>,
+    pub patch: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub patch_type: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -681,7 +682,12 @@ impl AdmissionResponse {
             if serde_json::to_writer(&mut bytes, patch).is_err() {
                 bytes.clear();
             }
-            self.patch = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
+            let mut text = String::with_capacity(bytes.len().div_ceil(3) * 4 + 2);
+            text.push('"');
+            base64::engine::general_purpose::STANDARD.encode_string(bytes, &mut text);
+            text.push('"');
+            // A quoted base64 string is JSON.
+            self.patch = RawValue::from_string(text).ok();
             self.patch_type = Some("JSONPatch".into());
         }
         self

@@ -490,11 +490,14 @@ pub struct PodView {
 /// every pod alike. A pod whose fields have the wrong shape fails the read (the
 /// reader then says why, through [`PodView::read`]); one of another kind or over
 /// a bound is read, as the reason berth refuses it.
-pub struct ReadPod(pub Result<PodView, String>);
+/// It is boxed at once: a review is moved from step to step of its read, and
+/// copying the view with it cost more than its allocation.
+pub struct ReadPod(pub Box<Result<PodView, String>>);
 
 impl<'de> Deserialize<'de> for ReadPod {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Fields::deserialize(deserializer).map(|fields| ReadPod(PodView::checked(fields)))
+        let fields = Fields::deserialize(deserializer)?;
+        Ok(ReadPod(Box::new(PodView::checked(fields))))
     }
 }
 
