@@ -149,14 +149,7 @@ fn compile(policies: &[PlacementPolicy]) -> PolicySet {
 
 /// Admits `pod`; returns the patched pod and the decision's applied policies.
 fn admit(pod: &Value, ns: &NamespaceInfo, set: &PolicySet) -> (Value, Vec<String>, usize) {
-    let decision = decide(&Input {
-        pod,
-        namespace: ns,
-        policies: set,
-        nodes: None,
-        requester: Requester::Other,
-        groups: Default::default(),
-    });
+    let decision = decide_in(pod, ns, set);
     let patch = build_patch(pod, &decision.grants);
     let mut out = pod.clone();
     json_patch::patch(&mut out, &patch).expect("a patch applies to the pod it was built for");
