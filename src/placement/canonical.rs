@@ -13,8 +13,6 @@
 use k8s_openapi::api::core::v1::{
     NodeSelectorRequirement, NodeSelectorTerm, PreferredSchedulingTerm, Toleration,
 };
-use serde::de::DeserializeOwned;
-use serde_json::Value;
 
 /// A node requirement: key, operator and its values in order (absent and empty
 /// values are the same).
@@ -95,12 +93,6 @@ pub fn toleration_key(t: &Toleration) -> TolerationKey {
     }
 }
 
-/// The key of a raw JSON item, when it reads as `T`; an item that does not read
-/// (a wrong type somewhere) is the same as nothing berth grants.
-pub fn key_of_json<T: DeserializeOwned, K>(item: &Value, key: impl Fn(&T) -> K) -> Option<K> {
-    T::deserialize(item).ok().map(|typed| key(&typed))
-}
-
 /// `r` as berth writes it: no `values` when there are none, as the apiserver
 /// stores it.
 pub fn normalized(r: &NodeSelectorRequirement) -> NodeSelectorRequirement {
@@ -113,6 +105,7 @@ pub fn normalized(r: &NodeSelectorRequirement) -> NodeSelectorRequirement {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
     use serde_json::json;
 
     fn requirement(value: Value) -> NodeSelectorRequirement {

@@ -3,8 +3,9 @@
 //! berth reads only the fields it decides on, into its own small types: never
 //! `metadata.managedFields` (free-form, any depth, timestamps a user may set out of
 //! any range), never `status`, and nothing else it does not need. A pod is refused
-//! only when a field berth needs has the wrong shape. Patches are computed against
-//! the raw JSON (see [`super::patch`]), so fields these types do not know survive.
+//! only when a field berth needs has the wrong shape. The view also says which
+//! objects and lists the pod has, as sent, for the patch ([`super::patch`]), whose
+//! targeted operations leave every field these types do not know as it was.
 
 use std::collections::BTreeMap;
 
@@ -936,12 +937,6 @@ pub fn is_wildcard_for(toleration: &Toleration, effect: &str) -> bool {
             .effect
             .as_deref()
             .is_none_or(|e| e.is_empty() || e == effect)
-}
-
-/// Whether a raw node-selector term matches nothing ([`super::selection::is_empty_term`]);
-/// a term that cannot be read is not taken for empty.
-pub fn is_empty_term(term: &serde_json::Value) -> bool {
-    NodeSelectorTerm::deserialize(term).is_ok_and(|t| super::selection::is_empty_term(&t))
 }
 
 #[cfg(test)]
