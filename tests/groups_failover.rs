@@ -29,11 +29,12 @@ fn member(name: &str) -> Pod {
     gang_member("crew", name, "crew", 3, "100m")
 }
 
-/// The messages of the WaitingForGang Events in `ns` that controller `identity`
-/// published, once there is one.
-async fn waiting_events(berth: &Berth, ns: &str, identity: &str) -> String {
+/// Waits until controller `identity` has published a WaitingForGang Event in
+/// `ns` that `says` it. A controller publishes one per count it sees, and may see
+/// the first of two members created at once before the second.
+async fn waiting_events(berth: &Berth, ns: &str, identity: &str, says: &str) {
     eventually(
-        &format!("a WaitingForGang Event from {identity}"),
+        &format!("a WaitingForGang Event from {identity}: {says}"),
         WAIT,
         || async {
             let out = berth.cluster.kubectl(&[
@@ -46,8 +47,9 @@ async fn waiting_events(berth: &Berth, ns: &str, identity: &str) -> String {
                 "-o",
                 &format!("jsonpath={{.items[?(@.reportingInstance==\"{identity}\")].message}}"),
             ]);
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            (!text.is_empty()).then_some(text)
+            String::from_utf8_lossy(&out.stdout)
+                .contains(says)
+                .then_some(())
         },
     )
     .await
@@ -65,8 +67,7 @@ async fn a_new_controller_holds_a_half_counted_gang_and_releases_it_whole() {
     )]);
     let ns = opted_in(&client, "crew", "crew", json!({"app": "crew"}), WAIT).await;
     create_at_once(&client, &ns, vec![member("a"), member("b")]).await;
-    let note = waiting_events(berth, &ns, "first").await;
-    assert!(note.contains("gang crew has 2 of its 3 members"), "{note}");
+    waiting_events(berth, &ns, "first", "gang crew has 2 of its 3 members").await;
 
     // The controller crashes with the group half-counted; a new one takes the
     // Lease once it expires, knowing only what the cluster says.
@@ -76,8 +77,7 @@ async fn a_new_controller_holds_a_half_counted_gang_and_releases_it_whole() {
         (lease_holder(&client).await.as_deref() == Some("second")).then_some(())
     })
     .await;
-    let note = waiting_events(berth, &ns, "second").await;
-    assert!(note.contains("gang crew has 2 of its 3 members"), "{note}");
+    waiting_events(berth, &ns, "second", "gang crew has 2 of its 3 members").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     for pod in pods.list(&ListParams::default()).await.unwrap() {
         let spec = pod.spec.unwrap();
