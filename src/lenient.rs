@@ -80,10 +80,11 @@ impl Meter {
     /// typed values, whose cost no constant here says. The count is jemalloc's
     /// own (the bytes this thread allocated, freed since or not), so it is exact,
     /// but it comes once the read is done: a read may build more than its
-    /// allowance before it is stopped. Only a small review's object is read so
-    /// (at most 64 KiB of JSON, one at a time per async worker), and what it built
-    /// is dropped at once when it is over. Where jemalloc does not count, every
-    /// read is over.
+    /// allowance before it is stopped. Only a small review (at most 64 KiB of
+    /// JSON, one at a time per async worker) is read within an allowance, and
+    /// what it built is dropped at once when it is over; a larger one is read once
+    /// the walk's estimate is charged. Where jemalloc does not count, every read
+    /// is over.
     pub fn charge_allocated<T, E: Error>(
         &self,
         read: impl FnOnce() -> Result<T, E>,

@@ -45,10 +45,9 @@ pub struct AdmissionRequest {
 /// An object under review, as berth reads it.
 #[derive(Debug, Clone)]
 pub enum Object {
-    /// A Pod, read into berth's view of it ([`ReadPod`]), or why berth cannot read
-    /// it (a field it needs of the wrong shape, a list over its bound): the pod is
-    /// then refused.
-    /// Boxed, as [`ReadPod`] reads it.
+    /// A Pod, read into berth's view of it ([`ReadPod`], boxed as it reads it), or
+    /// why berth cannot read it (a field it needs of the wrong shape, a list over
+    /// its bound): the pod is then refused.
     Pod(Box<Result<PodView, String>>),
     /// An object of any other kind, as JSON.
     Json(Value),

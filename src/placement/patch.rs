@@ -147,12 +147,12 @@ fn is_owned_preferred(term: &PreferredSchedulingTerm) -> bool {
 
 /// For a list where berth owns some items: the indices to remove (owned and no
 /// longer wanted, or repeated) in descending order, and the wanted items missing.
-/// Items are compared by `key` (an item without one equals nothing), so the cost
-/// grows with the list's length times its logarithm, whatever a pod brings.
+/// Items are compared by `key`, so the cost grows with the list's length times
+/// its logarithm, whatever a pod brings.
 fn reconcile_list<T, K: Ord>(
     current: &[T],
     wanted: Wanted<K>,
-    key: impl Fn(&T) -> Option<K>,
+    key: impl Fn(&T) -> K,
     owned: impl Fn(&T) -> bool,
 ) -> (Vec<usize>, Vec<Value>) {
     let wanted_keys: BTreeSet<&K> = wanted.iter().map(|(k, _)| k).collect();
@@ -160,15 +160,11 @@ fn reconcile_list<T, K: Ord>(
     let mut remove = Vec::new();
     for (i, item) in current.iter().enumerate() {
         let item_key = key(item);
-        if owned(item) {
-            match item_key {
-                Some(k) if wanted_keys.contains(&k) && !kept.contains(&k) => {
-                    kept.insert(k);
-                }
-                _ => remove.push(i),
-            }
-        } else if let Some(k) = item_key {
-            kept.insert(k);
+        if !owned(item) {
+            kept.insert(item_key);
+        } else if !wanted_keys.contains(&item_key) || !kept.insert(item_key) {
+            // berth's, and no longer wanted or already kept once.
+            remove.push(i);
         }
     }
     remove.reverse();
@@ -209,7 +205,7 @@ impl Builder<'_> {
         (parent, name): (Part, &str),
         current: Option<&[T]>,
         wanted: Wanted<K>,
-        key: impl Fn(&T) -> Option<K>,
+        key: impl Fn(&T) -> K,
         owned: impl Fn(&T) -> bool,
     ) {
         let path = [parent.path(), &[name]].concat();
@@ -232,15 +228,9 @@ impl Builder<'_> {
     }
 
     fn tolerations(&mut self, wanted: Wanted<TolerationKey>) {
-        let key = |t: &Toleration| Some(toleration_key(t));
         let current = self.pod.toleration_list();
-        self.list(
-            (Part::Spec, "tolerations"),
-            current,
-            wanted,
-            key,
-            is_owned_toleration,
-        );
+        let list = (Part::Spec, "tolerations");
+        self.list(list, current, wanted, toleration_key, is_owned_toleration);
     }
 
     /// A held pod that named its node loses the name ([`Grants::pinned_to`]).
@@ -320,17 +310,16 @@ impl Builder<'_> {
     }
 
     fn preferred(&mut self, wanted: Wanted<PreferredKey>) {
-        let key = |t: &PreferredSchedulingTerm| Some(preferred_key(t));
         let current = self.pod.preferred_list();
         let list = (Part::NodeAffinity, PREFERRED);
-        self.list(list, current, wanted, key, is_owned_preferred);
+        self.list(list, current, wanted, preferred_key, is_owned_preferred);
     }
 
     /// Scheduling gates can only be added at CREATE, which is when berth mutates.
     /// Every `berth.io/` gate is berth's: one the pod brings itself is removed.
     fn scheduling_gates(&mut self, wanted: Wanted<String>) {
         let current = self.pod.gate_list();
-        let name = |g: &&str| Some(g.to_string());
+        let name = |g: &&str| g.to_string();
         let owned = |g: &&str| is_berth_gate(g);
         let list = (Part::Spec, "schedulingGates");
         self.list(list, current.as_deref(), wanted, name, owned);

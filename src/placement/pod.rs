@@ -340,6 +340,12 @@ struct Compute {
 #[derive(Debug, Clone)]
 struct Scalar(serde_json::Value);
 
+impl Scalar {
+    fn json(&self) -> &serde_json::Value {
+        &self.0
+    }
+}
+
 impl<'de> Deserialize<'de> for Scalar {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_any(ScalarVisitor)
@@ -413,7 +419,7 @@ impl Compute {
             "memory" => self.memory.as_ref(),
             _ => None,
         };
-        amount.map(|Scalar(value)| value)
+        amount.map(Scalar::json)
     }
 }
 
@@ -491,6 +497,7 @@ pub struct PodView {
 /// every pod alike. A pod whose fields have the wrong shape fails the read (the
 /// reader then says why, through [`PodView::read`]); one of another kind or over
 /// a bound is read, as the reason berth refuses it.
+///
 /// It is boxed at once: a review is moved from step to step of its read, and
 /// copying the view with it cost more than its allocation.
 pub struct ReadPod(pub Box<Result<PodView, String>>);
@@ -843,17 +850,16 @@ impl PodView {
 
     /// `spec.priority` as sent.
     pub fn priority(&self) -> Option<&serde_json::Value> {
-        self.fields
-            .spec
-            .priority
-            .as_ref()
-            .map(|Scalar(value)| value)
+        self.fields.spec.priority.as_ref().map(Scalar::json)
     }
 
     /// `spec.preemptionPolicy` as sent.
     pub fn preemption_policy(&self) -> Option<&serde_json::Value> {
-        let policy = self.fields.spec.preemption_policy.as_ref();
-        policy.map(|Scalar(value)| value)
+        self.fields
+            .spec
+            .preemption_policy
+            .as_ref()
+            .map(Scalar::json)
     }
 }
 
