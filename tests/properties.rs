@@ -6,6 +6,7 @@ mod support;
 
 use berth::names::{self, POOL_LABEL, POOL_TAINT};
 use berth::placement::feasibility::{Placement, node_fits};
+use berth::placement::patch::write_patch;
 use berth::placement::pod::PodView;
 use berth::placement::{
     Decision, Input, NamespaceInfo, NodeInfo, PodSource, Requester, build_patch, decide,
@@ -151,6 +152,18 @@ fn compile(policies: &[PlacementPolicy]) -> PolicySet {
 fn admit(pod: &Value, ns: &NamespaceInfo, set: &PolicySet) -> (Value, Vec<String>, usize) {
     let decision = decide_in(pod, ns, set);
     let patch = build_patch(pod, &decision.grants);
+    // The webhook writes the same operations as text, straight into its answer.
+    let view = pod.view().expect("a generated pod is readable");
+    let text = write_patch(&view, &decision.grants)
+        .finish()
+        .expect("berth's patch is written");
+    let written: json_patch::Patch = text.map_or_else(Default::default, |t| {
+        serde_json::from_slice(&t).expect("JSON Patch")
+    });
+    assert_eq!(
+        written, patch,
+        "the webhook's patch text differs from the patch"
+    );
     let mut out = pod.clone();
     json_patch::patch(&mut out, &patch).expect("a patch applies to the pod it was built for");
     (out, decision.grants.applied, patch.0.len())

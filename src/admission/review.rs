@@ -673,24 +673,27 @@ impl AdmissionResponse {
     }
 
     /// Adds `patch`, and `patchType` with it, unless the patch is empty.
-    pub fn with_patch(mut self, patch: &json_patch::Patch) -> Self {
-        if !patch.0.is_empty() {
-            // Room for an ordinary patch's operations at once: growing the buffer
-            // operation by operation copied it several times per review.
-            let mut bytes = Vec::with_capacity(PATCH_BYTES_PER_OPERATION * patch.0.len());
-            // A patch of JSON values and pointers always serialises; were it not
-            // to, the patch would be empty rather than cut short.
-            if serde_json::to_writer(&mut bytes, patch).is_err() {
-                bytes.clear();
-            }
-            let mut text = String::with_capacity(bytes.len().div_ceil(3) * 4 + 2);
-            text.push('"');
-            base64::engine::general_purpose::STANDARD.encode_string(bytes, &mut text);
-            text.push('"');
-            // A quoted base64 string is JSON.
-            self.patch = RawValue::from_string(text).ok();
-            self.patch_type = Some("JSONPatch".into());
+    pub fn with_patch(self, patch: &json_patch::Patch) -> Self {
+        if patch.0.is_empty() {
+            return self;
         }
+        // A patch of JSON values and pointers always serialises; were it not to,
+        // the patch would be empty rather than cut short.
+        match serde_json::to_vec(patch) {
+            Ok(json) => self.with_patch_text(&json),
+            Err(_) => self,
+        }
+    }
+
+    /// Adds the JSON Patch `json`, already written as text, and `patchType`.
+    pub fn with_patch_text(mut self, json: &[u8]) -> Self {
+        let mut text = String::with_capacity(json.len().div_ceil(3) * 4 + 2);
+        text.push('"');
+        base64::engine::general_purpose::STANDARD.encode_string(json, &mut text);
+        text.push('"');
+        // A quoted base64 string is JSON.
+        self.patch = RawValue::from_string(text).ok();
+        self.patch_type = Some("JSONPatch".into());
         self
     }
 
@@ -708,10 +711,6 @@ impl AdmissionResponse {
         }
     }
 }
-
-/// What one operation of berth's patch takes serialised, about: a path and a
-/// toleration, a node affinity or the applied annotation.
-const PATCH_BYTES_PER_OPERATION: usize = 192;
 
 /// An AdmissionReview answering a request, serialised as it stands (no
 /// intermediate JSON value).

@@ -13,10 +13,11 @@ use crate::names::is_owned_node_key;
 use crate::placement::canonical::{RequirementKey, requirement_key};
 use crate::placement::entitlement::breaches_in_words;
 use crate::placement::groups::GroupContext;
+use crate::placement::patch::{PatchText, write_patch};
 use crate::placement::pod::PodView;
 use crate::placement::records::{forbidden_changes, unheld_record};
 use crate::placement::warning::bounded;
-use crate::placement::{Decision, Input, NamespaceInfo, NodeIndex, Requester, build_patch, decide};
+use crate::placement::{Decision, Input, NamespaceInfo, NodeIndex, Requester, decide};
 use crate::policy::{CompiledPolicy, NamespaceConfig, PlacementPolicy, PolicySet};
 
 /// What one admission sees of the cluster.
@@ -151,17 +152,29 @@ pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResp
         let response = AdmissionResponse::deny(request, reason).with_warnings(decision.warnings);
         return (response, verdict);
     }
-    let patch = build_patch(object, &decision.grants);
-    let outcome = if patch.0.is_empty() {
-        "unchanged"
-    } else {
-        "patched"
+    // A pod berth could not read was refused above.
+    let text = object
+        .as_ref()
+        .ok()
+        .map(|pod| write_patch(pod, &decision.grants));
+    let patch = match text.map(PatchText::finish).transpose() {
+        Ok(patch) => patch.flatten(),
+        Err(error) => {
+            // Unreachable for berth's own types; refused rather than admitted
+            // without what the policies require.
+            let reason = format!("berth could not write its patch: {error}");
+            let response = AdmissionResponse::deny(request, &reason);
+            return (response, verdict("denied"));
+        }
     };
-    let verdict = verdict(outcome);
+    let Some(patch) = patch else {
+        let response = AdmissionResponse::allow(request).with_warnings(decision.warnings);
+        return (response, verdict("unchanged"));
+    };
     let response = AdmissionResponse::allow(request)
-        .with_patch(&patch)
+        .with_patch_text(&patch)
         .with_warnings(decision.warnings);
-    (response, verdict)
+    (response, verdict("patched"))
 }
 
 /// `POST /validate`: Pods (CREATE, UPDATE), Namespaces (berth annotations) and

@@ -29,13 +29,14 @@ use std::collections::BTreeSet;
 
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PreferredSchedulingTerm, Toleration};
 
 use super::PodSource;
 use super::canonical::{
-    PreferredKey, RequirementKey, TolerationKey, preferred_key, requirement_key, toleration_key,
+    PreferredKey, TolerationKey, preferred_key, requirement_key, toleration_key,
 };
 use super::grants::{Grants, QueuePriority};
 use super::pod::{Part, PodView};
@@ -44,28 +45,171 @@ use crate::names::{APPLIED_ANNOTATION, POOL_TAINT, is_berth_gate, is_owned_node_
 
 const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
 
-/// What berth wants in a list: each item's key (what it means to Kubernetes) and
-/// the item as JSON, to compare with and insert into the raw pod. The key comes
-/// from the typed grant, not from the JSON read back.
-type Wanted<K> = Vec<(K, Value)>;
+/// Where the patch's operations go. The rules live once, in [`Builder`]; a sink
+/// only writes what it is given: as JSON Patch values ([`build_patch`], for the
+/// controller and the CLI) or as JSON text straight into the webhook's answer
+/// ([`write_patch`]), with no JSON value built between.
+pub trait Ops {
+    fn add<V: Serialize + ?Sized>(&mut self, path: &[&str], value: &V);
+    fn remove(&mut self, path: &[&str]);
+}
 
-fn wanted<T: serde::Serialize, K>(items: &[T], key: impl Fn(&T) -> K) -> Wanted<K> {
-    // Serialising k8s-openapi types into a Value cannot fail.
-    items
-        .iter()
-        .filter_map(|i| Some((key(i), serde_json::to_value(i).ok()?)))
-        .collect()
+impl Ops for Vec<PatchOperation> {
+    fn add<V: Serialize + ?Sized>(&mut self, path: &[&str], value: &V) {
+        // berth's grants and the pod's own items have string keys only, so they
+        // always become JSON values.
+        let value = serde_json::to_value(value).unwrap_or_default();
+        self.push(add(path, value));
+    }
+
+    fn remove(&mut self, path: &[&str]) {
+        self.push(remove(path));
+    }
+}
+
+/// A JSON Patch written as text, as the webhook answers it.
+#[derive(Debug, Default)]
+pub struct PatchText {
+    /// The JSON array of operations; empty when there are none.
+    json: Vec<u8>,
+    operations: usize,
+    /// A reused buffer for the JSON Pointer of the operation being written.
+    path: String,
+    /// Set when a value could not be written, which would leave the text cut short.
+    failed: Option<serde_json::Error>,
+}
+
+impl PatchText {
+    fn open(&mut self, op: &str, tokens: &[&str]) {
+        if self.json.is_empty() {
+            // Room for an ordinary patch at once, rather than grown op by op.
+            self.json.reserve(PATCH_BYTES);
+            self.json.push(b'[');
+        } else {
+            self.json.push(b',');
+        }
+        self.operations += 1;
+        self.json.extend_from_slice(b"{\"op\":\"");
+        self.json.extend_from_slice(op.as_bytes());
+        self.json.extend_from_slice(b"\",\"path\":");
+        self.path.clear();
+        for token in tokens {
+            self.path.push('/');
+            // RFC 6901: `~` first, so an escaped `/` is not escaped again.
+            for c in token.chars() {
+                match c {
+                    '~' => self.path.push_str("~0"),
+                    '/' => self.path.push_str("~1"),
+                    c => self.path.push(c),
+                }
+            }
+        }
+        let path = std::mem::take(&mut self.path);
+        self.write(path.as_str());
+        self.path = path;
+    }
+
+    fn write<V: Serialize + ?Sized>(&mut self, value: &V) {
+        if let Err(error) = serde_json::to_writer(&mut self.json, value) {
+            self.failed.get_or_insert(error);
+        }
+    }
+
+    /// The patch as JSON text, `None` when it has no operation; an error when a
+    /// value could not be written (berth's own types always can).
+    pub fn finish(mut self) -> Result<Option<Vec<u8>>, serde_json::Error> {
+        if let Some(error) = self.failed {
+            return Err(error);
+        }
+        if self.operations == 0 {
+            return Ok(None);
+        }
+        self.json.push(b']');
+        Ok(Some(self.json))
+    }
+}
+
+/// What an ordinary patch of berth's takes as text, about: a few operations of a
+/// path and a toleration, a node affinity or the applied annotation.
+const PATCH_BYTES: usize = 768;
+
+impl Ops for PatchText {
+    fn add<V: Serialize + ?Sized>(&mut self, path: &[&str], value: &V) {
+        self.open("add", path);
+        self.json.extend_from_slice(b",\"value\":");
+        self.write(value);
+        self.json.push(b'}');
+    }
+
+    fn remove(&mut self, path: &[&str]) {
+        self.open("remove", path);
+        self.json.push(b'}');
+    }
+}
+
+/// What berth wants in a list: each item's key (what it means to Kubernetes) and
+/// the item, to compare with and write into the raw pod. The key comes from the
+/// typed grant, not from JSON read back.
+type Wanted<K, T> = Vec<(K, T)>;
+
+fn wanted<T, K>(items: &[T], key: impl Fn(&T) -> K) -> Wanted<K, &T> {
+    items.iter().map(|i| (key(i), i)).collect()
 }
 
 /// The operations that apply `grants` to `pod`; empty when the pod already is
 /// what berth wants, or cannot be read (berth then refuses it).
 pub fn build_patch<P: PodSource + ?Sized>(pod: &P, grants: &Grants) -> Patch {
-    let Ok(pod) = pod.view() else {
-        return Patch(Vec::new());
-    };
+    let mut ops = Vec::new();
+    if let Ok(pod) = pod.view() {
+        apply(&pod, grants, &mut ops);
+    }
+    Patch(ops)
+}
+
+/// The same operations as [`build_patch`], written as JSON text.
+pub fn write_patch(pod: &PodView, grants: &Grants) -> PatchText {
+    let mut text = PatchText::default();
+    apply(pod, grants, &mut text);
+    text
+}
+
+/// A scheduling gate as the pod lists it.
+#[derive(Serialize)]
+struct Gate<'a> {
+    name: &'a str,
+}
+
+/// `spec.schedulingGroup`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SchedulingGroup<'a> {
+    pod_group_name: &'a str,
+}
+
+/// A nodeSelectorTerm of berth's own, borrowed from the grants.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Term<'a> {
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    match_expressions: &'a [NodeSelectorRequirement],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    match_fields: &'a [NodeSelectorRequirement],
+}
+
+/// An object berth creates empty, to fill: `{}`.
+struct Empty;
+
+impl Serialize for Empty {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        serializer.serialize_map(Some(0))?.end()
+    }
+}
+
+fn apply<O: Ops>(pod: &PodView, grants: &Grants, ops: &mut O) {
     let mut builder = Builder {
-        pod: &pod,
-        ops: Vec::new(),
+        pod,
+        ops,
         created: Vec::new(),
     };
     builder.tolerations(wanted(&grants.tolerations, toleration_key));
@@ -76,27 +220,23 @@ pub fn build_patch<P: PodSource + ?Sized>(pod: &P, grants: &Grants) -> Patch {
         .into_iter()
         .collect();
     builder.pinned(pinned);
-    builder.required(
-        &wanted(&grants.required, requirement_key),
-        &wanted(&pin, requirement_key),
-    );
+    builder.required(&grants.required, &pin);
     builder.preferred(wanted(&grants.preferred, preferred_key));
     builder.scheduler(grants.scheduler_name.as_deref());
     let gates = grants
         .scheduling_gates
         .iter()
-        .map(|g| (g.clone(), json!({"name": g})))
+        .map(|g| (g.as_str(), Gate { name: g }))
         .collect();
     builder.scheduling_gates(gates);
     builder.scheduling_group(grants.pod_group.as_deref());
     builder.priority(grants.priority.as_ref());
     builder.applied_annotation(&grants.applied);
-    Patch(builder.ops)
 }
 
-struct Builder<'a> {
+struct Builder<'a, O> {
     pod: &'a PodView,
-    ops: Vec<PatchOperation>,
+    ops: &'a mut O,
     /// Objects this patch creates, so each is added once.
     created: Vec<Part>,
 }
@@ -149,12 +289,12 @@ fn is_owned_preferred(term: &PreferredSchedulingTerm) -> bool {
 /// longer wanted, or repeated) in descending order, and the wanted items missing.
 /// Items are compared by `key`, so the cost grows with the list's length times
 /// its logarithm, whatever a pod brings.
-fn reconcile_list<T, K: Ord>(
+fn reconcile_list<T, K: Ord, W>(
     current: &[T],
-    wanted: Wanted<K>,
+    wanted: Wanted<K, W>,
     key: impl Fn(&T) -> K,
     owned: impl Fn(&T) -> bool,
-) -> (Vec<usize>, Vec<Value>) {
+) -> (Vec<usize>, Vec<W>) {
     let wanted_keys: BTreeSet<&K> = wanted.iter().map(|(k, _)| k).collect();
     let mut kept: BTreeSet<K> = BTreeSet::new();
     let mut remove = Vec::new();
@@ -175,15 +315,7 @@ fn reconcile_list<T, K: Ord>(
     (remove, missing)
 }
 
-impl Builder<'_> {
-    fn add(&mut self, tokens: &[&str], value: Value) {
-        self.ops.push(add(tokens, value));
-    }
-
-    fn remove(&mut self, tokens: &[&str]) {
-        self.ops.push(remove(tokens));
-    }
-
+impl<O: Ops> Builder<'_, O> {
     /// Makes sure `part` and its parents exist, creating the missing ones (a
     /// `null` counts as missing) from the top down.
     fn ensure_object(&mut self, part: Part) {
@@ -194,17 +326,17 @@ impl Builder<'_> {
             self.ensure_object(parent);
         }
         self.created.push(part);
-        self.add(part.path(), json!({}));
+        self.ops.add(part.path(), &Empty);
     }
 
     /// Adds the list `name` of `parent` when the pod has none (`current`), else
     /// reconciles it with the pod's ([`reconcile_list`]): berth's items it no
     /// longer wants go, and the wanted ones it lacks are appended.
-    fn list<T, K: Ord>(
+    fn list<T, K: Ord, W: Serialize>(
         &mut self,
         (parent, name): (Part, &str),
         current: Option<&[T]>,
-        wanted: Wanted<K>,
+        wanted: Wanted<K, W>,
         key: impl Fn(&T) -> K,
         owned: impl Fn(&T) -> bool,
     ) {
@@ -212,22 +344,23 @@ impl Builder<'_> {
         let Some(current) = current else {
             if !wanted.is_empty() {
                 self.ensure_object(parent);
-                let items = wanted.into_iter().map(|(_, item)| item).collect();
-                self.add(&path, Value::Array(items));
+                let items: Vec<W> = wanted.into_iter().map(|(_, item)| item).collect();
+                self.ops.add(&path, &items);
             }
             return;
         };
         let (remove, missing) = reconcile_list(current, wanted, key, owned);
         for i in remove {
-            self.remove(&[&path[..], &[i.to_string().as_str()]].concat());
+            self.ops
+                .remove(&[&path[..], &[i.to_string().as_str()]].concat());
         }
         let end = [&path[..], &["-"]].concat();
         for item in missing {
-            self.add(&end, item);
+            self.ops.add(&end, &item);
         }
     }
 
-    fn tolerations(&mut self, wanted: Wanted<TolerationKey>) {
+    fn tolerations(&mut self, wanted: Wanted<TolerationKey, &Toleration>) {
         let current = self.pod.toleration_list();
         let list = (Part::Spec, "tolerations");
         self.list(list, current, wanted, toleration_key, is_owned_toleration);
@@ -236,33 +369,26 @@ impl Builder<'_> {
     /// A held pod that named its node loses the name ([`Grants::pinned_to`]).
     fn pinned(&mut self, node: Option<&str>) {
         if node.is_some() && self.pod.has_node_name() {
-            self.remove(&["spec", "nodeName"]);
+            self.ops.remove(&["spec", "nodeName"]);
         }
     }
 
     /// berth's required expressions (and the pin, a field requirement) ANDed into
     /// every term that matches something.
-    fn required(&mut self, wanted: &Wanted<RequirementKey>, pin: &Wanted<RequirementKey>) {
+    fn required(&mut self, wanted: &[NodeSelectorRequirement], pin: &[NodeSelectorRequirement]) {
         let required = Part::RequiredNodeAffinity;
         let terms_path = [required.path(), &["nodeSelectorTerms"]].concat();
         // Only a pod without required node affinity (absent or `null`) gets a term
         // of its own. A `required` object with no terms matches no node, and the
         // apiserver refuses it: berth leaves it so rather than make it match.
         if !self.pod.has(required) {
-            let mut term = serde_json::Map::new();
-            let values = |list: &Wanted<RequirementKey>| {
-                Value::Array(list.iter().map(|(_, item)| item.clone()).collect())
-            };
-            if !wanted.is_empty() {
-                term.insert("matchExpressions".into(), values(wanted));
-            }
-            if !pin.is_empty() {
-                term.insert("matchFields".into(), values(pin));
-            }
-            if !term.is_empty() {
+            if !wanted.is_empty() || !pin.is_empty() {
                 self.ensure_object(required);
-                // Moved in, not through `json!`, which would copy it value by value.
-                self.add(&terms_path, Value::Array(vec![Value::Object(term)]));
+                let term = Term {
+                    match_expressions: wanted,
+                    match_fields: pin,
+                };
+                self.ops.add(&terms_path, &[term]);
             }
             return;
         }
@@ -289,27 +415,27 @@ impl Builder<'_> {
         term: &[&str],
         key: &str,
         current: Option<&[NodeSelectorRequirement]>,
-        wanted: &[(RequirementKey, Value)],
+        wanted: &[NodeSelectorRequirement],
     ) {
         let path = [term, &[key]].concat();
         let mut present: BTreeSet<_> = current.into_iter().flatten().map(requirement_key).collect();
-        let missing: Vec<Value> = wanted
+        let missing: Vec<&NodeSelectorRequirement> = wanted
             .iter()
-            .filter(|(k, _)| present.insert(k.clone()))
-            .map(|(_, item)| item.clone())
+            .filter(|r| present.insert(requirement_key(r)))
             .collect();
         if current.is_none() {
             if !missing.is_empty() {
-                self.add(&path, Value::Array(missing));
+                self.ops.add(&path, &missing);
             }
         } else {
+            let end = [&path[..], &["-"]].concat();
             for item in missing {
-                self.add(&[&path[..], &["-"]].concat(), item);
+                self.ops.add(&end, item);
             }
         }
     }
 
-    fn preferred(&mut self, wanted: Wanted<PreferredKey>) {
+    fn preferred(&mut self, wanted: Wanted<PreferredKey, &PreferredSchedulingTerm>) {
         let current = self.pod.preferred_list();
         let list = (Part::NodeAffinity, PREFERRED);
         self.list(list, current, wanted, preferred_key, is_owned_preferred);
@@ -317,9 +443,11 @@ impl Builder<'_> {
 
     /// Scheduling gates can only be added at CREATE, which is when berth mutates.
     /// Every `berth.io/` gate is berth's: one the pod brings itself is removed.
-    fn scheduling_gates(&mut self, wanted: Wanted<String>) {
+    fn scheduling_gates(&mut self, wanted: Wanted<&str, Gate<'_>>) {
         let current = self.pod.gate_list();
-        let name = |g: &&str| g.to_string();
+        fn name<'g>(gate: &&'g str) -> &'g str {
+            gate
+        }
         let owned = |g: &&str| is_berth_gate(g);
         let list = (Part::Spec, "schedulingGates");
         self.list(list, current.as_deref(), wanted, name, owned);
@@ -332,7 +460,10 @@ impl Builder<'_> {
             && self.pod.pod_group_name() != Some(name)
         {
             self.ensure_object(Part::Spec);
-            self.add(&["spec", "schedulingGroup"], json!({"podGroupName": name}));
+            let group = SchedulingGroup {
+                pod_group_name: name,
+            };
+            self.ops.add(&["spec", "schedulingGroup"], &group);
         }
     }
 
@@ -341,20 +472,24 @@ impl Builder<'_> {
     /// whose priority or preemption policy differs from its class.
     fn priority(&mut self, wanted: Option<&QueuePriority>) {
         let Some(wanted) = wanted else { return };
-        let class = self.pod.priority_class_name().map(|c| json!(c));
+        let class = self.pod.priority_class_name().map(Value::from);
         let fields = [
-            ("priorityClassName", json!(wanted.class), class.as_ref()),
-            ("priority", json!(wanted.value), self.pod.priority()),
+            (
+                "priorityClassName",
+                Value::from(wanted.class.as_str()),
+                class.as_ref(),
+            ),
+            ("priority", Value::from(wanted.value), self.pod.priority()),
             (
                 "preemptionPolicy",
-                json!("Never"),
+                Value::from("Never"),
                 self.pod.preemption_policy(),
             ),
         ];
         for (field, value, current) in fields {
             if current != Some(&value) {
                 self.ensure_object(Part::Spec);
-                self.add(&["spec", field], value);
+                self.ops.add(&["spec", field], &value);
             }
         }
     }
@@ -364,7 +499,7 @@ impl Builder<'_> {
             && self.pod.scheduler_name() != Some(name)
         {
             self.ensure_object(Part::Spec);
-            self.add(&["spec", "schedulerName"], json!(name));
+            self.ops.add(&["spec", "schedulerName"], name);
         }
     }
 
@@ -373,7 +508,7 @@ impl Builder<'_> {
         let current = self.pod.applied_record();
         if applied.is_empty() {
             if current.is_some() {
-                self.remove(&path);
+                self.ops.remove(&path);
             }
             return;
         }
@@ -382,7 +517,7 @@ impl Builder<'_> {
             return;
         }
         self.ensure_object(Part::Annotations);
-        self.add(&path, json!(value));
+        self.ops.add(&path, value.as_str());
     }
 }
 
@@ -413,4 +548,33 @@ pub fn nest(patch: Patch, prefix: &[&str]) -> Patch {
             })
             .collect(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The text's JSON Pointers escape as RFC 6901 says, as the operations' do.
+    #[test]
+    fn written_paths_escape_as_json_pointers() {
+        let tokens = ["metadata", "annotations", "a~b/c~1\"d"];
+        let mut text = PatchText::default();
+        text.add(&tokens, "v");
+        text.remove(&tokens);
+        let json = text.finish().unwrap().unwrap();
+        let written: Patch = serde_json::from_slice(&json).unwrap();
+        let mut ops: Vec<PatchOperation> = Vec::new();
+        Ops::add(&mut ops, &tokens, "v");
+        Ops::remove(&mut ops, &tokens);
+        assert_eq!(written, Patch(ops));
+        assert_eq!(
+            written.0[0].path().as_str(),
+            "/metadata/annotations/a~0b~1c~01\"d"
+        );
+    }
+
+    #[test]
+    fn a_patch_without_operations_is_no_text() {
+        assert!(PatchText::default().finish().unwrap().is_none());
+    }
 }

@@ -76,6 +76,16 @@ fn admit_from(
         assert!(w.chars().count() < 120, "warning too long: {w}");
     }
     let patch = build_patch(pod, &decision.grants);
+    if let Ok(view) = PodView::read(pod) {
+        // The webhook's text of the patch holds the same operations.
+        let text = super::patch::write_patch(&view, &decision.grants);
+        let text = text
+            .finish()
+            .expect("written")
+            .unwrap_or_else(|| b"[]".to_vec());
+        let written: json_patch::Patch = serde_json::from_slice(&text).expect("a JSON Patch");
+        assert_eq!(written, patch);
+    }
     let mut patched = pod.clone();
     json_patch::patch(&mut patched, &patch).expect("patch applies to the pod it was built for");
     Outcome {
