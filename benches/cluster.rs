@@ -335,6 +335,12 @@ impl Served {
         self.reviews as f64 / self.seconds
     }
 
+    /// How much of its core the server used while under load: near 1 when the
+    /// load generator kept it busy.
+    fn core_use(&self) -> f64 {
+        self.cpu / self.seconds
+    }
+
     /// The server's CPU time per review, in µs: its own cost, whatever else ran
     /// on its core meanwhile (the cluster's apiserver and kwok are not pinned).
     fn cpu_micros(&self) -> f64 {
@@ -375,7 +381,9 @@ async fn mutate_reviews(berth: &Berth, client: &Client, nodes: usize) -> Reviews
     let decider = Floor::spawn(&certs, &Stage::Decide { namespace, nodes });
     let at_berth = std::net::SocketAddr::from(([127, 0, 0, 1], berth.port));
     let ca = std::fs::read(certs.join("ca.crt")).expect("berth's CA");
-    // One core for the webhook under test, the other for the load generator.
+    // One core for the webhook under test, the other for the load generator. The
+    // cluster stays on both: on the generator's core alone, it leaves the
+    // generator too little to keep even the floor busy.
     let (servers, generator) = (berth.pid(), std::process::id());
     pin(&[servers, floor.pid(), reader.pid(), decider.pid()], "0");
     pin(&[generator], "1");
@@ -472,6 +480,14 @@ fn print_reviews(reviews: Reviews) {
         cpu(&read) - cpu(&floor),
         cpu(&decide) - cpu(&read),
         cpu(&berth) - cpu(&decide),
+    );
+    println!(
+        "each server's use of its core under load: the floor {:.2}, berth {:.2}, the reading \
+         floor {:.2}, berth's router {:.2}",
+        floor.core_use(),
+        berth.core_use(),
+        read.core_use(),
+        decide.core_use(),
     );
 }
 
