@@ -45,8 +45,8 @@ impl Placement {
     }
 
     /// The pod as berth's patch for `grants` leaves it ([`super::patch`] builds
-    /// that patch on the raw JSON; a property test holds the two to the same
-    /// nodes). berth's own tolerations go and its grants come in; the required
+    /// that patch from the pod's view as sent; a property test holds the two to the
+    /// same nodes). berth's own tolerations go and its grants come in; the required
     /// expressions are ANDed into every term that matches something (an expression
     /// already there in another spelling is not repeated), an empty term stays
     /// empty, a required affinity with no terms stays so (it matches no node), and

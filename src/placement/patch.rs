@@ -3,7 +3,10 @@
 //! Patches are targeted operations computed from berth's view of the pod as sent
 //! ([`PodView`]: which objects and lists it has, and what they hold), never the
 //! pod re-serialised: fields unknown to the compiled Kubernetes types survive
-//! untouched. Parents are created before children.
+//! untouched. Parents are created before children. One builder holds the rules
+//! and writes each operation to a sink ([`Ops`]): JSON Patch operations for the
+//! controller and the CLI ([`build_patch`]), or JSON text straight into the
+//! webhook's answer ([`write_patch`]).
 //!
 //! Merge rules (SPEC "Merge, never clobber"):
 //! - berth's required node requirements are ANDed into *every* existing
@@ -56,8 +59,8 @@ pub trait Ops {
 
 impl Ops for Vec<PatchOperation> {
     fn add<V: Serialize + ?Sized>(&mut self, path: &[&str], value: &V) {
-        // berth's grants and the pod's own items have string keys only, so they
-        // always become JSON values.
+        // What berth writes has string keys only, so it always becomes a JSON
+        // value.
         let value = serde_json::to_value(value).unwrap_or_default();
         self.push(add(path, value));
     }
@@ -95,7 +98,7 @@ impl PatchText {
         self.path.clear();
         for token in tokens {
             self.path.push('/');
-            // RFC 6901: `~` first, so an escaped `/` is not escaped again.
+            // RFC 6901: `~` is written `~0` and `/` is written `~1`.
             for c in token.chars() {
                 match c {
                     '~' => self.path.push_str("~0"),
