@@ -98,14 +98,20 @@ impl PatchText {
         self.path.clear();
         for token in tokens {
             self.path.push('/');
-            // RFC 6901: `~` is written `~0` and `/` is written `~1`.
-            for c in token.chars() {
-                match c {
-                    '~' => self.path.push_str("~0"),
-                    '/' => self.path.push_str("~1"),
-                    c => self.path.push(c),
-                }
+            // RFC 6901: `~` is written `~0` and `/` is written `~1`. The text
+            // between them is copied whole, not char by char: a profile under load
+            // found the char-by-char loop at 1% of a review.
+            let mut rest = *token;
+            while let Some(at) = rest.find(['~', '/']) {
+                self.path.push_str(&rest[..at]);
+                self.path.push_str(if rest.as_bytes()[at] == b'~' {
+                    "~0"
+                } else {
+                    "~1"
+                });
+                rest = &rest[at + 1..];
             }
+            self.path.push_str(rest);
         }
         let path = std::mem::take(&mut self.path);
         self.write(path.as_str());
@@ -560,7 +566,7 @@ mod tests {
     /// The text's JSON Pointers escape as RFC 6901 says, as the operations' do.
     #[test]
     fn written_paths_escape_as_json_pointers() {
-        let tokens = ["metadata", "annotations", "a~b/c~1\"d"];
+        let tokens = ["metadata", "annotations", "a~b/c~1\"d", "~/x/"];
         let mut text = PatchText::default();
         text.add(&tokens, "v");
         text.remove(&tokens);
@@ -572,7 +578,7 @@ mod tests {
         assert_eq!(written, Patch(ops));
         assert_eq!(
             written.0[0].path().as_str(),
-            "/metadata/annotations/a~0b~1c~01\"d"
+            "/metadata/annotations/a~0b~1c~01\"d/~0~1x~1"
         );
     }
 
