@@ -13,7 +13,7 @@ use crate::names::is_owned_node_key;
 use crate::placement::canonical::{RequirementKey, requirement_key};
 use crate::placement::entitlement::breaches_in_words;
 use crate::placement::groups::GroupContext;
-use crate::placement::patch::{PatchText, write_patch};
+use crate::placement::patch::write_patch;
 use crate::placement::pod::PodView;
 use crate::placement::records::{forbidden_changes, unheld_record};
 use crate::placement::warning::bounded;
@@ -152,13 +152,13 @@ pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResp
         let response = AdmissionResponse::deny(request, reason).with_warnings(decision.warnings);
         return (response, verdict);
     }
-    // A pod berth could not read was refused above.
-    let text = object
-        .as_ref()
-        .ok()
-        .map(|pod| write_patch(pod, &decision.grants));
-    let patch = match text.map(PatchText::finish).transpose() {
-        Ok(patch) => patch.flatten(),
+    let written = match object {
+        Ok(pod) => write_patch(pod, &decision.grants).finish(),
+        // A pod berth could not read was refused above.
+        Err(_) => Ok(None),
+    };
+    let patch = match written {
+        Ok(patch) => patch,
         Err(error) => {
             // Unreachable for berth's own types; refused rather than admitted
             // without what the policies require.

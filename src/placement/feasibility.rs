@@ -53,11 +53,7 @@ impl Placement {
     /// a pod without one gets one term of the grants.
     pub fn after(pod: &PodView, grants: &Grants) -> Placement {
         let wanted = &grants.required;
-        let pin: Vec<NodeSelectorRequirement> = grants
-            .pinned_to
-            .iter()
-            .map(|node| super::grants::requirement("metadata.name", "In", &[node]))
-            .collect();
+        let pin = grants.pin_fields();
         let required = match pod.required_affinity() {
             None => (!wanted.is_empty() || !pin.is_empty()).then(|| {
                 vec![NodeSelectorTerm {

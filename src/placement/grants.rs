@@ -42,6 +42,15 @@ pub struct QueuePriority {
 }
 
 impl Grants {
+    /// The field requirements berth ANDs into every term, beside `required`: the
+    /// pin ([`Grants::pinned_to`]) as `metadata.name In [node]`, when there is one.
+    pub fn pin_fields(&self) -> Vec<NodeSelectorRequirement> {
+        let pin = self.pinned_to.as_deref();
+        pin.map(|node| requirement("metadata.name", "In", &[node]))
+            .into_iter()
+            .collect()
+    }
+
     /// Adds a required expression unless one that means the same is already there.
     pub fn require(&mut self, requirement: NodeSelectorRequirement) {
         let key = requirement_key(&requirement);

@@ -73,9 +73,9 @@ impl Ops for Vec<PatchOperation> {
 /// A JSON Patch written as text, as the webhook answers it.
 #[derive(Debug, Default)]
 pub struct PatchText {
-    /// The JSON array of operations; empty when there are none.
+    /// The JSON array of operations, without its closing bracket; empty when there
+    /// are none.
     json: Vec<u8>,
-    operations: usize,
     /// A reused buffer for the JSON Pointer of the operation being written.
     path: String,
     /// Set when a value could not be written, which would leave the text cut short.
@@ -91,7 +91,6 @@ impl PatchText {
         } else {
             self.json.push(b',');
         }
-        self.operations += 1;
         self.json.extend_from_slice(b"{\"op\":\"");
         self.json.extend_from_slice(op.as_bytes());
         self.json.extend_from_slice(b"\",\"path\":");
@@ -130,7 +129,7 @@ impl PatchText {
         if let Some(error) = self.failed {
             return Err(error);
         }
-        if self.operations == 0 {
+        if self.json.is_empty() {
             return Ok(None);
         }
         self.json.push(b']');
@@ -222,14 +221,8 @@ fn apply<O: Ops>(pod: &PodView, grants: &Grants, ops: &mut O) {
         created: Vec::new(),
     };
     builder.tolerations(wanted(&grants.tolerations, toleration_key));
-    // The pin is a field requirement, `metadata.name In [node]`.
-    let pinned = grants.pinned_to.as_deref();
-    let pin: Vec<_> = pinned
-        .map(|node| super::grants::requirement("metadata.name", "In", &[node]))
-        .into_iter()
-        .collect();
-    builder.pinned(pinned);
-    builder.required(&grants.required, &pin);
+    builder.pinned(grants.pinned_to.as_deref());
+    builder.required(&grants.required, &grants.pin_fields());
     builder.preferred(wanted(&grants.preferred, preferred_key));
     builder.scheduler(grants.scheduler_name.as_deref());
     let gates = grants
