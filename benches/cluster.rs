@@ -90,6 +90,19 @@ fn memory_mib(pid: u32, field: &str) -> f64 {
         / 1024.0
 }
 
+/// How many write calls (`write`, `writev`) a process has made, from /proc: each
+/// is at least one TLS record and one trip into the kernel for a webhook.
+fn write_calls(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("syscw: "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// berth's peak resident memory in MiB.
 fn peak_rss_mib(pid: u32) -> f64 {
     memory_mib(pid, "VmHWM")
@@ -328,6 +341,8 @@ struct Served {
     seconds: f64,
     /// The server's own CPU time meanwhile.
     cpu: f64,
+    /// Its write calls meanwhile.
+    writes: u64,
 }
 
 impl Served {
@@ -345,6 +360,12 @@ impl Served {
     /// on its core meanwhile (the cluster's apiserver and kwok are not pinned).
     fn cpu_micros(&self) -> f64 {
         self.cpu * 1e6 / self.reviews as f64
+    }
+
+    /// Write calls per review: under 1 when the answers of several streams leave
+    /// together.
+    fn writes_per_review(&self) -> f64 {
+        self.writes as f64 / self.reviews as f64
     }
 }
 
@@ -399,7 +420,7 @@ async fn mutate_reviews(berth: &Berth, client: &Client, nodes: usize) -> Reviews
     ];
     for _ in 0..REVIEW_TURNS {
         for (served, (addr, pid, expected)) in served.iter_mut().zip(servers_in_turn) {
-            let cpu = cpu_seconds(pid);
+            let (cpu, writes) = (cpu_seconds(pid), write_calls(pid));
             let answered = load::reviews_answered(
                 addr,
                 &ca,
@@ -411,6 +432,7 @@ async fn mutate_reviews(berth: &Berth, client: &Client, nodes: usize) -> Reviews
             )
             .await;
             served.cpu += cpu_seconds(pid) - cpu;
+            served.writes += write_calls(pid) - writes;
             served.reviews += answered.reviews;
             served.seconds += answered.seconds;
         }
@@ -488,6 +510,14 @@ fn print_reviews(reviews: Reviews) {
         berth.core_use(),
         read.core_use(),
         decide.core_use(),
+    );
+    println!(
+        "write calls per review (each a TLS record and a trip into the kernel): the floor \
+         {:.2}, berth {:.2}, the reading floor {:.2}, berth's router {:.2}",
+        floor.writes_per_review(),
+        berth.writes_per_review(),
+        read.writes_per_review(),
+        decide.writes_per_review(),
     );
 }
 

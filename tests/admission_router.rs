@@ -581,11 +581,9 @@ async fn a_daemonset_that_tolerates_everything_is_kept_off_pools_that_do_not_tak
     let response: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(
         decoded_patch(&response["response"]),
-        json!([{"op": "add", "path": "/spec/template/spec/affinity", "value": {}},
-            {"op": "add", "path": "/spec/template/spec/affinity/nodeAffinity", "value": {}},
-            {"op": "add", "path": "/spec/template/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution", "value": {}},
-            {"op": "add", "path": "/spec/template/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms",
-             "value": [{"matchExpressions": [{"key": names::POOL_LABEL, "operator": "NotIn", "values": ["edge"]}]}]}])
+        json!([{"op": "add", "path": "/spec/template/spec/affinity", "value": {"nodeAffinity":
+            {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms":
+             [{"matchExpressions": [{"key": names::POOL_LABEL, "operator": "NotIn", "values": ["edge"]}]}]}}}}])
     );
 }
 

@@ -3,7 +3,9 @@
 //! closes keep-alive connections.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -11,6 +13,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -105,7 +108,7 @@ pub async fn serve_tls(
                 .initial_stream_window_size(STREAM_WINDOW)
                 .initial_connection_window_size(MAX_STREAMS * STREAM_WINDOW);
             let connection = builder
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection(TokioIo::new(Unvectored(stream)), service)
                 .into_owned();
             if let Err(e) = watcher.watch(connection).await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
@@ -122,6 +125,53 @@ pub async fn serve_tls(
             ?grace,
             "connections still open after the grace period; closing"
         );
+    }
+}
+
+/// The TLS stream as HTTP/2 is given it: one that takes no vectored writes.
+///
+/// h2 copies a DATA frame into its write buffer, beside the frames of other
+/// streams, only up to a threshold: 256 bytes over a transport with vectored
+/// writes, 1 KiB over one without. A larger frame is written on its own, and
+/// nothing more is buffered until it is: a flush, a TLS record and a write to the
+/// socket for each answer. berth's answers carry a patch (about 1 kB where the
+/// minimal webhook's allowance is 150 bytes), so over a rustls stream, which takes
+/// vectored writes, each answer went out alone while the apiserver's other
+/// streams waited to be written. Without vectored writes an ordinary answer is
+/// copied into h2's buffer, and the answers of many streams leave in one record
+/// and one write. An answer over 1 KiB is written as two records (h2's buffer,
+/// then the answer), where a vectored write would make one.
+struct Unvectored<S>(S);
+
+impl<S: AsyncRead + Unpin> AsyncRead for Unvectored<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Unvectored<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        false
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
     }
 }
 

@@ -117,6 +117,36 @@ fn pool_toleration(pool: &str) -> Value {
     json!({"key": "berth.io/pool", "operator": "Equal", "value": pool, "effect": "NoSchedule"})
 }
 
+/// A missing object is added whole, with what goes in it: one operation, not an
+/// empty object per level, also where the pod has the object as `null`.
+#[test]
+fn a_missing_object_is_added_with_its_contents_in_one_operation() {
+    let set = mk_set(&[cdn()]);
+    let required = json!({"requiredDuringSchedulingIgnoredDuringExecution":
+        {"nodeSelectorTerms": [{"matchExpressions": [pool_in(&["cdn"])]}]}});
+    let mut with_null = mk_pod("example/cdn-uploader:1.0");
+    with_null["spec"]["affinity"] = json!({"nodeAffinity": null});
+    with_null["metadata"]["annotations"] = Value::Null;
+    let cases = [
+        (
+            mk_pod("example/cdn-uploader:1.0"),
+            "/spec/affinity",
+            json!({"nodeAffinity": required}),
+        ),
+        (with_null, "/spec/affinity/nodeAffinity", required.clone()),
+    ];
+    for (pod, at, affinity) in cases {
+        let out = admit(&pod, &opted_in("cdn"), &set);
+        let expected: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "add", "path": "/spec/tolerations", "value": [pool_toleration("cdn")]},
+            {"op": "add", "path": at, "value": affinity},
+            {"op": "add", "path": "/metadata/annotations", "value": {"berth.io/applied": "cdn"}},
+        ]))
+        .unwrap();
+        assert_eq!(out.patch, expected, "{pod}");
+    }
+}
+
 #[test]
 fn cdn_pod_in_an_opted_in_namespace_gets_the_pool_toleration_and_required_affinity() {
     let set = mk_set(&[cdn()]);
