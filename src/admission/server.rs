@@ -134,13 +134,14 @@ pub async fn serve_tls(
 /// streams, only up to a threshold: 256 bytes over a transport with vectored
 /// writes, 1 KiB over one without. A larger frame is written on its own, and
 /// nothing more is buffered until it is: a flush, a TLS record and a write to the
-/// socket for each answer. berth's answers carry a patch (765 bytes for a typical
-/// pod, where the minimal webhook's allowance is about 150), so over a rustls
-/// stream, which takes vectored writes, each answer went out alone while the
-/// apiserver's other streams waited to be written. Without vectored writes an ordinary answer is
-/// copied into h2's buffer, and the answers of many streams leave in one record
-/// and one write. An answer over 1 KiB is written as two records (h2's buffer,
-/// then the answer), where a vectored write would make one.
+/// socket for each answer. berth's answers carry a patch (765 bytes in all for a
+/// typical pod, where the minimal webhook's allowance is about 150), so over a
+/// rustls stream, which takes vectored writes, each answer went out alone while
+/// the apiserver's other streams waited to be written. Without vectored writes an
+/// ordinary answer is copied into h2's buffer, and the answers of many streams
+/// leave in one record and one write. An answer over 1 KiB is written as two
+/// records (h2's buffer, then the rest of the answer), where a vectored write
+/// would make one.
 struct Unvectored<S>(S);
 
 impl<S: AsyncRead + Unpin> AsyncRead for Unvectored<S> {
