@@ -76,10 +76,10 @@ fn env_number(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// A memory figure of berth's, in MiB, from /proc: `VmRSS` (resident now) or
-/// `VmHWM` (its peak so far).
-fn memory_mib(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
+/// The number in a `field: number ...` line of the process's /proc file `file`
+/// (`status`, `io`); 0 when it cannot be read.
+fn proc_figure(pid: u32, file: &str, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -87,20 +87,18 @@ fn memory_mib(pid: u32, field: &str) -> f64 {
                 .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
         })
         .unwrap_or(0.0)
-        / 1024.0
+}
+
+/// A memory figure of berth's, in MiB, from /proc: `VmRSS` (resident now) or
+/// `VmHWM` (its peak so far).
+fn memory_mib(pid: u32, field: &str) -> f64 {
+    proc_figure(pid, "status", field) / 1024.0
 }
 
 /// How many write calls (`write`, `writev`) a process has made, from /proc: each
 /// is at least one TLS record and one trip into the kernel for a webhook.
 fn write_calls(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/io"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("syscw: "))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0)
+    proc_figure(pid, "io", "syscw") as u64
 }
 
 /// berth's peak resident memory in MiB.

@@ -357,7 +357,6 @@ impl<O: Ops> Builder<'_, O> {
         key: impl Fn(&T) -> K,
         owned: impl Fn(&T) -> bool,
     ) {
-        let path = [parent.path(), &[name]].concat();
         let Some(current) = current else {
             if !wanted.is_empty() {
                 let items: Vec<W> = wanted.into_iter().map(|(_, item)| item).collect();
@@ -365,6 +364,7 @@ impl<O: Ops> Builder<'_, O> {
             }
             return;
         };
+        let path = [parent.path(), &[name]].concat();
         let (remove, missing) = reconcile_list(current, wanted, key, owned);
         for i in remove {
             self.ops
@@ -393,7 +393,6 @@ impl<O: Ops> Builder<'_, O> {
     /// every term that matches something.
     fn required(&mut self, wanted: &[NodeSelectorRequirement], pin: &[NodeSelectorRequirement]) {
         let required = Part::RequiredNodeAffinity;
-        let terms_path = [required.path(), &["nodeSelectorTerms"]].concat();
         // Only a pod without required node affinity (absent or `null`) gets a term
         // of its own. A `required` object with no terms matches no node, and the
         // apiserver refuses it: berth leaves it so rather than make it match.
@@ -410,6 +409,7 @@ impl<O: Ops> Builder<'_, O> {
         let Some(terms) = self.pod.required_term_list() else {
             return;
         };
+        let terms_path = [required.path(), &["nodeSelectorTerms"]].concat();
         for (t, term) in terms.iter().enumerate() {
             if is_empty_term(term) {
                 // Matches no node; adding berth's expressions would make it match.
