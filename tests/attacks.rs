@@ -67,7 +67,10 @@ fn policies() -> Vec<PlacementPolicy> {
     ]
 }
 
-/// Tests that measure berth's memory, or load it on purpose, run one at a time.
+/// Tests that measure berth's memory or the apiserver's CPU, load berth on purpose,
+/// or need a pod at berth's bounds decided within the apiserver's timeout, run one
+/// at a time: beside the flood of 1 MB pods, a large review is refused as busy or
+/// late by design (fail closed), so it could not be admitted.
 static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn berth() -> &'static Berth {
@@ -163,6 +166,7 @@ impl Drop for PeakRss {
 
 #[tokio::test]
 async fn a_pod_with_tens_of_thousands_of_tolerations_is_refused_before_any_walk() {
+    let _heavy = HEAVY.lock().await;
     let client = berth().cluster.client().await;
     let tenant = tenant(&client, "tolerations", "", labelled(json!({}))).await;
     let as_tenant = tenant.client(berth().cluster).await;
