@@ -26,6 +26,10 @@ const NODES: Nodes = Nodes {
     prefix: "worker",
 };
 
+/// Held by the test that stops and starts the shared cluster's scheduler and by
+/// the test that checks every process of the shared cluster still runs.
+static RESTARTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Runs a script expecting failure; returns its stderr.
 fn script_fails(name: &str, args: &[&str]) -> String {
     let output = Command::new(repo_root().join("tests/cluster").join(name))
@@ -59,6 +63,7 @@ fn running(pid: u32) -> bool {
 
 #[tokio::test]
 async fn a_second_cluster_runs_beside_the_first_and_down_stops_only_it() {
+    let _restarts = RESTARTS.lock().await;
     let first = TestCluster::shared(NODES);
     let second_dir = tempfile_dir("second");
     let second = second_dir.to_string_lossy().into_owned();
@@ -195,6 +200,7 @@ async fn kwok_runs_bound_pods_and_a_test_can_hold_one_unready() {
 
 #[tokio::test]
 async fn component_stops_and_starts_the_scheduler() {
+    let _restarts = RESTARTS.lock().await;
     let cluster = TestCluster::shared(NODES);
     let client = cluster.client().await;
     let ns = fresh_namespace(&client, "component").await;

@@ -880,6 +880,12 @@ async fn a_policys_finalizer_waits_for_its_own_nodes_only() {
         !node7.contains(names::POOL_TAINT) && !node7.contains("berth.pool"),
         "{node7}"
     );
+    // node6 thawed, so that no later test meets a node berth cannot write.
+    berth.cluster.kubectl_ok(&[
+        "delete",
+        "validatingadmissionpolicybinding,validatingadmissionpolicy",
+        "test-node6-frozen",
+    ]);
     berth.cluster.kubectl_ok(&["delete", "bpp", "frozen"]);
 }
 

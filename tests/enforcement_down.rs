@@ -93,9 +93,11 @@ fn berth_stopped() -> &'static Berth {
     berth
 }
 
-/// Held while a controller replica runs in the cluster, and by a test that needs
+/// Held while a controller replica runs in the cluster, and by the tests that need
 /// none: a running controller releases a forged `berth.io/avoid` gate that names
-/// no avoid policy, before the tenant's own attempt to remove it can be refused.
+/// no avoid policy, before the tenant's own attempt to remove it can be refused,
+/// and adds the pool exclusion to a tenant's DaemonSet, before the DaemonSet
+/// controller can be refused on a pool node.
 static CONTROLLER_RUNS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn text(bytes: &[u8]) -> String {
@@ -386,6 +388,7 @@ async fn with_berth_stopped_no_hold_queue_or_status_record_can_be_forged() {
 
 #[tokio::test]
 async fn with_berth_stopped_a_tenants_daemonset_stays_off_the_pools() {
+    let _no_controller = CONTROLLER_RUNS.lock().await;
     let cluster = berth_stopped().cluster;
     let client = cluster.client().await;
     let tenant = tenant(&client, "down-agents").await;

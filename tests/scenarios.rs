@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use berth::names;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Container, Node, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -28,6 +29,11 @@ const WAIT: Duration = Duration::from_secs(60);
 fn berth() -> &'static Berth {
     Berth::shared(NODES)
 }
+
+/// The spill test sizes its pods from node4's free CPU, so that two fit and a third
+/// does not: it runs alone, while no other test's pod can land there between its
+/// count and its pods; every other test here shares this.
+static NODE4_CPU: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// Applies a file from `policies/` once per test binary.
 fn policy(file: &str) {
@@ -102,6 +108,7 @@ fn pod(name: &str, image: &str) -> PodFixture {
 
 #[tokio::test]
 async fn seed_000_cdn_pods_land_on_node2_and_nothing_else_does() {
+    let _shared = NODE4_CPU.read().await;
     let client = berth().cluster.client().await;
     policy("cdn.yaml");
     opt_in(
@@ -154,6 +161,7 @@ async fn seed_000_cdn_pods_land_on_node2_and_nothing_else_does() {
 
 #[tokio::test]
 async fn seed_000_a_wildcard_toleration_stays_off_node2_and_node_name_node2_is_denied() {
+    let _shared = NODE4_CPU.read().await;
     let client = berth().cluster.client().await;
     policy("cdn.yaml");
     opt_in(
@@ -195,6 +203,7 @@ async fn seed_000_a_wildcard_toleration_stays_off_node2_and_node_name_node2_is_d
 
 #[tokio::test]
 async fn seed_000_a_daemonset_runs_on_all_four_nodes_including_node2() {
+    let _shared = NODE4_CPU.read().await;
     let client = berth().cluster.client().await;
     policy("cdn.yaml");
     cdn_pool_on_node2(&client).await;
@@ -236,8 +245,60 @@ async fn seed_000_a_daemonset_runs_on_all_four_nodes_including_node2() {
     assert!(!nodes.values().any(|n| n == "node2"), "{nodes:?}");
 }
 
+/// The CPU of `node` in millicores that no pod bound to it requests, as the
+/// scheduler counts it: allocatable, less each pod's containers (or its largest
+/// init container, if larger) while the pod has not finished.
+async fn free_cpu_millis(client: &Client, node: &str) -> i64 {
+    let millis = |q: Option<&Quantity>| -> i64 {
+        let text = q.map_or("0", |q| q.0.as_str());
+        match text.strip_suffix('m') {
+            Some(m) => m.parse().expect("millicores"),
+            None => (text.parse::<f64>().expect("cores") * 1000.0) as i64,
+        }
+    };
+    let cpu = |containers: &[Container]| -> Vec<i64> {
+        containers
+            .iter()
+            .map(|c| {
+                millis(
+                    c.resources
+                        .as_ref()
+                        .and_then(|r| r.requests.as_ref()?.get("cpu")),
+                )
+            })
+            .collect()
+    };
+    let allocatable = Api::<Node>::all(client.clone())
+        .get(node)
+        .await
+        .expect("the node")
+        .status
+        .and_then(|s| s.allocatable)
+        .expect("allocatable");
+    let on_node = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .expect("the node's pods");
+    let requested: i64 = on_node
+        .items
+        .iter()
+        .filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            !matches!(phase, Some("Succeeded" | "Failed"))
+        })
+        .filter_map(|p| p.spec.as_ref())
+        .map(|spec| {
+            let main: i64 = cpu(&spec.containers).iter().sum();
+            let init = cpu(spec.init_containers.as_deref().unwrap_or_default());
+            main.max(init.into_iter().max().unwrap_or(0))
+        })
+        .sum();
+    millis(allocatable.get("cpu")) - requested
+}
+
 #[tokio::test]
 async fn seed_000_preferred_placement_uses_the_pool_while_it_has_room() {
+    let _alone = NODE4_CPU.write().await;
     let client = berth().cluster.client().await;
     berth().cluster.apply_policies(&[fixtures::policy(
         "spill",
@@ -256,11 +317,17 @@ async fn seed_000_preferred_placement_uses_the_pool_while_it_has_room() {
     node_label(&client, "node4", names::POOL_LABEL, "spill").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let mut nodes = Vec::new();
-    // Node4 has 8 CPUs: two 3-CPU pods fit, the third does not.
+    // Two fifths of what node4 has free: two fit, the third does not. (Other
+    // tests' pods stay on node4, 100m each.)
+    let size = free_cpu_millis(&client, "node4").await * 2 / 5;
+    assert!(
+        size >= 1000,
+        "node4 has {size}m of CPU for each of three pods"
+    );
     for i in 0..3 {
         let big = fixtures::pod(&format!("big-{i}"))
             .image("example/spill-job:1")
-            .cpu("3")
+            .cpu(&format!("{size}m"))
             .build();
         pods.create(&PostParams::default(), &big)
             .await
@@ -279,6 +346,7 @@ async fn seed_000_preferred_placement_uses_the_pool_while_it_has_room() {
 
 #[tokio::test]
 async fn sidecar_b_pods_wait_for_a_and_follow_it_when_it_scales_out() {
+    let _shared = NODE4_CPU.read().await;
     let client = berth().cluster.client().await;
     policy("sidecar.yaml");
     let ns = fresh_namespace(&client, "sidecar").await;
@@ -372,6 +440,7 @@ async fn sidecar_b_pods_wait_for_a_and_follow_it_when_it_scales_out() {
 
 #[tokio::test]
 async fn gpu_and_nvme_labels_drive_placement() {
+    let _shared = NODE4_CPU.read().await;
     let client = berth().cluster.client().await;
     policy("gpu.yaml");
     let nodes: Api<Node> = Api::all(client.clone());
@@ -437,6 +506,7 @@ async fn gpu_and_nvme_labels_drive_placement() {
 
 #[tokio::test]
 async fn a_namespace_scheduler_annotation_routes_its_pods() {
+    let _shared = NODE4_CPU.read().await;
     let client = berth().cluster.client().await;
     let ns = fresh_namespace(&client, "batch").await;
     annotate(&client, &ns, names::SCHEDULER_ANNOTATION, "batch-scheduler").await;
@@ -483,6 +553,7 @@ async fn a_namespace_scheduler_annotation_routes_its_pods() {
 /// each is, and what holds a pending one (the scheduler's own word, from the pod).
 #[tokio::test]
 async fn kubectl_berth_explains_a_deployment_and_what_holds_its_pending_pod() {
+    let _shared = NODE4_CPU.read().await;
     let cluster = &berth().cluster;
     let client = cluster.client().await;
     policy("cdn.yaml");
