@@ -47,11 +47,15 @@ mod support;
 #[path = "common/typical_pod.rs"]
 mod typical_pod;
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, watcher};
 use minimal_webhook::{Floor, Stage};
 use serde_json::{Value, json};
 use support::fleet::cpu_seconds;
@@ -251,60 +255,86 @@ pub struct PoolTimes {
 }
 
 /// A dedicated pool over every node (see [`PoolTimes`]). The policies before it go
-/// first (a node in an older policy's pool would never be this one's).
+/// first (a node in an older policy's pool would never be this one's). The nodes
+/// are watched, not listed: listing 5,000 nodes five times a second would load the
+/// apiserver that makes berth's writes.
 async fn pool_over_every_node(berth: &Berth, client: &Client, node_count: usize) -> PoolTimes {
     berth
         .cluster
         .kubectl_ok(&["delete", "placementpolicies", "--all", "--wait=true"]);
-    let nodes: Api<Node> = Api::all(client.clone());
     let policies = support::audit::policy_api(client);
+    let mut nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut in_pool: HashSet<String> = HashSet::new();
+    // The first list is taken before the clock starts.
+    loop {
+        match nodes.next().await.expect("the node watch ends not") {
+            Ok(watcher::Event::InitDone) => break,
+            _ => continue,
+        }
+    }
     let started = Instant::now();
     apply_policy(
         berth,
         "everywhere",
         json!({"pool": {"nodeSelector": {"matchLabels": {"kubernetes.io/os": "linux"}}}}),
     );
-    let mut status = None;
+    let (mut status, mut labelled) = (None, None);
+    let mut every = tokio::time::interval(Duration::from_millis(200));
     loop {
-        if status.is_none() {
-            let policy = policies.get("everywhere").await.expect("the policy");
-            if policy.data["status"]["nodes"].as_u64() >= Some(node_count as u64) {
-                status = Some(started.elapsed());
+        tokio::select! {
+            event = nodes.next() => match event.expect("the node watch ends not") {
+                Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
+                    let name = node.metadata.name.clone().unwrap_or_default();
+                    if in_the_pool(&node, "everywhere") {
+                        in_pool.insert(name);
+                    } else {
+                        in_pool.remove(&name);
+                    }
+                }
+                Ok(watcher::Event::Delete(node)) => {
+                    in_pool.remove(&node.metadata.name.unwrap_or_default());
+                }
+                Ok(watcher::Event::Init | watcher::Event::InitDone) | Err(_) => {}
+            },
+            _ = every.tick(), if status.is_none() => {
+                let policy = policies.get("everywhere").await.expect("the policy");
+                if policy.data["status"]["nodes"].as_u64() >= Some(node_count as u64) {
+                    status = Some(started.elapsed());
+                }
             }
         }
-        let list = nodes.list(&ListParams::default()).await.expect("nodes");
-        let done = list
-            .items
-            .iter()
-            .filter(|n| {
-                let labelled = n.metadata.labels.as_ref().is_some_and(|l| {
-                    l.get(berth::names::POOL_LABEL).map(String::as_str) == Some("everywhere")
-                });
-                let tainted = n
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.taints.as_ref())
-                    .is_some_and(|t| {
-                        t.iter().any(|t| {
-                            t.key == berth::names::POOL_TAINT
-                                && t.value.as_deref() == Some("everywhere")
-                        })
-                    });
-                labelled && tainted
-            })
-            .count();
-        if let (Some(status), true) = (status, done >= node_count) {
-            return PoolTimes {
-                status,
-                nodes: started.elapsed(),
-            };
+        if labelled.is_none() && in_pool.len() >= node_count {
+            labelled = Some(started.elapsed());
+        }
+        if let (Some(status), Some(nodes)) = (status, labelled) {
+            return PoolTimes { status, nodes };
         }
         assert!(
             started.elapsed() < LIMIT,
-            "{done} of {node_count} nodes in the pool"
+            "{} of {node_count} nodes in the pool",
+            in_pool.len()
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Whether `node` carries `pool`'s label and taint.
+fn in_the_pool(node: &Node, pool: &str) -> bool {
+    let labelled = node
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.get(berth::names::POOL_LABEL).map(String::as_str) == Some(pool));
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| {
+            t.iter()
+                .any(|t| t.key == berth::names::POOL_TAINT && t.value.as_deref() == Some(pool))
+        });
+    labelled && tainted
 }
 
 fn apply_policy(berth: &Berth, name: &str, spec: Value) {

@@ -6,16 +6,20 @@
 //! - an idle minute: node passes, release passes and berth's CPU;
 //! - unrelated pod events: `BENCH_ROOM_EVENTS` (1,000) annotation changes on bound
 //!   pods of a namespace that opts into nothing; node passes, release passes and
-//!   CPU while berth takes them in;
+//!   CPU while berth takes them in, from right after a resync (which makes a pass
+//!   in each loop every `RESYNC`);
 //! - berth's RSS with the nodes and `BENCH_ROOM_PODS` (2,000) bound pods cached;
 //! - `/mutate` against the minimal webhook, before any pod of the bench exists
 //!   (see `mutate_reviews`);
 //! - one policy change at a time (a pool moved to another node), until the node
 //!   carries the pool's label: p50 and p99 over 40 changes;
-//! - last, a dedicated pool over every node, until each is labelled and tainted.
+//! - last, a dedicated pool over every node, until each is labelled and tainted,
+//!   with berth's node writes meanwhile by outcome and their mean time (from its
+//!   own metrics), so that a slow run says whether writes failed or took long.
 //!
 //! The release passes are `-` for a berth that does not count them.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -25,8 +29,8 @@ use serde_json::json;
 
 use super::support::{Berth, TestCluster, create_at_once, fresh_namespace};
 use super::{
-    cpu_seconds, env_number, memory_mib, mutate_reviews, pods, pool_over_every_node, print_reviews,
-    until_bound,
+    RESYNC, cpu_seconds, env_number, memory_mib, mutate_reviews, pods, pool_over_every_node,
+    print_reviews, until_bound,
 };
 
 /// WATCH requests the apiserver serves now, from its own metrics.
@@ -85,6 +89,80 @@ impl Mark {
     }
 }
 
+/// berth's node writes so far, from its metrics: the count by outcome and the
+/// seconds they took. Empty for a berth that does not count them.
+#[derive(Default)]
+struct NodeWrites {
+    by_outcome: BTreeMap<String, f64>,
+    seconds: f64,
+}
+
+impl NodeWrites {
+    fn now(berth: &Berth) -> NodeWrites {
+        let mut writes = NodeWrites::default();
+        for line in berth.metrics().lines() {
+            let Some((sample, Ok(value))) = line.rsplit_once(' ').map(|(s, v)| (s, v.parse()))
+            else {
+                continue;
+            };
+            if let Some(outcome) = sample
+                .strip_prefix("berth_controller_writes_total{kind=\"node\",outcome=\"")
+                .and_then(|rest| rest.strip_suffix("\"}"))
+            {
+                writes.by_outcome.insert(outcome.to_string(), value);
+            } else if sample == "berth_controller_write_seconds_sum{kind=\"node\"}" {
+                writes.seconds = value;
+            }
+        }
+        writes
+    }
+
+    /// The writes since `self`: how many ended each way, and the mean time of one.
+    fn since(&self, berth: &Berth) -> String {
+        let now = NodeWrites::now(berth);
+        let made: Vec<(&String, f64)> = now
+            .by_outcome
+            .iter()
+            .map(|(outcome, n)| (outcome, n - self.by_outcome.get(outcome).unwrap_or(&0.0)))
+            .filter(|(_, n)| *n > 0.0)
+            .collect();
+        let total: f64 = made.iter().map(|(_, n)| n).sum();
+        if total == 0.0 {
+            return "none counted".into();
+        }
+        let counts: Vec<String> = made.iter().map(|(o, n)| format!("{n:.0} {o}")).collect();
+        format!(
+            "{}, {:.0} ms each on average",
+            counts.join(", "),
+            (now.seconds - self.seconds) / total * 1000.0
+        )
+    }
+}
+
+/// Returns once both of berth's loops have made a pass: on an idle cluster only a
+/// resync makes one, so the next is a period away. (A berth that does not count
+/// release passes is waited for on its node passes alone.)
+async fn after_a_resync(berth: &Berth) {
+    let passes = || {
+        let nodes = berth.metric("berth_reconciles_total").unwrap_or(0.0);
+        (nodes, berth.metric("berth_release_passes_total"))
+    };
+    let (nodes, releases) = passes();
+    let deadline = Instant::now() + 2 * RESYNC;
+    loop {
+        let (nodes_now, releases_now) = passes();
+        if nodes_now > nodes
+            && releases_now
+                .zip(releases)
+                .is_none_or(|(now, was)| now > was)
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no resync in {:?}", 2 * RESYNC);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 pub async fn run(
     cluster: &'static TestCluster,
     node_count: usize,
@@ -116,6 +194,9 @@ pub async fn run(
 
     let events = env_number("BENCH_ROOM_EVENTS", 1000);
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    // The passes of a resync are not the events': the window opens right after
+    // one, and says so if it outlasts the period.
+    after_a_resync(berth).await;
     let touched = Mark::now(berth);
     let started = Instant::now();
     futures::stream::iter(0..events)
@@ -136,13 +217,20 @@ pub async fn run(
     // The last events reach berth moments after the last answer.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let touched = touched.since(berth);
+    let window = started.elapsed();
+    let window = if window < RESYNC {
+        format!("{:.1} s, between two resyncs", window.as_secs_f64())
+    } else {
+        format!("{:.1} s, a resync included", window.as_secs_f64())
+    };
 
     let changes = policy_changes(berth, &client, cluster.node_names().len()).await;
     let at = |q: usize| changes[(changes.len() * q).div_ceil(100) - 1].as_millis();
     let nodes = cluster.node_names().len();
-    let pool_cpu = cpu_seconds(berth.pid());
+    let (pool_cpu, pool_writes) = (cpu_seconds(berth.pid()), NodeWrites::now(berth));
     let pool = pool_over_every_node(berth, &client, nodes).await;
     let pool_cpu = cpu_seconds(berth.pid()) - pool_cpu;
+    let pool_writes = pool_writes.since(berth);
 
     println!();
     println!(
@@ -153,7 +241,7 @@ pub async fn run(
     println!("|---|---:|---:|---:|");
     println!("| an idle minute | {idle} |");
     println!(
-        "| {events} annotation changes on bound pods nothing selects ({:.1} s) | {touched} |",
+        "| {events} annotation changes on bound pods nothing selects ({:.1} s; the window {window}) | {touched} |",
         took.as_secs_f64()
     );
     println!("berth's watch connections (the apiserver's WATCH requests): {watches:.0}");
@@ -166,7 +254,7 @@ pub async fn run(
     );
     println!(
         "a dedicated pool over all {nodes} nodes, until each is labelled and tainted: {:.2} s (berth CPU {pool_cpu:.2} s); \
-         until its status counted them: {:.2} s",
+         until its status counted them: {:.2} s; berth's node writes meanwhile: {pool_writes}",
         pool.nodes.as_secs_f64(),
         pool.status.as_secs_f64()
     );
