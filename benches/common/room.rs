@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use super::support::{Berth, TestCluster, create_at_once, fresh_namespace};
+use super::support::{Berth, TestCluster, create_at_once, fresh_namespace, samples};
 use super::{
     RESYNC, cpu_seconds, env_number, memory_mib, mutate_reviews, pods, pool_over_every_node,
     print_reviews, until_bound,
@@ -36,12 +36,12 @@ use super::{
 /// WATCH requests the apiserver serves now, from its own metrics.
 fn apiserver_watches(cluster: &TestCluster) -> f64 {
     let metrics = cluster.kubectl_ok(&["get", "--raw", "/metrics"]);
-    metrics
-        .lines()
-        .filter(|l| {
-            l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\"")
+    samples(&metrics)
+        .filter(|(sample, _)| {
+            sample.starts_with("apiserver_longrunning_requests{")
+                && sample.contains("verb=\"WATCH\"")
         })
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .map(|(_, value)| value)
         .sum()
 }
 
@@ -100,11 +100,7 @@ struct NodeWrites {
 impl NodeWrites {
     fn now(berth: &Berth) -> NodeWrites {
         let mut writes = NodeWrites::default();
-        for line in berth.metrics().lines() {
-            let Some((sample, Ok(value))) = line.rsplit_once(' ').map(|(s, v)| (s, v.parse()))
-            else {
-                continue;
-            };
+        for (sample, value) in samples(&berth.metrics()) {
             if let Some(outcome) = sample
                 .strip_prefix("berth_controller_writes_total{kind=\"node\",outcome=\"")
                 .and_then(|rest| rest.strip_suffix("\"}"))
@@ -143,17 +139,14 @@ impl NodeWrites {
 /// resync makes one, so the next is a period away. (A berth that does not count
 /// release passes is waited for on its node passes alone.)
 async fn after_a_resync(berth: &Berth) {
-    let passes = || {
-        let nodes = berth.metric("berth_reconciles_total").unwrap_or(0.0);
-        (nodes, berth.metric("berth_release_passes_total"))
-    };
-    let (nodes, releases) = passes();
+    let before = Mark::now(berth);
     let deadline = Instant::now() + 2 * RESYNC;
     loop {
-        let (nodes_now, releases_now) = passes();
-        if nodes_now > nodes
-            && releases_now
-                .zip(releases)
+        let now = Mark::now(berth);
+        if now.nodes > before.nodes
+            && now
+                .releases
+                .zip(before.releases)
                 .is_none_or(|(now, was)| now > was)
         {
             return;

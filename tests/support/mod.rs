@@ -486,10 +486,7 @@ impl Berth {
     /// The value of one sample (`name` with its labels, as printed) on berth's
     /// metrics port, if berth reports it.
     pub fn metric(&self, name: &str) -> Option<f64> {
-        self.metrics().lines().find_map(|line| {
-            let (sample, value) = line.rsplit_once(' ')?;
-            (sample == name).then(|| value.parse().ok())?
-        })
+        samples(&self.metrics()).find_map(|(sample, value)| (sample == name).then_some(value))
     }
 
     /// Runs the berth binary under test.
@@ -499,6 +496,15 @@ impl Berth {
             .output()
             .expect("run berth")
     }
+}
+
+/// The samples of a Prometheus text page: each with its labels, as printed, and
+/// its value. Comments and lines without a number are left out.
+pub fn samples(text: &str) -> impl Iterator<Item = (&str, f64)> {
+    text.lines().filter_map(|line| {
+        let (sample, value) = line.rsplit_once(' ')?;
+        Some((sample, value.parse().ok()?))
+    })
 }
 
 /// Runs our kubectl with `stdin`, returning the output.
