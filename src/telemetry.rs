@@ -97,6 +97,11 @@ pub struct Metrics {
     pub controller_writes: Family<WriteLabels, Counter>,
     /// How long each of the controller's writes took, by kind.
     pub controller_write_seconds: Family<KindLabels, Histogram>,
+    /// Webhook connections open now.
+    pub connections: Gauge,
+    /// Webhook connections closed by berth for their peer's share: `refused` at
+    /// once (the peer held its share), `revoked` (given to a peer holding less).
+    pub connections_dropped: Family<KindLabels, Counter>,
 }
 
 /// A controller write: what it wrote (`node`, `policy_status`, `finalizer`,
@@ -236,8 +241,22 @@ impl Default for Metrics {
             "How long the controller's writes took, by kind",
             controller_write_seconds.clone(),
         );
+        let connections = Gauge::default();
+        registry.register(
+            "connections",
+            "Webhook connections open now",
+            connections.clone(),
+        );
+        let connections_dropped = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "connections_dropped",
+            "Webhook connections berth closed for their peer's share, by kind (refused, revoked)",
+            connections_dropped.clone(),
+        );
         Metrics {
             registry,
+            connections,
+            connections_dropped,
             release_passes,
             policy_compiles,
             controller_writes,

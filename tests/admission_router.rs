@@ -13,7 +13,9 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use base64::Engine;
 use berth::admission::body::BodyLimits;
-use berth::admission::handlers::{AppState, router};
+use berth::admission::handlers::{AppState, Trust, router};
+use berth::admission::server::Caller;
+use berth::admission::state::BoxFuture;
 use berth::admission::state::{ClusterView, FixedView};
 use berth::names;
 use berth::placement::NamespaceInfo;
@@ -56,7 +58,8 @@ fn state(view: impl ClusterView + 'static, tls_ready: bool) -> Arc<AppState> {
         tls_ready: AtomicBool::new(tls_ready),
         limits: BodyLimits::new(MAX_BODY, 1 << 20, std::time::Duration::from_secs(5)),
         berth_user: BERTH.into(),
-        require_client_cert: false,
+        trust: Trust::default(),
+        review_timeout: std::time::Duration::from_secs(3),
     })
 }
 
@@ -841,7 +844,7 @@ async fn berth_mutate_with_nodes_decides_as_the_webhook_does() {
 
 /// A request to `path?query` whose body never finishes: it sends `first` and then
 /// nothing, as a slow or hostile client would.
-fn stalled(path: &str, first: &'static str, verified: bool) -> Request<Body> {
+fn stalled(path: &str, first: &'static str, certified: bool) -> Request<Body> {
     use futures::StreamExt;
     let chunks = futures::stream::iter([Ok::<_, std::io::Error>(axum::body::Bytes::from(first))])
         .chain(futures::stream::pending());
@@ -849,20 +852,70 @@ fn stalled(path: &str, first: &'static str, verified: bool) -> Request<Body> {
         .header("content-type", "application/json")
         .body(Body::from_stream(chunks))
         .unwrap();
-    request
-        .extensions_mut()
-        .insert(berth::admission::tls::PeerCertificate(verified));
+    request.extensions_mut().insert(caller(certified));
     request
 }
 
+fn caller(certified: bool) -> Caller {
+    Caller {
+        addr: [127, 0, 0, 1].into(),
+        certified,
+    }
+}
+
+/// The fixture's view, but a lookup of namespace `stuck` never ends: a review in
+/// it holds its turn until its deadline.
+struct StuckNamespace(FixedView);
+
+impl ClusterView for StuckNamespace {
+    fn policies(&self) -> Arc<PolicySet> {
+        self.0.policies()
+    }
+    fn nodes(&self) -> Arc<berth::placement::NodeIndex> {
+        self.0.nodes()
+    }
+    fn namespace<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Option<Arc<NamespaceInfo>>> {
+        if name == "stuck" {
+            return Box::pin(futures::future::pending());
+        }
+        self.0.namespace(name)
+    }
+    fn synced(&self) -> bool {
+        true
+    }
+    fn groups(&self) -> Arc<berth::admission::state::GroupState> {
+        self.0.groups()
+    }
+}
+
+/// What `response` answered: its status and, for a review, the review.
+async fn answered(response: axum::response::Response) -> (StatusCode, Value) {
+    let status = response.status();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
 #[tokio::test(start_paused = true)]
-async fn a_client_without_the_apiservers_certificate_takes_no_turn_and_no_review_waits_past_its_deadline()
- {
-    let mut with_ca = Arc::try_unwrap(state(view(), true)).ok().unwrap();
-    with_ca.require_client_cert = true;
+async fn slow_clients_hold_no_turn_and_no_review_waits_past_berths_own_deadline() {
+    let mut with_ca = Arc::try_unwrap(state(StuckNamespace(view()), true))
+        .ok()
+        .unwrap();
+    with_ca.trust.client_certificate = true;
     let app = router(Arc::new(with_ca), 1);
+    let pod = fixture("pod-create.json");
+    let request = |body: String, query: &str| {
+        let mut request = Request::post(format!("/mutate?{query}"))
+            .header("content-type", "application/json")
+            .body(Body::from(body))
+            .unwrap();
+        request.extensions_mut().insert(caller(true));
+        request
+    };
     // Strangers who never finish their bodies, all at once: each is refused at
-    // the door (after a bounded drain) without taking the only turn.
+    // the door (what it sends dropped unread, for at most a second), and no turn
+    // is taken.
     let strangers: Vec<_> = (0..8)
         .map(|_| {
             tokio::spawn(
@@ -871,18 +924,23 @@ async fn a_client_without_the_apiservers_certificate_takes_no_turn_and_no_review
             )
         })
         .collect();
+    for stranger in strangers {
+        let (status, _) = answered(stranger.await.unwrap().unwrap()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+    }
+    // Clients with the certificate that send headers and never the body (the
+    // attack needs no certificate where none is required): they hold no turn,
+    // however long a timeout they ask for.
+    let head = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"slow-1","#;
+    let slow: Vec<_> = (0..8)
+        .map(|_| {
+            tokio::spawn(
+                app.clone()
+                    .oneshot(stalled("/mutate?timeout=30s", head, true)),
+            )
+        })
+        .collect();
     tokio::task::yield_now().await;
-    let pod = fixture("pod-create.json");
-    let request = |body: String, query: &str| {
-        let mut request = Request::post(format!("/mutate?{query}"))
-            .header("content-type", "application/json")
-            .body(Body::from(body))
-            .unwrap();
-        request
-            .extensions_mut()
-            .insert(berth::admission::tls::PeerCertificate(true));
-        request
-    };
     let started = tokio::time::Instant::now();
     let response = app
         .clone()
@@ -892,33 +950,41 @@ async fn a_client_without_the_apiservers_certificate_takes_no_turn_and_no_review
     assert_eq!(response.status(), StatusCode::OK);
     assert!(
         started.elapsed() < std::time::Duration::from_millis(100),
-        "the apiserver's review waited {:?} behind the strangers",
+        "the apiserver's review waited {:?} behind bodies that never came",
         started.elapsed()
     );
-    for stranger in strangers {
-        let response = stranger.await.unwrap().unwrap();
-        assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    // Each is answered by berth's own deadline (2 s of the 3 s it is configured
+    // with), not the 20 s of the 30 s it asked for: denied by its uid.
+    for slow in slow {
+        let (status, answer) = answered(slow.await.unwrap().unwrap()).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["response"]["uid"], "slow-1");
+        assert_eq!(answer["response"]["allowed"], false);
+        let message = answer["response"]["status"]["message"].as_str().unwrap();
+        assert!(message.contains("did not arrive in time"), "{message}");
     }
+    assert_eq!(started.elapsed(), std::time::Duration::from_secs(2));
 
-    // The apiserver's own slow review holds the only turn; the next one waits for
-    // it no longer than its deadline (2 s of its 3 s) and is refused by its uid
-    // while the apiserver still listens.
-    let slow = tokio::spawn(
+    // A review whose namespace lookup never ends holds the only turn until its
+    // deadline; the next one, with a shorter timeout, waits for it no longer than
+    // its own deadline and is refused by its uid while the apiserver still
+    // listens.
+    let mut stuck = pod.clone();
+    stuck["request"]["namespace"] = json!("stuck");
+    stuck["request"]["object"]["metadata"]["namespace"] = json!("stuck");
+    let holder = tokio::spawn(
         app.clone()
-            .oneshot(stalled("/mutate?timeout=30s", "{", true)),
+            .oneshot(request(stuck.to_string(), "timeout=3s")),
     );
     tokio::task::yield_now().await;
     let started = tokio::time::Instant::now();
     let response = app
         .clone()
-        .oneshot(request(pod.to_string(), "timeout=3s"))
+        .oneshot(request(pod.to_string(), "timeout=1s"))
         .await
         .unwrap();
     let waited = started.elapsed();
-    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    let answer: Value = serde_json::from_slice(&body).unwrap();
+    let (_, answer) = answered(response).await;
     assert_eq!(answer["response"]["uid"], pod["request"]["uid"]);
     assert_eq!(answer["response"]["allowed"], false);
     assert!(
@@ -928,9 +994,59 @@ async fn a_client_without_the_apiservers_certificate_takes_no_turn_and_no_review
             .contains("could not decide in time"),
         "{answer}"
     );
-    assert!(
-        waited <= std::time::Duration::from_millis(2200),
-        "answered {waited:?} after it came, past its deadline"
+    assert_eq!(
+        waited,
+        std::time::Duration::from_millis(500),
+        "half a second of its 1 s, no more"
     );
-    slow.abort();
+    holder.abort();
+}
+
+/// With `--apiserver-cidrs`, a review from any other address gets the 403 a
+/// client without the certificate gets, the same whatever namespace it names;
+/// the apiserver's addresses are answered.
+#[tokio::test]
+async fn with_apiserver_cidrs_only_those_addresses_send_reviews() {
+    let mut by_address = Arc::try_unwrap(state(view(), true)).ok().unwrap();
+    by_address.trust.addresses = vec!["127.0.0.1/32".parse().unwrap()];
+    let app = router(Arc::new(by_address), 4);
+    let from = |addr: [u8; 4], namespace: &str| {
+        let mut pod = fixture("pod-create.json");
+        pod["request"]["namespace"] = json!(namespace);
+        let mut request = Request::post("/mutate")
+            .header("content-type", "application/json")
+            .body(Body::from(pod.to_string()))
+            .unwrap();
+        request.extensions_mut().insert(Caller {
+            addr: addr.into(),
+            certified: false,
+        });
+        request
+    };
+    let (status, _) = answered(
+        app.clone()
+            .oneshot(from([127, 0, 0, 1], "default"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "the apiserver's address");
+    let refused = |namespace: &'static str| {
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(from([127, 0, 0, 2], namespace)).await.unwrap();
+            let status = response.status();
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            (status, body)
+        }
+    };
+    let opted = refused("default").await;
+    assert_eq!(opted.0, StatusCode::FORBIDDEN);
+    assert_eq!(
+        refused("elsewhere").await,
+        opted,
+        "nothing tells namespaces apart"
+    );
 }

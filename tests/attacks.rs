@@ -15,8 +15,7 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use berth::names;
@@ -31,7 +30,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use support::attacks::{dry_run_cost, many_tolerations, worst_within_bounds};
 use support::fixtures::{self, policy};
-use support::fleet::rss_kib;
+use support::fleet::{PeakRss, rss_kib};
 use support::{Berth, Nodes, Tenant, eventually, fresh_namespace, is_bound, wait_for};
 
 const NODES: Nodes = Nodes {
@@ -132,38 +131,6 @@ fn text(bytes: &[u8]) -> String {
 
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
-}
-
-/// Samples berth's resident memory every 50 ms until dropped; the peak.
-struct PeakRss {
-    peak: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl PeakRss {
-    fn start(pid: u32) -> PeakRss {
-        let peak = Arc::new(AtomicU64::new(rss_kib(pid)));
-        let task = tokio::spawn({
-            let peak = peak.clone();
-            async move {
-                loop {
-                    peak.fetch_max(rss_kib(pid), Ordering::Relaxed);
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        });
-        PeakRss { peak, task }
-    }
-
-    fn mib(&self) -> f64 {
-        mib(self.peak.load(Ordering::Relaxed))
-    }
-}
-
-impl Drop for PeakRss {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 #[tokio::test]
@@ -427,7 +394,7 @@ async fn a_review_sent_by_anyone_but_the_apiserver_is_refused() {
                     "labels": {"app": "jobs", "groupPriority": "1000000"}},
                 "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}});
     let ca = berth().certs_dir().join("ca.crt");
-    let post = |path: &str| {
+    let post = |path: &str, review: &Value| {
         let output = std::process::Command::new("curl")
             .args(["-sS", "-o", "/dev/stderr", "-w", "%{http_code}", "--cacert"])
             .arg(&ca)
@@ -443,12 +410,18 @@ async fn a_review_sent_by_anyone_but_the_apiserver_is_refused() {
         (text(&output.stdout), text(&output.stderr))
     };
     for path in ["/mutate", "/validate"] {
-        let (status, body) = post(path);
+        let (status, body) = post(path, &review);
         assert_eq!(
             status, "403",
             "{path} without the apiserver's certificate: {body}"
         );
         assert!(body.contains("client CA"), "{body}");
+        // It learns nothing of any namespace: a review naming another team's
+        // namespace, which opts into nothing, gets the very same answer.
+        let mut elsewhere = review.clone();
+        elsewhere["request"]["namespace"] = json!("default");
+        elsewhere["request"]["object"]["metadata"]["namespace"] = json!("default");
+        assert_eq!(post(path, &elsewhere), (status, body), "{path}");
     }
     let (status, _) = {
         let output = std::process::Command::new("curl")

@@ -528,30 +528,87 @@ fn image_resources_and_metrics_values_reach_the_pods_and_the_service() {
     );
 }
 
+/// The environment of berth's container in `objects`.
+fn berth_env(objects: &BTreeMap<String, Value>) -> Vec<Value> {
+    let deployment = object(objects, "Deployment berth-system/berth");
+    deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
 #[test]
-fn the_network_policy_and_the_client_ca_lock_the_webhooks_door() {
-    let objects = chart(
+fn the_client_certificate_and_the_apiservers_addresses_lock_the_webhooks_door() {
+    // By default berth takes reviews only with a certificate of the CA in its
+    // Secret (`ca.crt`), and the webhook port admits every address but the pod
+    // network, which the certificate then locks.
+    let defaults = chart(
         "berth-system",
-        &[
-            "networkPolicy.podCIDRs={10.1.0.0/16,10.2.0.0/16}",
-            "clientCA=-----BEGIN CERTIFICATE-----",
-        ],
+        &["networkPolicy.podCIDRs={10.1.0.0/16,10.2.0.0/16}"],
     );
-    let policy = object(&objects, "NetworkPolicy berth-system/berth");
-    assert_eq!(
-        policy["spec"]["ingress"][0]["from"][0]["ipBlock"]["except"],
-        json!(["10.1.0.0/16", "10.2.0.0/16"])
-    );
-    let deployment = object(&objects, "Deployment berth-system/berth");
-    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
     assert!(
-        container["env"]
-            .as_array()
-            .unwrap()
+        berth_env(&defaults)
+            .contains(&json!({"name": "BERTH_CLIENT_CA", "value": "/certs/ca.crt"}))
+    );
+    assert!(
+        berth_env(&defaults)
+            .contains(&json!({"name": "BERTH_REVIEW_TIMEOUT_SECONDS", "value": "3"}))
+    );
+    let policy = object(&defaults, "NetworkPolicy berth-system/berth");
+    assert_eq!(
+        policy["spec"]["ingress"][0]["from"],
+        json!([{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.1.0.0/16", "10.2.0.0/16"]}}])
+    );
+
+    // A CA of its own, from a ConfigMap.
+    let own_ca = chart(
+        "berth-system",
+        &["clientAuth.ca=-----BEGIN CERTIFICATE-----"],
+    );
+    assert!(
+        berth_env(&own_ca)
             .contains(&json!({"name": "BERTH_CLIENT_CA", "value": "/client-ca/ca.crt"}))
     );
-    let ca = object(&objects, "ConfigMap berth-system/berth-client-ca");
+    let ca = object(&own_ca, "ConfigMap berth-system/berth-client-ca");
     assert_eq!(ca["data"]["ca.crt"], "-----BEGIN CERTIFICATE-----");
+
+    // The apiserver's addresses: berth answers no one else, and the port admits
+    // only them and the peers given.
+    let managed = chart(
+        "berth-system",
+        &[
+            "clientAuth.enabled=false",
+            "apiserverCIDRs={172.16.0.2/32,172.16.0.3/32}",
+            "networkPolicy.apiserverPeers[0].podSelector.matchLabels.app=konnectivity-agent",
+        ],
+    );
+    let env = berth_env(&managed);
+    assert!(env.contains(
+        &json!({"name": "BERTH_APISERVER_CIDRS", "value": "172.16.0.2/32,172.16.0.3/32"})
+    ));
+    assert!(
+        !env.iter().any(|e| e["name"] == "BERTH_CLIENT_CA"),
+        "{env:?}"
+    );
+    let policy = object(&managed, "NetworkPolicy berth-system/berth");
+    assert_eq!(
+        policy["spec"]["ingress"][0]["from"],
+        json!([{"ipBlock": {"cidr": "172.16.0.2/32"}}, {"ipBlock": {"cidr": "172.16.0.3/32"}},
+            {"podSelector": {"matchLabels": {"app": "konnectivity-agent"}}}])
+    );
+    let timeout = chart("berth-system", &["webhook.timeoutSeconds=10"]);
+    assert!(
+        berth_env(&timeout)
+            .contains(&json!({"name": "BERTH_REVIEW_TIMEOUT_SECONDS", "value": "10"}))
+    );
+    let hooks = object(&timeout, "MutatingWebhookConfiguration /berth");
+    assert!(
+        hooks["webhooks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|h| h["timeoutSeconds"] == 10)
+    );
     let open = chart("berth-system", &["networkPolicy.enabled=false"]);
     assert!(!open.contains_key("NetworkPolicy berth-system/berth"));
 }
@@ -566,6 +623,14 @@ fn values_the_chart_cannot_honour_fail_the_render() {
         (
             "webhook.url=http://127.0.0.1:8443",
             "webhook.url must start with https://",
+        ),
+        (
+            "clientAuth.enabled=false",
+            "set apiserverCIDRs or networkPolicy.apiserverPeers",
+        ),
+        (
+            "webhook.timeoutSeconds=31",
+            "webhook.timeoutSeconds must be 1 to 30",
         ),
     ] {
         let out = helm(&["template", "berth", CHART, "--set", value]);

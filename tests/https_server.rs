@@ -13,7 +13,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::routing::{get, post};
-use berth::admission::server::{bind, serve_tls};
+use berth::admission::server::{Connections, bind, serve_tls};
 use berth::admission::tls::ReloadingCert;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -34,6 +34,7 @@ struct Served {
     server: JoinHandle<()>,
     connector: TlsConnector,
     dir: PathBuf,
+    metrics: Arc<berth::telemetry::Metrics>,
 }
 
 impl Served {
@@ -42,14 +43,28 @@ impl Served {
         Served::start_with(name, app, alpn, None, None).await
     }
 
-    /// Serves `app`, asking clients for a certificate of `client_ca` when given;
-    /// the client presents `client` (certificate and key, PEM) when given.
+    /// Serves `app` with `client_ca` (PEM) when given, to a client that presents
+    /// `client` (certificate and key, PEM) when given.
     async fn start_with(
         name: &str,
         app: Router,
         alpn: &[&[u8]],
         client_ca: Option<&str>,
         client: Option<(&str, &str)>,
+    ) -> Served {
+        Served::start_limited(name, app, alpn, client_ca, client, 128).await
+    }
+
+    /// Serves `app` with at most `max_connections` open at once, asking clients
+    /// for a certificate of `client_ca` when given; the client presents `client`
+    /// (certificate and key, PEM) when given.
+    async fn start_limited(
+        name: &str,
+        app: Router,
+        alpn: &[&[u8]],
+        client_ca: Option<&str>,
+        client: Option<(&str, &str)>,
+        max_connections: usize,
     ) -> Served {
         let dir = std::env::temp_dir().join(format!("berth-{name}-{}", std::process::id()));
         let issued = berth::certs::write_certs("berth", "berth-system", &dir, 1).unwrap();
@@ -63,12 +78,13 @@ impl Served {
         let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
+        let metrics = Arc::new(berth::telemetry::Metrics::default());
         let server = tokio::spawn(serve_tls(
             listener,
             cert.server_config(client_ca_path.as_deref()).unwrap(),
             app,
             shutdown.clone(),
-            Duration::from_secs(5),
+            Connections::new(max_connections, Duration::from_secs(5), metrics.clone()),
         ));
         let mut roots = rustls::RootCertStore::empty();
         roots
@@ -91,7 +107,19 @@ impl Served {
             server,
             connector: TlsConnector::from(Arc::new(config)),
             dir,
+            metrics,
         }
+    }
+
+    /// A new TLS connection to the server from the local address `from`, or why
+    /// it failed.
+    async fn connect_from(&self, from: [u8; 4]) -> std::io::Result<TlsStream<TcpStream>> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::from((from, 0)))?;
+        let tcp = socket.connect(self.addr).await?;
+        self.connector
+            .connect(ServerName::try_from("berth.berth-system.svc").unwrap(), tcp)
+            .await
     }
 
     /// A new TLS connection to the server.
@@ -418,11 +446,12 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tap<T> {
 }
 
 /// The apiserver sends its reviews as streams of one HTTP/2 connection, and a
-/// large body that waits unread (berth holds a 2 MB pod until its memory budget
-/// has room) must not stall the ordinary reviews beside it. With hyper's default
-/// windows it did: the waiting stream took the whole connection window, every
-/// small review behind it waited, and the apiserver let those pods through
-/// without berth after its 3 s timeout.
+/// large body not read yet (its handler not run yet on a busy machine) must not
+/// stall the ordinary reviews beside it. With hyper's default windows it did: a
+/// waiting stream took the whole connection window, every small review behind it
+/// waited, and the apiserver let those pods through without berth after its 3 s
+/// timeout. Each stream's window is now a quarter of the connection's, and berth
+/// reads every body as it arrives or gives it up (`BodyLimits::read`).
 ///
 /// The small request goes only once the client's own frames show the large body
 /// sent as far as the server's windows let it; had the connection's window run
@@ -502,7 +531,7 @@ async fn a_large_body_waiting_unread_does_not_stall_small_requests_on_the_connec
 /// berth's own router behind the real server, with `--client-ca`.
 fn berth_app(require_client_cert: bool) -> Router {
     use berth::admission::body::BodyLimits;
-    use berth::admission::handlers::{AppState, router};
+    use berth::admission::handlers::{AppState, Trust, router};
     use berth::admission::state::FixedView;
     let state = Arc::new(AppState {
         view: Arc::new(FixedView::default()),
@@ -510,7 +539,11 @@ fn berth_app(require_client_cert: bool) -> Router {
         tls_ready: true.into(),
         limits: BodyLimits::new(1 << 20, 8 << 20, Duration::from_secs(5)),
         berth_user: berth::names::BERTH_SERVICE_ACCOUNT.into(),
-        require_client_cert,
+        trust: Trust {
+            client_certificate: require_client_cert,
+            addresses: Vec::new(),
+        },
+        review_timeout: Duration::from_secs(3),
     });
     router(state, 8)
 }
@@ -575,4 +608,65 @@ async fn with_a_client_ca_only_its_clients_send_reviews() {
         handshake.is_err() || handshake.as_ref().unwrap().is_empty(),
         "{handshake:?}"
     );
+}
+
+/// The answer to `GET /healthz` on `tls`, HTTP/1.1 with keep-alive, or why none
+/// came.
+async fn healthz(tls: &mut TlsStream<TcpStream>) -> std::io::Result<String> {
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nhost: berth\r\n\r\n")
+        .await?;
+    let mut buffer = vec![0; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(5), tls.read(&mut buffer))
+        .await
+        .map_err(|_| std::io::Error::other("no answer in 5 s"))??;
+    Ok(String::from_utf8_lossy(&buffer[..read]).into_owned())
+}
+
+/// Anyone who reaches the port can open connections; one address that takes
+/// them all keeps none from the apiserver: a new connection from an address
+/// holding less than an equal share closes the newest of the address holding the
+/// most, and the address at its share gets no more. Counted in berth's metrics.
+#[tokio::test]
+async fn connections_are_shared_fairly_among_the_addresses_that_open_them() {
+    let served = Served::start_limited("fair", berth_app(false), &[], None, None, 4).await;
+    let mut attacker = Vec::new();
+    for _ in 0..4 {
+        let mut tls = served.connect_from([127, 0, 0, 2]).await.unwrap();
+        assert!(healthz(&mut tls).await.unwrap().starts_with("HTTP/1.1 200"));
+        attacker.push(tls);
+    }
+    // The address holds every connection: its next one is closed at once.
+    let refused = match served.connect_from([127, 0, 0, 2]).await {
+        Err(e) => e.to_string(),
+        Ok(mut tls) => format!("{:?}", healthz(&mut tls).await),
+    };
+    assert!(
+        !refused.contains("200"),
+        "a fifth connection served: {refused}"
+    );
+    // The apiserver's address holds none: it takes one of the attacker's.
+    let mut apiserver = served.connect_from([127, 0, 0, 1]).await.unwrap();
+    assert!(
+        healthz(&mut apiserver)
+            .await
+            .unwrap()
+            .starts_with("HTTP/1.1 200")
+    );
+    let newest = attacker.last_mut().unwrap();
+    let closed = healthz(newest).await;
+    assert!(
+        closed.as_ref().map_or(true, |answer| answer.is_empty()),
+        "the attacker's newest connection still serves: {closed:?}"
+    );
+    for tls in &mut attacker[..3] {
+        assert!(healthz(tls).await.unwrap().starts_with("HTTP/1.1 200"));
+    }
+    let metrics = served.metrics.encode();
+    for line in [
+        "berth_connections_dropped_total{kind=\"refused\"} 1",
+        "berth_connections_dropped_total{kind=\"revoked\"} 1",
+        "berth_connections 4",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
 }

@@ -74,6 +74,7 @@ impl Exported {
         metrics.denials.get_or_create(&kind).inc();
         metrics.errors.get_or_create(&kind).inc();
         metrics.node_writes.get_or_create(&kind).inc();
+        metrics.connections_dropped.get_or_create(&kind).inc();
         let write = WriteLabels {
             kind: "node".into(),
             outcome: "ok".into(),

@@ -76,6 +76,7 @@ pub fn review_state(nodes: usize, namespace: &str) -> Arc<AppState> {
         tls_ready: true.into(),
         limits: BodyLimits::new(19 << 20, 128 << 20, Duration::from_secs(10)),
         berth_user: "system:serviceaccount:berth-system:berth".into(),
-        require_client_cert: false,
+        trust: Default::default(),
+        review_timeout: Duration::from_secs(3),
     })
 }

@@ -194,7 +194,11 @@ async fn start(cert_pem: &[u8], key_pem: &[u8], app: axum::Router) -> SocketAddr
         tls,
         app,
         never,
-        std::time::Duration::ZERO,
+        berth::admission::server::Connections::new(
+            128,
+            std::time::Duration::ZERO,
+            std::sync::Arc::default(),
+        ),
     ));
     addr
 }

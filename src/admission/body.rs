@@ -1,33 +1,45 @@
 //! Reading request bodies within bounds: a size limit, a read timeout and a memory
-//! budget shared by all requests in flight.
+//! budget shared fairly by the peers whose bodies are in flight ([`FairShare`]).
 //!
-//! A body over the limit, too slow, or arriving while the budget is spent is not
+//! A body is charged to the budget as its bytes arrive, never before: a client
+//! that announces a large body and sends nothing holds nothing. A body over the
+//! limit, too slow, or arriving while the budget has no room for its peer is not
 //! read whole; its first bytes are kept, so the handler can still find the
 //! request's uid there and answer with a denial: a 4xx would count as a webhook
 //! failure, and the apiserver would let the pod through (`failurePolicy: Ignore`).
+//! A body is never left half read to wait for room: its unread bytes would hold
+//! the HTTP/2 connection's window, and the reviews behind it on that connection.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use axum::body::{Body, Bytes, HttpBody};
+use axum::body::{Body, Bytes};
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::share::{FairShare, Hold};
+
 /// How much of an unread body is kept to find the uid in.
 const PREFIX: usize = 64 * 1024;
-/// A request whose body and JSON together cost up to this much (most pods: a few
-/// kB of body, some tens of kB read) takes nothing from the budget, so a flood of
-/// large ones never makes an ordinary pod wait for room. At most `--max-in-flight`
-/// of them are decided at once.
+/// A request whose body and JSON cost up to this much (most pods: a few kB of body,
+/// some tens of kB read) is charged to a share of the budget that large requests
+/// never use, so a flood of large ones never makes an ordinary pod wait for room;
+/// a costlier one is charged whole to the large share.
 const FREE: usize = 256 * 1024;
+/// The least the small share holds: room for many ordinary requests at once,
+/// whatever the budget.
+const SMALL_LEAST: usize = 16 * FREE;
 /// The budget is counted in KiB.
 const UNIT: usize = 1024;
 /// While a body arrives, it holds this many times its size: the bytes, and a first
 /// share of the JSON read from them. Once it is whole, it holds what reading it
 /// costs ([`BodyLimits::charge`]).
 const COST: usize = 2;
+/// The part of the budget kept for the first [`FREE`] of each request's cost.
+const SMALL_PART: usize = 4;
 
 /// A body up to this size is read and decided on the async worker that received
 /// it (well under a millisecond); a larger one on a thread for blocking work,
@@ -41,28 +53,33 @@ pub struct BodyLimits {
     pub max_bytes: usize,
     /// How long a body may take to arrive.
     pub read_timeout: Duration,
-    /// How long a request waits for room in the budget, at most: never past the
-    /// time it must be answered by.
+    /// How long a request read whole waits for room to read its JSON, at most:
+    /// never past the time it must be answered by.
     pub budget_wait: Duration,
-    budget: Arc<Semaphore>,
-    /// The whole budget, in units.
-    total_units: usize,
+    /// What the first [`FREE`] of each request's cost is charged to, in units.
+    small: Arc<FairShare>,
+    /// What the rest is charged to, in units.
+    large: Arc<FairShare>,
     /// One per core: large reviews are read and decided this many at a time, so
     /// that the answers already decided still get a core to go out on.
     cpu: Arc<Semaphore>,
 }
 
 impl BodyLimits {
-    /// `budget_bytes` bounds the memory of all bodies being decided at once.
+    /// `budget_bytes` bounds the memory of all bodies being read and decided at
+    /// once: a quarter for the first [`FREE`] of each, the rest for large ones.
     pub fn new(max_bytes: usize, budget_bytes: usize, read_timeout: Duration) -> Self {
+        let small_units = (budget_bytes / SMALL_PART).max(SMALL_LEAST).div_ceil(UNIT);
         // A body at the limit must fit in the budget, or it could never be read.
-        let budget_units = budget_bytes.max(max_bytes * COST).div_ceil(UNIT);
+        let large_units = (budget_bytes - budget_bytes / SMALL_PART)
+            .max(max_bytes * COST)
+            .div_ceil(UNIT);
         BodyLimits {
             max_bytes,
             read_timeout,
             budget_wait: Duration::from_secs(1),
-            budget: Arc::new(Semaphore::new(budget_units)),
-            total_units: budget_units,
+            small: FairShare::new(small_units as u64),
+            large: FairShare::new(large_units as u64),
             cpu: Arc::new(Semaphore::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
             )),
@@ -152,9 +169,6 @@ impl CpuTurn {
 struct Arrived {
     first: Option<Bytes>,
     copied: Vec<u8>,
-    /// The length the body announced, if it did: room made at once once it
-    /// needs copying.
-    expected: usize,
 }
 
 impl Arrived {
@@ -168,8 +182,7 @@ impl Arrived {
             return;
         }
         if let Some(first) = self.first.take() {
-            self.copied
-                .reserve(self.expected.max(first.len() + data.len()));
+            self.copied.reserve(first.len() + data.len());
             self.copied.extend_from_slice(&first);
         }
         self.copied.extend_from_slice(&data);
@@ -178,6 +191,74 @@ impl Arrived {
     fn into_bytes(self) -> Bytes {
         // The first frame is kept only while it is all there is.
         self.first.unwrap_or_else(|| Bytes::from(self.copied))
+    }
+}
+
+/// What one request holds of the budget: its cost in the small share while it is
+/// at most [`FREE`], in the large share once it is more. Given back when dropped.
+#[derive(Debug)]
+pub struct Held {
+    small: Hold,
+    large: Hold,
+    /// Units held in each, as this request counts them.
+    small_units: u64,
+    large_units: u64,
+}
+
+impl Held {
+    /// Units of the small and the large share for a cost of `bytes`.
+    fn units(bytes: usize) -> (u64, u64) {
+        let units = bytes.div_ceil(UNIT) as u64;
+        if bytes <= FREE {
+            (units, 0)
+        } else {
+            (0, units)
+        }
+    }
+
+    /// Holds at least a cost of `bytes`, at once or not at all; waiting until
+    /// `until` for the large share to have room when given.
+    async fn cover_until(&mut self, bytes: usize, until: Option<Instant>) -> bool {
+        let (small, large) = Self::units(bytes);
+        if small > self.small_units {
+            if !self.small.grow(small - self.small_units) {
+                return false;
+            }
+            self.small_units = small;
+        }
+        if large > self.large_units {
+            let more = large - self.large_units;
+            let grown = match until {
+                None => self.large.grow(more),
+                Some(until) => self.large.grow_within(more, until).await,
+            };
+            if !grown {
+                return false;
+            }
+            self.large_units = large;
+            // Now held whole in the large share: the small one is for small ones.
+            self.small.release();
+            self.small_units = 0;
+        }
+        !self.is_revoked()
+    }
+
+    /// Holds at least a cost of `bytes`, at once or not at all.
+    fn cover(&mut self, bytes: usize) -> bool {
+        // Without a time to wait until, nothing awaits: the future is ready at once.
+        futures::FutureExt::now_or_never(self.cover_until(bytes, None)).unwrap_or(false)
+    }
+
+    fn is_revoked(&self) -> bool {
+        self.small.is_revoked() || self.large.is_revoked()
+    }
+
+    /// Resolves once a peer holding less took this request's share.
+    async fn revoked(&self) {
+        tokio::select! {
+            () = self.small.revoked() => {}
+            () = self.large.revoked() => {}
+        }
     }
 }
 
@@ -196,58 +277,53 @@ pub enum Charge {
 #[derive(Debug)]
 pub enum ReadBody {
     /// Read whole; the budget it holds is given back when this is dropped.
-    Whole(Bytes, Option<OwnedSemaphorePermit>),
+    Whole(Bytes, Held),
     /// Larger than the limit: its first bytes.
     TooLarge(Bytes),
-    /// The budget stayed spent by other requests: its first bytes.
+    /// The budget had no room for it: its first bytes.
     Busy(Bytes),
     /// It did not arrive in time, or the connection failed: its first bytes.
     Incomplete(Bytes, String),
 }
 
 impl BodyLimits {
-    /// Reads `body` within the bounds.
+    /// Reads the body `peer` sends within the bounds, charging the budget as its
+    /// bytes arrive (never for bytes announced and not sent).
     ///
-    /// A body whose length is announced takes its whole share of the budget before
-    /// it is read: taken piece by piece, many large bodies could each hold part of
-    /// the budget and wait on one another. Refused or not, the first bytes are read,
-    /// since the request's uid is there. It reads and waits for room no later than
-    /// `answer_by`.
-    pub async fn read(&self, body: Body, answer_by: Instant) -> ReadBody {
+    /// Refused or not, the first bytes are read, since the request's uid is there.
+    /// It reads no later than `answer_by`, and gives up as soon as the budget has
+    /// no room for the peer, or a peer holding less takes its share.
+    pub async fn read(&self, body: Body, peer: IpAddr, answer_by: Instant) -> ReadBody {
         let mut bytes = Arrived::default();
-        let mut held: Option<OwnedSemaphorePermit> = None;
-        let announced = HttpBody::size_hint(&body)
-            .exact()
-            .and_then(|n| usize::try_from(n).ok())
-            .filter(|n| *n <= self.max_bytes);
+        let mut held = Held {
+            small: self.small.hold_none(peer),
+            large: self.large.hold_none(peer),
+            small_units: 0,
+            large_units: 0,
+        };
         let until = answer_by.min(Instant::now() + self.read_timeout);
         let read = tokio::time::timeout_at(until, async {
             let mut refused = None;
-            if let Some(length) = announced {
-                if self
-                    .reserve(&mut held, Self::units(length), answer_by)
-                    .await
-                {
-                    bytes.expected = length;
-                } else {
-                    refused = Some(Unread::Busy);
-                }
-            }
             let mut body = body;
-            while let Some(frame) = body.frame().await {
+            loop {
+                let frame = tokio::select! {
+                    frame = body.frame() => frame,
+                    // Given to a peer holding less: what arrived is all it keeps.
+                    () = held.revoked(), if refused.is_none() => {
+                        refused = Some(Unread::Busy);
+                        break;
+                    }
+                };
+                let Some(frame) = frame else { break };
                 let frame = frame.map_err(|e| e.to_string())?;
                 let Ok(data) = frame.into_data() else {
                     continue;
                 };
-                if refused.is_none() && bytes.len() + data.len() > self.max_bytes {
+                let length = bytes.len() + data.len();
+                if refused.is_none() && length > self.max_bytes {
                     refused = Some(Unread::TooLarge);
                 }
-                if refused.is_none()
-                    && announced.is_none()
-                    && !self
-                        .reserve(&mut held, Self::units(bytes.len() + data.len()), answer_by)
-                        .await
-                {
+                if refused.is_none() && !held.cover(length.saturating_mul(COST)) {
                     refused = Some(Unread::Busy);
                 }
                 if refused.is_some() {
@@ -278,82 +354,20 @@ impl BodyLimits {
         }
     }
 
-    /// The first bytes of `body` (where the uid is), read until `until` at most,
-    /// for a review refused before it is read.
-    pub async fn prefix(body: Body, until: Instant) -> Bytes {
-        let mut bytes: Vec<u8> = Vec::new();
-        let _ = tokio::time::timeout_at(until, async {
-            let mut body = body;
-            while bytes.len() < PREFIX {
-                let Some(Ok(frame)) = body.frame().await else {
-                    break;
-                };
-                if let Ok(data) = frame.into_data() {
-                    let room = PREFIX.saturating_sub(bytes.len()).min(data.len());
-                    bytes.extend_from_slice(&data[..room]);
-                }
-            }
-        })
-        .await;
-        Bytes::from(bytes)
-    }
-
-    /// Budget units for `bytes` of body as it arrives.
-    fn units(bytes: usize) -> u32 {
-        Self::units_of_cost(bytes.saturating_mul(COST))
-    }
-
-    /// Budget units for a cost of `bytes`: none for a small one.
-    fn units_of_cost(bytes: usize) -> u32 {
-        if bytes <= FREE {
-            return 0;
-        }
-        u32::try_from(bytes / UNIT + 1).unwrap_or(u32::MAX)
-    }
-
     /// Holds at least `cost` bytes of the budget for a body read whole (its bytes and
     /// what reading it costs, [`super::cost::parse_cost`]), waiting at most
-    /// `budget_wait`, and not past `answer_by`, for room.
-    pub async fn charge(
-        &self,
-        held: &mut Option<OwnedSemaphorePermit>,
-        cost: usize,
-        answer_by: Instant,
-    ) -> Charge {
-        let units = Self::units_of_cost(cost);
-        if units as usize > self.total_units {
-            return Charge::Never(self.total_units * UNIT);
+    /// `budget_wait`, and not past `answer_by`, for room. The body is whole by
+    /// then, so waiting holds no connection's window.
+    pub async fn charge(&self, held: &mut Held, cost: usize, answer_by: Instant) -> Charge {
+        let (_, large) = Held::units(cost);
+        if large > self.large.capacity() {
+            return Charge::Never(self.large.capacity() as usize * UNIT);
         }
-        if self.reserve(held, units, answer_by).await {
+        let until = answer_by.min(Instant::now() + self.budget_wait);
+        if held.cover_until(cost, Some(until)).await {
             Charge::Held
         } else {
             Charge::Busy
-        }
-    }
-
-    /// Holds at least `units` of the budget, waiting at most `budget_wait`, and not
-    /// past `answer_by`, for more.
-    async fn reserve(
-        &self,
-        held: &mut Option<OwnedSemaphorePermit>,
-        units: u32,
-        answer_by: Instant,
-    ) -> bool {
-        let have = held.as_ref().map_or(0, |p| p.num_permits() as u32);
-        if units <= have {
-            return true;
-        }
-        let more = self.budget.clone().acquire_many_owned(units - have);
-        let until = answer_by.min(Instant::now() + self.budget_wait);
-        match tokio::time::timeout_at(until, more).await {
-            Ok(Ok(permit)) => {
-                match held.as_mut() {
-                    Some(h) => h.merge(permit),
-                    None => *held = Some(permit),
-                }
-                true
-            }
-            _ => false,
         }
     }
 }
@@ -372,26 +386,42 @@ mod tests {
         Instant::now() + Duration::from_secs(60)
     }
 
+    fn peer(last: u8) -> IpAddr {
+        IpAddr::from([127, 0, 0, last])
+    }
+
+    /// A body whose frames the test sends when it likes.
+    fn channel() -> (tokio::sync::mpsc::Sender<Bytes>, Body) {
+        let (sender, receiver) = tokio::sync::mpsc::channel(8);
+        let frames = futures::stream::unfold(receiver, |mut receiver| async move {
+            let data = receiver.recv().await?;
+            Some((Ok::<_, std::convert::Infallible>(data), receiver))
+        });
+        (sender, Body::from_stream(frames))
+    }
+
+    /// Units held in both shares.
+    fn used(limits: &BodyLimits) -> u64 {
+        limits.small.used() + limits.large.used()
+    }
+
     #[tokio::test]
     async fn bodies_are_read_within_the_limit_and_the_budget() {
         let limits = BodyLimits::new(200_000, 800_000, Duration::from_secs(5));
-        let total = limits.budget.available_permits();
-        let ReadBody::Whole(bytes, held) =
-            limits.read(Body::from(vec![b'x'; 200_000]), later()).await
+        let ReadBody::Whole(bytes, held) = limits
+            .read(Body::from(vec![b'x'; 200_000]), peer(1), later())
+            .await
         else {
             panic!("a body at the limit is read");
         };
         assert_eq!(bytes.len(), 200_000);
-        assert!(total - limits.budget.available_permits() >= 400_000 / UNIT);
+        assert!(used(&limits) >= 400_000 / UNIT as u64, "charged as it came");
         drop(held);
-        assert_eq!(
-            limits.budget.available_permits(),
-            total,
-            "the budget comes back"
-        );
+        assert_eq!(used(&limits), 0, "the budget comes back");
 
-        let ReadBody::TooLarge(prefix) =
-            limits.read(Body::from(vec![b'x'; 200_001]), later()).await
+        let ReadBody::TooLarge(prefix) = limits
+            .read(Body::from(vec![b'x'; 200_001]), peer(1), later())
+            .await
         else {
             panic!("a body over the limit is not read whole");
         };
@@ -407,14 +437,14 @@ mod tests {
             Body::from_stream(futures::stream::iter(parts))
         };
         let ReadBody::Whole(bytes, _) = limits
-            .read(frames(&[b"ab", b"", b"cd", b"e"]), later())
+            .read(frames(&[b"ab", b"", b"cd", b"e"]), peer(1), later())
             .await
         else {
             panic!("read whole");
         };
         assert_eq!(&bytes[..], b"abcde");
         let one: &'static [u8] = b"{\"kind\":\"AdmissionReview\"}";
-        let ReadBody::Whole(bytes, _) = limits.read(frames(&[one]), later()).await else {
+        let ReadBody::Whole(bytes, _) = limits.read(frames(&[one]), peer(1), later()).await else {
             panic!("read whole");
         };
         assert_eq!(bytes.as_ptr(), one.as_ptr(), "kept as it came");
@@ -424,20 +454,26 @@ mod tests {
     async fn a_spent_budget_refuses_large_bodies_but_never_small_ones() {
         let mut limits = BodyLimits::new(400_000, 0, Duration::from_secs(5));
         limits.budget_wait = Duration::from_millis(50);
-        let budget = 800_000usize.div_ceil(UNIT) * UNIT;
-        let ReadBody::Whole(_, held) = limits.read(Body::from(vec![b'x'; 400_000]), later()).await
+        let ReadBody::Whole(_, held) = limits
+            .read(Body::from(vec![b'x'; 400_000]), peer(1), later())
+            .await
         else {
             panic!("read");
         };
-        // The first body holds the whole budget: the second cannot be read now, but
-        // its first bytes are, to answer by its uid.
-        let second = limits.read(Body::from(vec![b'y'; 200_000]), later()).await;
+        // The first body holds the whole large share: the second cannot be read
+        // now, and is given up at once rather than left half read, but its first
+        // bytes are kept, to answer by its uid.
+        let second = limits
+            .read(Body::from(vec![b'y'; 200_000]), peer(1), later())
+            .await;
         let ReadBody::Busy(prefix) = second else {
             panic!("the second body is read while the budget is spent");
         };
         assert_eq!(prefix.len(), PREFIX);
         // An ordinary pod, and what reading it costs, never wait for the large ones.
-        let small = limits.read(Body::from(vec![b'z'; 6_000]), later()).await;
+        let small = limits
+            .read(Body::from(vec![b'z'; 6_000]), peer(1), later())
+            .await;
         let ReadBody::Whole(_, mut free) = small else {
             panic!("an ordinary pod waits");
         };
@@ -448,41 +484,77 @@ mod tests {
         // What reading a body costs is charged once it is whole: more than is left
         // waits and is refused as busy, more than there is at all is refused.
         assert_eq!(
-            limits.charge(&mut free, 300_000, later()).await,
+            limits.charge(&mut free, FREE + 300_000, later()).await,
             Charge::Busy
         );
-        assert_eq!(
+        assert!(matches!(
             limits.charge(&mut free, 10 << 20, later()).await,
-            Charge::Never(budget)
-        );
+            Charge::Never(_)
+        ));
         drop(held);
         assert_eq!(
-            limits.charge(&mut free, 300_000, later()).await,
+            limits.charge(&mut free, FREE + 300_000, later()).await,
             Charge::Held
         );
         drop(free);
-        let third = limits.read(Body::from(vec![b'y'; 200_000]), later()).await;
+        let third = limits
+            .read(Body::from(vec![b'y'; 200_000]), peer(1), later())
+            .await;
         assert!(matches!(third, ReadBody::Whole(..)));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_request_waits_for_room_no_later_than_it_must_be_answered() {
-        let limits = BodyLimits::new(400_000, 0, Duration::from_secs(5));
-        let ReadBody::Whole(_, _held) = limits.read(Body::from(vec![b'x'; 400_000]), later()).await
-        else {
-            panic!("read");
-        };
-        let started = Instant::now();
-        let answer_by = started + Duration::from_millis(100);
-        let second = limits
-            .read(Body::from(vec![b'y'; 200_000]), answer_by)
-            .await;
-        assert!(matches!(second, ReadBody::Busy(_)));
+    #[tokio::test]
+    async fn a_body_announced_and_not_sent_holds_nothing() {
+        let limits = BodyLimits::new(19 << 20, 0, Duration::from_secs(5));
+        let (sender, body) = channel();
+        sender.send(Bytes::from_static(b"{")).await.unwrap();
+        let reading = tokio::spawn({
+            let limits = limits.clone();
+            async move {
+                limits
+                    .read(body, peer(2), Instant::now() + Duration::from_millis(300))
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(
-            started.elapsed(),
-            Duration::from_millis(100),
-            "it waits until then, not its budget_wait of 5 s"
+            used(&limits),
+            1,
+            "one byte arrived: one unit held, not 19 MiB"
         );
+        let ReadBody::Incomplete(prefix, why) = reading.await.unwrap() else {
+            panic!("never sent");
+        };
+        assert_eq!(&prefix[..], b"{");
+        assert!(why.contains("in time"), "{why}");
+        drop(sender);
+        assert_eq!(used(&limits), 0);
+    }
+
+    #[tokio::test]
+    async fn a_peer_holding_less_takes_the_budget_from_a_body_still_arriving() {
+        let limits = BodyLimits::new(400_000, 0, Duration::from_secs(5));
+        // Another peer's body has taken the whole large share and sends no more.
+        let (sender, body) = channel();
+        sender.send(Bytes::from(vec![b'x'; 400_000])).await.unwrap();
+        let slow = tokio::spawn({
+            let limits = limits.clone();
+            async move { limits.read(body, peer(2), later()).await }
+        });
+        while limits.large.used() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The apiserver's large review, from a peer that holds nothing, takes its
+        // equal share: the slow body is refused as busy, not the review.
+        let review = limits
+            .read(Body::from(vec![b'y'; 150_000]), peer(1), later())
+            .await;
+        assert!(
+            matches!(review, ReadBody::Whole(..)),
+            "the review was refused"
+        );
+        assert!(matches!(slow.await.unwrap(), ReadBody::Busy(_)));
+        drop(sender);
     }
 
     #[tokio::test(start_paused = true)]

@@ -13,16 +13,16 @@ use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use http_body_util::BodyExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use ipnet::IpNet;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use super::body::{BodyLimits, Charge, CpuTurn, ReadBody};
+use super::body::{BodyLimits, Charge, CpuTurn, Held, ReadBody};
 use super::cost;
 use super::review::{self, AdmissionRequest, AdmissionResponse};
+use super::server::Caller;
 use super::service::{self, Snapshot, Verdict};
 use super::state::ClusterView;
-use super::tls::PeerCertificate;
 use crate::placement::NamespaceInfo;
 use crate::placement::warning::bounded;
 use crate::telemetry::{KindLabels, Metrics, PolicyLabels, RequestLabels};
@@ -37,9 +37,34 @@ pub struct AppState {
     pub limits: BodyLimits,
     /// berth's own identity (`request.userInfo.username` of its controller).
     pub berth_user: String,
-    /// Whether only a client with a certificate of the client CA (the apiserver)
-    /// may send reviews (`--client-ca`).
-    pub require_client_cert: bool,
+    /// Who may send reviews.
+    pub trust: Trust,
+    /// The apiserver's timeout for berth's webhooks (`--review-timeout-seconds`):
+    /// a review's own `?timeout=` may shorten it, never lengthen it.
+    pub review_timeout: Duration,
+}
+
+/// Who may send reviews: with `--client-ca`, only a client with a certificate of
+/// that CA; with `--apiserver-cidrs`, only a client from those addresses; with
+/// both, only one that is both; with neither, anyone who reaches the port.
+#[derive(Debug, Clone, Default)]
+pub struct Trust {
+    pub client_certificate: bool,
+    pub addresses: Vec<IpNet>,
+}
+
+impl Trust {
+    /// Whether `caller` may send reviews.
+    pub fn admits(&self, caller: &Caller) -> bool {
+        (!self.client_certificate || caller.certified)
+            && (self.addresses.is_empty()
+                || self.addresses.iter().any(|n| n.contains(&caller.addr)))
+    }
+
+    /// Whether anyone who reaches the port may send reviews.
+    pub fn is_open(&self) -> bool {
+        !self.client_certificate && self.addresses.is_empty()
+    }
 }
 
 /// The webhook's routes, with at most `max_in_flight` admission requests handled
@@ -73,43 +98,61 @@ impl FromRef<Shared> for Arc<AppState> {
 }
 
 /// A review's way in, the first thing its handler does (a handler rather than a
-/// middleware: one future less to box and move per review). A client without the
-/// apiserver's certificate (with `--client-ca`) is refused here, before it takes a
-/// turn, so no number of them keeps the apiserver's reviews waiting. The others
-/// wait for one of the turns, but never past their deadline: one not let in by
-/// then is refused by its uid, while the apiserver still listens, rather than left
-/// to time out (which would admit the pod without berth). `query` says the
-/// apiserver's timeout.
+/// middleware: one future less to box and move per review).
+///
+/// A client berth does not trust ([`Trust`]) is refused here, before anything of
+/// its body is read. The others' bodies are read first, charged to their peer's
+/// share of the budget as they arrive, and only then do they wait for one of the
+/// turns: a client that sends headers and never its body holds no turn. Nothing
+/// waits past the review's deadline ([`answer_by`]): one not decided by then is
+/// refused by its uid, while the apiserver still listens, rather than left to time
+/// out (which would admit the pod without berth).
 async fn door(
     Shared { state, turns }: Shared,
-    peer: Option<Extension<PeerCertificate>>,
+    caller: Option<Extension<Caller>>,
     query: Option<String>,
     path: &str,
     decide: Decide,
     body: Body,
 ) -> Response {
     let arrived = Instant::now();
-    if unauthenticated(&state, peer) {
-        return refuse_unauthenticated(&state, body).await;
+    let started = std::time::Instant::now();
+    // A request that came on no connection (a test's `oneshot`) has no peer.
+    let caller = caller.map_or(
+        Caller {
+            addr: std::net::Ipv4Addr::UNSPECIFIED.into(),
+            certified: false,
+        },
+        |Extension(c)| c,
+    );
+    if !state.trust.admits(&caller) {
+        return refuse_untrusted(&state, body).await;
     }
-    let answer_by = answer_by(arrived, query.as_deref());
-    let Ok(Ok(_turn)) = tokio::time::timeout_at(answer_by, turns.acquire_owned()).await else {
-        let prefix = BodyLimits::prefix(body, Instant::now() + PREFIX_WAIT).await;
-        return late(&state, path, std::time::Instant::now(), &prefix);
+    let answer_by = answer_by(arrived, query.as_deref(), state.review_timeout);
+    let limits = &state.limits;
+    // `held` keeps this request's share of the memory budget until it is answered.
+    let (body, held) = match limits.read(body, caller.addr, answer_by).await {
+        ReadBody::Whole(bytes, held) => (bytes, held),
+        ReadBody::TooLarge(prefix) => {
+            let reason = format!(
+                "berth refuses a request over {} MiB: it cannot check what it does not read",
+                limits.max_bytes >> 20
+            );
+            let why = ("too_large", StatusCode::PAYLOAD_TOO_LARGE, reason);
+            return unread(&state, path, started, &prefix, why);
+        }
+        ReadBody::Busy(prefix) => return busy(&state, path, started, &prefix),
+        ReadBody::Incomplete(prefix, reason) => {
+            let why = ("incomplete", StatusCode::BAD_REQUEST, reason);
+            return unread(&state, path, started, &prefix, why);
+        }
     };
-    admit(&state, path, decide, body, answer_by).await
+    let Ok(Ok(_turn)) = tokio::time::timeout_at(answer_by, turns.acquire_owned()).await else {
+        return late(&state, path, started, &body);
+    };
+    admit(&state, path, decide, (body, held), answer_by, started).await
 }
 
-/// How long a review refused at its deadline may take to send the bytes that hold
-/// its uid: well within the third of the apiserver's timeout kept back.
-const PREFIX_WAIT: Duration = Duration::from_millis(100);
-
-/// The apiserver's timeout for a webhook call when its URL does not say
-/// (Kubernetes' default `timeoutSeconds`).
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-/// The longest timeout the apiserver gives a webhook (`timeoutSeconds` is at most
-/// 30): a longer one in the URL is not the apiserver's.
-const MAX_TIMEOUT: Duration = Duration::from_secs(30);
 /// The least time berth keeps back from the apiserver's timeout: the apiserver's
 /// clock starts before the request reaches berth (connecting, sending the
 /// review), the answer must travel back, and an answer that arrives late counts as
@@ -117,18 +160,19 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(30);
 const MARGIN: Duration = Duration::from_millis(500);
 
 /// When a request that arrived at `arrived` must be answered by: a third of the
-/// apiserver's timeout (which it sends as `?timeout=3s`), and at least `MARGIN`,
-/// before it. Every wait and every step of reading and deciding ends by then; what
-/// is not decided by then is refused, never left for the apiserver to let
-/// through.
-fn answer_by(arrived: Instant, query: Option<&str>) -> Instant {
-    let timeout = query
+/// apiserver's timeout before it, and at least `MARGIN`. The timeout is berth's own
+/// (`--review-timeout-seconds`, the webhook configurations' `timeoutSeconds`); the
+/// `?timeout=` the apiserver sends may shorten it, but a client cannot lengthen it
+/// to hold a request longer. Every wait and every step of reading and deciding
+/// ends by then; what is not decided by then is refused, never left for the
+/// apiserver to let through.
+fn answer_by(arrived: Instant, query: Option<&str>, ceiling: Duration) -> Instant {
+    let asked = query
         .into_iter()
         .flat_map(|q| q.split('&'))
         .find_map(|pair| pair.strip_prefix("timeout="))
-        .and_then(parse_go_duration)
-        .unwrap_or(DEFAULT_TIMEOUT)
-        .min(MAX_TIMEOUT);
+        .and_then(parse_go_duration);
+    let timeout = asked.map_or(ceiling, |t| t.min(ceiling));
     let kept_back = (timeout / 3).max(MARGIN);
     arrived + timeout.saturating_sub(kept_back).max(MARGIN)
 }
@@ -175,41 +219,43 @@ type Decide = fn(&AdmissionRequest, &Snapshot) -> (AdmissionResponse, Verdict);
 
 async fn mutate(
     State(shared): State<Shared>,
-    peer: Option<Extension<PeerCertificate>>,
+    caller: Option<Extension<Caller>>,
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
-    door(shared, peer, query, "/mutate", service::mutate, body).await
+    door(shared, caller, query, "/mutate", service::mutate, body).await
 }
 
 async fn validate(
     State(shared): State<Shared>,
-    peer: Option<Extension<PeerCertificate>>,
+    caller: Option<Extension<Caller>>,
     RawQuery(query): RawQuery,
     body: Body,
 ) -> Response {
-    door(shared, peer, query, "/validate", service::validate, body).await
+    door(shared, caller, query, "/validate", service::validate, body).await
 }
 
-/// With `--client-ca`, whether the client presented no certificate of the client
-/// CA: only the apiserver sends reviews, and nothing a review says is taken from
-/// anyone else.
-fn unauthenticated(state: &AppState, peer: Option<Extension<PeerCertificate>>) -> bool {
-    let verified = peer.is_some_and(|Extension(PeerCertificate(v))| v);
-    state.require_client_cert && !verified
-}
-
-/// The 403 for a client without the apiserver's certificate. Its first bytes are
-/// read and dropped first (at most 64 KiB, for at most a second), so that an
-/// HTTP/2 client still sending gets the answer rather than a reset stream; none of
-/// it is looked at.
-async fn refuse_unauthenticated(state: &AppState, body: Body) -> Response {
+/// The 403 for a client berth does not trust, the same whatever its review says,
+/// so it learns nothing of any namespace. Nothing of the body is looked at or
+/// kept: its first 64 KiB are dropped as they come, for at most a second, so that
+/// a client still sending gets the answer rather than a reset stream.
+async fn refuse_untrusted(state: &AppState, body: Body) -> Response {
     state.metrics.error("unauthenticated");
-    let drained = http_body_util::Limited::new(body, 64 * 1024).collect();
-    let _ = tokio::time::timeout(Duration::from_secs(1), drained).await;
+    let mut frames = body.into_data_stream();
+    let mut dropped = 0;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Some(Ok(data)) = futures::StreamExt::next(&mut frames).await {
+            dropped += data.len();
+            if dropped >= 64 * 1024 {
+                break;
+            }
+        }
+    })
+    .await;
     (
         StatusCode::FORBIDDEN,
-        "berth takes reviews only from a client with a certificate of its client CA (the apiserver)",
+        "berth takes reviews only from the apiserver: a client with a certificate of its \
+         client CA (--client-ca) or from its addresses (--apiserver-cidrs), as configured",
     )
         .into_response()
 }
@@ -270,7 +316,7 @@ async fn read_charged(
     started: std::time::Instant,
     Unread { body, tried }: Unread<'_>,
     turn: &CpuTurn,
-    held: &mut Option<OwnedSemaphorePermit>,
+    held: &mut Held,
     answer_by: Instant,
 ) -> Result<Result<AdmissionRequest, String>, Response> {
     let limits = &state.limits;
@@ -301,36 +347,19 @@ async fn read_charged(
         .ok_or_else(|| late(state, path, started, body))
 }
 
-/// Reads, decides and answers one review by `answer_by`. A decision is linear in
-/// a pod within berth's bounds; the time limit is the backstop.
+/// Reads, decides and answers one review, whose body has arrived, by
+/// `answer_by`. A decision is linear in a pod within berth's bounds; the time
+/// limit is the backstop.
 async fn admit(
     state: &Arc<AppState>,
     path: &str,
     decide: Decide,
-    body: Body,
+    (body, mut held): (Bytes, Held),
     answer_by: Instant,
+    started: std::time::Instant,
 ) -> Response {
-    let started = std::time::Instant::now();
-    let limits = &state.limits;
-    // `held` keeps this request's share of the memory budget until it is answered.
-    let (body, mut held) = match limits.read(body, answer_by).await {
-        ReadBody::Whole(bytes, held) => (bytes, held),
-        ReadBody::TooLarge(prefix) => {
-            let reason = format!(
-                "berth refuses a request over {} MiB: it cannot check what it does not read",
-                limits.max_bytes >> 20
-            );
-            let why = ("too_large", StatusCode::PAYLOAD_TOO_LARGE, reason);
-            return unread(state, path, started, &prefix, why);
-        }
-        ReadBody::Busy(prefix) => return busy(state, path, started, &prefix),
-        ReadBody::Incomplete(prefix, reason) => {
-            let why = ("incomplete", StatusCode::BAD_REQUEST, reason);
-            return unread(state, path, started, &prefix, why);
-        }
-    };
     let small = BodyLimits::is_small(body.len());
-    let Some(turn) = limits.cpu_turn(body.len(), answer_by).await else {
+    let Some(turn) = state.limits.cpu_turn(body.len(), answer_by).await else {
         return late(state, path, started, &body);
     };
     // A small review is read at once, what it builds counted as it reads: one that
@@ -479,21 +508,24 @@ mod tests {
     #[test]
     fn a_review_is_answered_before_the_apiserver_gives_up() {
         let now = Instant::now();
-        let by = |query| answer_by(now, query) - now;
+        let ceiling = Duration::from_secs(3);
+        let by = |query| answer_by(now, query, ceiling) - now;
         assert_eq!(by(Some("timeout=3s")), Duration::from_secs(2));
-        assert_eq!(by(Some("a=b&timeout=24s")), Duration::from_secs(16));
-        // The apiserver never waits longer than 30 s: a longer timeout is no one's.
-        assert_eq!(by(Some("timeout=1m30s")), Duration::from_secs(20));
+        // A client cannot give itself longer than berth's own timeout: it would
+        // hold its request, and what it holds, for as long as it asked.
+        assert_eq!(by(Some("a=b&timeout=24s")), Duration::from_secs(2));
+        assert_eq!(by(Some("timeout=1m30s")), Duration::from_secs(2));
         assert_eq!(
             by(Some("timeout=18446744073709551615s")),
-            Duration::from_secs(20)
+            Duration::from_secs(2)
         );
-        let default = DEFAULT_TIMEOUT - DEFAULT_TIMEOUT / 3;
-        assert_eq!(by(None), default, "Kubernetes' default");
-        assert_eq!(by(Some("timeout=x")), default);
-        assert_eq!(by(Some("timeout=")), default);
-        assert_eq!(by(Some("timeout=1s")), MARGIN);
+        assert_eq!(by(None), Duration::from_secs(2), "berth's own");
+        assert_eq!(by(Some("timeout=x")), Duration::from_secs(2));
+        assert_eq!(by(Some("timeout=")), Duration::from_secs(2));
+        assert_eq!(by(Some("timeout=1s")), MARGIN, "a shorter one is kept");
         assert_eq!(by(Some("timeout=100ms")), MARGIN, "never no time at all");
+        let longer = |query| answer_by(now, query, Duration::from_secs(30)) - now;
+        assert_eq!(longer(Some("timeout=24s")), Duration::from_secs(16));
         assert_eq!(parse_go_duration("1m0s"), Some(Duration::from_secs(60)));
         assert_eq!(parse_go_duration("3h"), None);
         let overflow = "18446744073709551615s18446744073709551615s";

@@ -8,6 +8,7 @@ pub mod handlers;
 pub mod review;
 pub mod server;
 pub mod service;
+pub mod share;
 pub mod state;
 pub mod tls;
 pub mod webhooks;

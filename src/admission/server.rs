@@ -2,7 +2,7 @@
 //! graceful shutdown that stops accepting, lets in-flight requests finish and
 //! closes keep-alive connections.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -18,39 +18,88 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use super::tls::PeerCertificate;
+use super::share::FairShare;
+use crate::telemetry::{KindLabels, Metrics};
 
-/// How long a client may take to finish the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to finish the TLS handshake (the apiserver takes
+/// milliseconds); until then its connection counts against its peer's share.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an HTTP/1 client may take to send a request's headers; the body has a
 /// bound of its own (`BodyLimits`).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP/2 connections are pinged this often, and closed when a ping goes
 /// unanswered as long: a peer that vanished does not hold a connection open.
 const KEEP_ALIVE: Duration = Duration::from_secs(20);
-/// The apiserver sends its reviews as streams of one HTTP/2 connection. A body
-/// that waits unread (for room in the memory budget, `BodyLimits`) holds the
-/// bytes it was sent so far, up to its stream window, and those count against the
-/// connection's window too. With hyper's defaults (1 MiB each) one waiting 2 MB pod
-/// used the whole connection window, and every ordinary review behind it stalled
-/// until the apiserver's 3 s timeout let the pod through without berth. So each
-/// stream may hold at most 64 KiB (an ordinary review is a few kB), and the
-/// connection's window has room for every stream at once: no stream waits on
-/// another's unread bytes. That bounds what a connection buffers to 8 MiB.
+/// What HTTP/2 may buffer for a stream before berth reads it: an ordinary review
+/// (a few kB) arrives in one window.
 const STREAM_WINDOW: u32 = 64 * 1024;
-const MAX_STREAMS: u32 = 128;
+/// What HTTP/2 may buffer for a whole connection before berth reads it. berth
+/// reads every body as it arrives, and gives up a body it cannot take rather than
+/// leave it unread (`BodyLimits::read`), so no stream's bytes sit in the window
+/// waiting for another's: this bounds what a connection buffers, not what it
+/// carries.
+const CONNECTION_WINDOW: u32 = 256 * 1024;
+/// Streams a connection may have open at once; the apiserver opens another
+/// connection when it needs more.
+const MAX_STREAMS: u32 = 32;
+/// The largest header block of a request (reviews have a few short headers).
+const MAX_HEADER_BYTES: u32 = 16 * 1024;
+/// What an HTTP/1 connection buffers of a request before berth reads it.
+const HTTP1_BUFFER: usize = 64 * 1024;
+
+/// Who sent a request, set on every request of a connection: the connection's
+/// peer address, and whether it presented a certificate of the client CA (the
+/// verifier refuses one the CA did not sign).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub addr: IpAddr,
+    pub certified: bool,
+}
+
+/// How the server bounds its connections.
+#[derive(Clone)]
+pub struct Connections {
+    /// Connections open at once, shared fairly among peers ([`FairShare`]).
+    pub share: Arc<FairShare>,
+    /// How long shutdown waits for open connections to finish.
+    pub grace: Duration,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Connections {
+    pub fn new(max: usize, grace: Duration, metrics: Arc<Metrics>) -> Self {
+        Connections {
+            share: FairShare::new(max.max(1) as u64),
+            grace,
+            metrics,
+        }
+    }
+}
 
 /// Serves `app` over TLS on `listener` until `shutdown` is cancelled, then waits
-/// up to `grace` for open connections to finish.
+/// up to `connections.grace` for open connections to finish.
+///
+/// Each connection holds one unit of its peer's share from accept to close: a
+/// peer with no share left is closed at once, and a connection whose unit is
+/// taken by a peer holding less is closed. What a connection may buffer is
+/// bounded by its HTTP/2 windows or its HTTP/1 buffer, so what all of them buffer
+/// is bounded by the number of connections.
 pub async fn serve_tls(
     listener: TcpListener,
     tls: rustls::ServerConfig,
     app: Router,
     shutdown: CancellationToken,
-    grace: Duration,
+    connections: Connections,
 ) {
     let acceptor = TlsAcceptor::from(Arc::new(tls));
     let graceful = GracefulShutdown::new();
+    let metrics = connections.metrics.clone();
+    let dropped = |kind: &str| {
+        metrics
+            .connections_dropped
+            .get_or_create(&KindLabels { kind: kind.into() })
+            .inc();
+    };
     loop {
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -64,6 +113,11 @@ pub async fn serve_tls(
             },
             () = shutdown.cancelled() => break,
         };
+        let Some(hold) = connections.share.take(peer.ip(), 1) else {
+            tracing::debug!(%peer, "connection refused: its peer holds its share");
+            dropped("refused");
+            continue;
+        };
         // An answer goes out at once: with Nagle's algorithm a small response can
         // wait for the ACK of the one before, and the apiserver waits on each.
         if let Err(e) = tcp.set_nodelay(true) {
@@ -72,51 +126,71 @@ pub async fn serve_tls(
         let acceptor = acceptor.clone();
         let app = app.clone();
         let watcher = graceful.watcher();
+        let metrics = metrics.clone();
         tokio::spawn(async move {
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
+            metrics.connections.inc();
+            let serving = async {
+                let stream =
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                let caller = Caller {
+                    addr: peer.ip().to_canonical(),
+                    certified: stream.get_ref().1.peer_certificates().is_some(),
+                };
+                let service = TowerToHyperService::new(tower::ServiceExt::map_request(
+                    app,
+                    move |mut request: axum::http::Request<hyper::body::Incoming>| {
+                        request.extensions_mut().insert(caller);
+                        request
+                    },
+                ));
+                let mut builder = auto::Builder::new(TokioExecutor::new());
+                builder
+                    .http1()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .max_buf_size(HTTP1_BUFFER);
+                builder
+                    .http2()
+                    .timer(TokioTimer::new())
+                    .keep_alive_interval(KEEP_ALIVE)
+                    .keep_alive_timeout(KEEP_ALIVE)
+                    .max_concurrent_streams(MAX_STREAMS)
+                    .max_header_list_size(MAX_HEADER_BYTES)
+                    .initial_stream_window_size(STREAM_WINDOW)
+                    .initial_connection_window_size(CONNECTION_WINDOW);
+                let connection = builder
+                    .serve_connection(TokioIo::new(Unvectored(stream)), service)
+                    .into_owned();
+                if let Err(e) = watcher.watch(connection).await {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
             };
-            // Whether the peer proved itself with a client certificate (the verifier
-            // refuses one the client CA did not sign), for the handlers to check.
-            let verified = PeerCertificate(stream.get_ref().1.peer_certificates().is_some());
-            let service = TowerToHyperService::new(tower::ServiceExt::map_request(
-                app,
-                move |mut request: axum::http::Request<hyper::body::Incoming>| {
-                    request.extensions_mut().insert(verified);
-                    request
-                },
-            ));
-            let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT);
-            builder
-                .http2()
-                .timer(TokioTimer::new())
-                .keep_alive_interval(KEEP_ALIVE)
-                .keep_alive_timeout(KEEP_ALIVE)
-                .max_concurrent_streams(MAX_STREAMS)
-                .initial_stream_window_size(STREAM_WINDOW)
-                .initial_connection_window_size(MAX_STREAMS * STREAM_WINDOW);
-            let connection = builder
-                .serve_connection(TokioIo::new(Unvectored(stream)), service)
-                .into_owned();
-            if let Err(e) = watcher.watch(connection).await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            tokio::select! {
+                () = serving => {}
+                () = hold.revoked() => {
+                    tracing::debug!(%peer, "connection closed: a peer holding less took its share");
+                    metrics
+                        .connections_dropped
+                        .get_or_create(&KindLabels { kind: "revoked".into() })
+                        .inc();
+                }
             }
+            metrics.connections.dec();
         });
     }
     drop(listener);
     tracing::info!("stopped accepting; waiting for open connections");
+    let grace = connections.grace;
     if tokio::time::timeout(grace, graceful.shutdown())
         .await
         .is_err()

@@ -178,7 +178,7 @@ impl ReloadingCert {
     /// 1.3, ALPN h2 and http/1.1. With `client_ca`, a client certificate is asked
     /// for, and one that CA did not sign fails the handshake; a client may still
     /// come without one (the kubelet's probes of `/healthz` do), and the handlers
-    /// then refuse it the admission paths ([`PeerCertificate`]).
+    /// then refuse it the admission paths ([`super::server::Caller`]).
     pub fn server_config(
         self: Arc<Self>,
         client_ca: Option<&Path>,
@@ -195,11 +195,6 @@ impl ReloadingCert {
         Ok(config)
     }
 }
-
-/// Whether the client of a connection presented a certificate the client CA
-/// signed (set on every request it sends).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerCertificate(pub bool);
 
 /// A verifier that accepts only client certificates signed by the CA in `path`.
 fn client_verifier(

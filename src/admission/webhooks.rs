@@ -9,9 +9,13 @@ use super::cel::NOT_FROM_NODES;
 use crate::names::GROUP;
 use crate::policy::exempt::{BERTH_NAMESPACE, Exempt};
 
+/// The apiserver's timeout for berth's webhooks, in seconds; `berth serve
+/// --review-timeout-seconds` answers within it by default.
+pub const TIMEOUT_SECONDS: u64 = 3;
+
 /// What every one of berth's webhooks shares: berth never blocks the cluster
 /// (failurePolicy Ignore), writes nothing on behalf of a review, and answers
-/// within 3 s.
+/// within [`TIMEOUT_SECONDS`].
 fn webhook(name: &str, path: &str, rule: Value) -> Value {
     json!({
         "name": name,
@@ -21,7 +25,7 @@ fn webhook(name: &str, path: &str, rule: Value) -> Value {
         "rules": [rule],
         "failurePolicy": "Ignore",
         "sideEffects": "None",
-        "timeoutSeconds": 3,
+        "timeoutSeconds": TIMEOUT_SECONDS,
     })
 }
 

@@ -10,8 +10,8 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::body::BodyLimits;
-use crate::admission::handlers::{AppState, router};
-use crate::admission::server::{bind, serve_plain, serve_tls};
+use crate::admission::handlers::{AppState, Trust, router};
+use crate::admission::server::{Connections, bind, serve_plain, serve_tls};
 use crate::admission::tls::ReloadingCert;
 use crate::cluster::Cluster;
 use crate::controller::{self, ControllerOptions};
@@ -27,11 +27,17 @@ pub struct ServeArgs {
     /// PEM private key of the serving certificate; re-read when it changes.
     #[arg(long, env = "BERTH_TLS_KEY", default_value = "/certs/tls.key")]
     pub tls_key: PathBuf,
-    /// PEM CA whose client certificates alone may call the webhook: configure the
-    /// apiserver to present one (its admission configuration's kubeConfigFile), and
-    /// no one else, a tenant's pod included, gets past the TLS handshake.
+    /// PEM CA whose client certificates alone may send reviews: configure the
+    /// apiserver to present one (its admission configuration's kubeConfigFile).
+    /// Anyone else gets a 403 before any of its review is read; /healthz and
+    /// /readyz need no certificate.
     #[arg(long, env = "BERTH_CLIENT_CA")]
     pub client_ca: Option<PathBuf>,
+    /// Addresses (CIDRs, comma-separated) the apiserver calls the webhook from;
+    /// reviews from anywhere else get a 403 before any of it is read. For a
+    /// cluster whose apiserver cannot present a client certificate.
+    #[arg(long, env = "BERTH_APISERVER_CIDRS", value_delimiter = ',')]
+    pub apiserver_cidrs: Vec<ipnet::IpNet>,
     /// Address of the HTTPS webhook (/mutate, /validate, /healthz, /readyz).
     #[arg(long, env = "BERTH_ADDR", default_value = "0.0.0.0:8443")]
     pub addr: SocketAddr,
@@ -53,10 +59,25 @@ pub struct ServeArgs {
     /// charged to --request-memory-mib however many threads run.
     #[arg(long, env = "BERTH_WORKER_THREADS")]
     pub worker_threads: Option<std::num::NonZeroUsize>,
-    /// Admission requests handled at once; more wait their turn, until their
-    /// deadline (then they are refused).
+    /// Admission requests read and decided at once, once their body has arrived;
+    /// more wait their turn, until their deadline (then they are refused).
     #[arg(long, env = "BERTH_MAX_IN_FLIGHT", default_value_t = 256)]
     pub max_in_flight: usize,
+    /// Webhook connections open at once, shared fairly among client addresses:
+    /// when none is left, an address with fewer than an equal share takes one
+    /// from the address with the most.
+    #[arg(long, env = "BERTH_MAX_CONNECTIONS", default_value_t = 128)]
+    pub max_connections: usize,
+    /// The apiserver's timeout for berth's webhooks (their timeoutSeconds), in
+    /// seconds: every review is answered a third of it before it ends. A review's
+    /// own ?timeout= may shorten it, never lengthen it.
+    #[arg(
+        long,
+        env = "BERTH_REVIEW_TIMEOUT_SECONDS",
+        default_value_t = crate::admission::webhooks::TIMEOUT_SECONDS,
+        value_parser = clap::value_parser!(u64).range(1..=30)
+    )]
+    pub review_timeout_seconds: u64,
     /// How long a request body may take to arrive, in seconds.
     #[arg(long, env = "BERTH_READ_TIMEOUT_SECONDS", default_value_t = 10)]
     pub read_timeout_seconds: u64,
@@ -157,11 +178,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         tls_cert,
         tls_key,
         client_ca,
+        apiserver_cidrs,
         addr,
         metrics_addr,
         max_body_bytes,
         request_memory_mib,
         max_in_flight,
+        max_connections,
+        review_timeout_seconds,
         // Used before the runtime starts (cli::run_serve).
         worker_threads: _,
         read_timeout_seconds,
@@ -241,8 +265,18 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
                 Duration::from_secs(read_timeout_seconds.max(1)),
             ),
             berth_user,
-            require_client_cert: client_ca.is_some(),
+            trust: Trust {
+                client_certificate: client_ca.is_some(),
+                addresses: apiserver_cidrs,
+            },
+            review_timeout: Duration::from_secs(review_timeout_seconds),
         });
+        if state.trust.is_open() {
+            tracing::warn!(
+                "berth answers reviews from anyone who reaches its port: set --client-ca \
+                 (the apiserver's client certificate) or --apiserver-cidrs"
+            );
+        }
         state.tls_ready.store(true, Ordering::Release);
         tokio::spawn(cert.clone().watch(
             Duration::from_secs(cert_check_seconds.max(1)),
@@ -255,7 +289,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
             tls,
             router(state, max_in_flight),
             shutdown.clone(),
-            Duration::from_secs(shutdown_grace_seconds),
+            Connections::new(
+                max_connections,
+                Duration::from_secs(shutdown_grace_seconds),
+                state_metrics.clone(),
+            ),
         )
         .await;
     }

@@ -401,3 +401,37 @@ pub fn replace_file(path: &std::path::Path, contents: &str) {
 pub fn secs(start: Instant) -> f64 {
     (start.elapsed().as_secs_f64() * 10.0).round() / 10.0
 }
+
+/// Samples a process's resident memory every 50 ms until dropped; the peak.
+pub struct PeakRss {
+    peak: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PeakRss {
+    pub fn start(pid: u32) -> PeakRss {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let peak = std::sync::Arc::new(AtomicU64::new(rss_kib(pid)));
+        let task = tokio::spawn({
+            let peak = peak.clone();
+            async move {
+                loop {
+                    peak.fetch_max(rss_kib(pid), Ordering::Relaxed);
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        });
+        PeakRss { peak, task }
+    }
+
+    /// The peak so far, in MiB.
+    pub fn mib(&self) -> f64 {
+        self.peak.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1024.0
+    }
+}
+
+impl Drop for PeakRss {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

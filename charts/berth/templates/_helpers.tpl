@@ -62,6 +62,13 @@ annotations:
 {{- if not (has .Values.certificates.source (list "secret" "cert-manager")) }}
 {{- fail (printf "certificates.source must be secret or cert-manager, not %q" .Values.certificates.source) }}
 {{- end }}
+{{- $timeout := int .Values.webhook.timeoutSeconds }}
+{{- if or (lt $timeout 1) (gt $timeout 30) }}
+{{- fail (printf "webhook.timeoutSeconds must be 1 to 30 (the apiserver's bounds), not %v" .Values.webhook.timeoutSeconds) }}
+{{- end }}
+{{- if and (not .Values.clientAuth.enabled) (not .Values.apiserverCIDRs) (not (and .Values.networkPolicy.enabled .Values.networkPolicy.apiserverPeers)) }}
+{{- fail "with clientAuth.enabled=false, set apiserverCIDRs or networkPolicy.apiserverPeers: without the apiserver's client certificate, its addresses are the only lock on berth's webhook port (docs/operator-guide.md, \"Closing the webhook's door\")" }}
+{{- end }}
 {{- with .Values.webhook.url }}
 {{- if not (hasPrefix "https://" .) }}
 {{- fail (printf "webhook.url must start with https:// (the apiserver calls webhooks over TLS only), not %q" .) }}
