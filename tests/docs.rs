@@ -424,3 +424,43 @@ fn the_link_parser_reads_inline_and_reference_links_but_not_code() {
     assert_eq!(normalise(Path::new("../shared/SPEC.md")), None);
     assert!(anchors("## Groups: all-or-nothing, `x`\n").contains("groups-all-or-nothing-x"));
 }
+
+/// The flags of `berth serve`, as the contract's table lists them.
+fn documented_serve_flags(contract: &str) -> BTreeSet<String> {
+    let start = contract
+        .find("**`berth serve`**")
+        .expect("the contract describes berth serve");
+    contract[start..]
+        .lines()
+        .skip_while(|line| !line.starts_with("| flag |"))
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .flat_map(|line| {
+            let first = line.split('|').nth(1).unwrap_or_default();
+            first
+                .split(',')
+                .map(|flag| flag.trim().trim_matches('`').to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn the_contract_lists_every_flag_of_berth_serve_and_no_other() {
+    use clap::CommandFactory;
+    let command = berth::cli::Cli::command();
+    let serve = command
+        .find_subcommand("serve")
+        .expect("berth has a serve command");
+    let flags: BTreeSet<String> = serve
+        .get_arguments()
+        .filter_map(|arg| arg.get_long())
+        .filter(|long| *long != "help")
+        .map(|long| format!("--{long}"))
+        .collect();
+    let documented = documented_serve_flags(&read(&repo().join("docs/contract.md")));
+    assert_eq!(
+        documented, flags,
+        "docs/contract.md's table of `berth serve` flags and `berth serve --help` differ"
+    );
+}
