@@ -338,6 +338,27 @@ fn slow_upload() -> (u64, AttackBody) {
     (19 << 20, BodyExt::boxed(StreamBody::new(frames)))
 }
 
+/// A whole, valid review of a small pod in a namespace that opts into nothing:
+/// as cheap as a review gets, so that the attacker can send many.
+fn small_review() -> (u64, AttackBody) {
+    static REVIEW: OnceLock<Bytes> = OnceLock::new();
+    let review = REVIEW
+        .get_or_init(|| {
+            let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {"uid": "many", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "namespace": "default", "operation": "CREATE",
+                    "userInfo": {"username": "attacker"},
+                    "object": {"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "many", "namespace": "default"},
+                        "spec": {"containers": [{"name": "c", "image": "registry.example.com/edge:1"}]}}}});
+            Bytes::from(review.to_string())
+        })
+        .clone();
+    let length = review.len() as u64;
+    (length, BodyExt::boxed(http_body_util::Full::new(review)))
+}
+
 /// The creates without a flood, then beside `flood`, printed side by side.
 async fn beside(
     what: &str,
@@ -414,5 +435,25 @@ async fn uploads_on_every_stream_of_many_connections_keep_berth_within_its_memor
         "berth's RSS reached {:.1} MiB, over the shipped limit",
         peak.mib()
     );
+    creates.assert_all_decided();
+}
+
+/// Valid reviews as fast as the attacker can send them: each one is read and
+/// decided like the apiserver's, so this is a contest for berth's CPU, which the
+/// apiserver's reviews must still win often enough to be answered in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valid_reviews_as_fast_as_a_client_can_send_them_leave_the_apiservers_answered() {
+    let _alone = ALONE.lock().await;
+    let (_tenant, pods) = tenant("many-reviews").await;
+    let attacker = Arc::new(Attacker::new());
+    let end = Instant::now() + FLOOD;
+    let flood = attacker.flood(16, 32, small_review, end);
+    let (creates, flood) = beside(
+        "16 connections of 32 streams sending small valid reviews as fast as answered:",
+        &pods,
+        flood,
+    )
+    .await;
+    assert!(flood.answered.load(Ordering::Relaxed) > 0, "{flood}");
     creates.assert_all_decided();
 }

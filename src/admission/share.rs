@@ -10,6 +10,9 @@
 //! at its equal share gets nothing more. So a client on one address has what
 //! nobody else needs, and the apiserver keeps at least an equal share however many
 //! connections or bodies come from elsewhere.
+//!
+//! A peer is an IPv4 address, or an IPv6 /64: a host is given a whole /64 and can
+//! take as many of its addresses as it likes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -18,6 +21,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+/// The peer an address belongs to: the address itself for IPv4 (an IPv4-mapped
+/// IPv6 address included), its /64 for IPv6.
+fn peer_of(addr: IpAddr) -> IpAddr {
+    match addr.to_canonical() {
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(bits.into())
+        }
+        v4 => v4,
+    }
+}
 
 /// A capacity, in units of the caller's choosing, shared among peers.
 #[derive(Debug)]
@@ -79,7 +94,7 @@ impl FairShare {
     /// Takes `amount` units for `peer`, if there is room or the peer may take it
     /// from another; `None` otherwise.
     pub fn take(self: &Arc<Self>, peer: IpAddr, amount: u64) -> Option<Hold> {
-        let peer = peer.to_canonical();
+        let peer = peer_of(peer);
         let mut state = self.lock();
         if !self.make_room(&mut state, peer, amount) {
             return None;
@@ -89,7 +104,7 @@ impl FairShare {
 
     /// A holding of no units for `peer`, to grow ([`Hold::grow`]).
     pub fn hold_none(self: &Arc<Self>, peer: IpAddr) -> Hold {
-        let peer = peer.to_canonical();
+        let peer = peer_of(peer);
         let mut state = self.lock();
         self.insert(&mut state, peer, 0)
     }
@@ -363,6 +378,18 @@ mod tests {
         let (ok, second) = waiting.await.unwrap();
         assert!(ok, "woken when the first gave its units back");
         assert_eq!(second.amount(), 5);
+    }
+
+    #[test]
+    fn the_addresses_of_one_ipv6_slash_64_are_one_peer() {
+        let share = FairShare::new(2);
+        let _a = share.take("2001:db8::1".parse().unwrap(), 1).unwrap();
+        let _b = share.take("2001:db8::ffff:2".parse().unwrap(), 1).unwrap();
+        assert!(
+            share.take("2001:db8::3".parse().unwrap(), 1).is_none(),
+            "a third address of the same /64 is the same peer, at its share"
+        );
+        assert!(share.take("2001:db8:0:1::1".parse().unwrap(), 1).is_some());
     }
 
     #[test]
