@@ -78,7 +78,9 @@ async fn label_as_node(node: &str, labels: Value) -> Result<Node, kube::Error> {
 
 /// The policy's condition `type_`, as the cluster stores it.
 fn policy_condition(policy: &str, type_: &str) -> Option<Value> {
-    let out = berth().cluster.kubectl(&["get", "bpp", policy, "-o", "json"]);
+    let out = berth()
+        .cluster
+        .kubectl(&["get", "bpp", policy, "-o", "json"]);
     let policy: Value = serde_json::from_slice(&out.stdout).ok()?;
     policy["status"]["conditions"]
         .as_array()?
@@ -89,9 +91,10 @@ fn policy_condition(policy: &str, type_: &str) -> Option<Value> {
 
 /// The policy's `status.nodeNames`.
 fn status_nodes(policy: &str) -> Vec<String> {
-    let out = berth()
-        .cluster
-        .kubectl_ok(&["get", "bpp", policy, "-o", "jsonpath={.status.nodeNames}"]);
+    let out =
+        berth()
+            .cluster
+            .kubectl_ok(&["get", "bpp", policy, "-o", "jsonpath={.status.nodeNames}"]);
     serde_json::from_str(&out).unwrap_or_default()
 }
 
@@ -338,23 +341,29 @@ async fn a_node_that_labels_itself_to_match_a_pool_is_not_taken_in() {
 
     // Once the controller has judged node5 for the pool (it counts it, or it
     // names it refused), node5 must not be a member.
-    let counted = eventually("the controller's word on node5 for selfset", WAIT, || async {
-        if status_nodes("selfset").iter().any(|n| n == "node5") {
-            return Some(true);
-        }
-        let condition = policy_condition("selfset", "SelfSetLabels")?;
-        condition["message"]
-            .as_str()?
-            .contains("node5")
-            .then_some(false)
-    })
+    let counted = eventually(
+        "the controller's word on node5 for selfset",
+        WAIT,
+        || async {
+            if status_nodes("selfset").iter().any(|n| n == "node5") {
+                return Some(true);
+            }
+            let condition = policy_condition("selfset", "SelfSetLabels")?;
+            condition["message"]
+                .as_str()?
+                .contains("node5")
+                .then_some(false)
+        },
+    )
     .await;
     assert!(!counted, "node5 made itself a member of pool selfset");
     let nodes: Api<Node> = Api::all(client.clone());
     let node = nodes.get("node5").await.unwrap();
     assert_eq!(pool_label(&node), None);
     assert!(
-        taints(&node).iter().all(|t| !t.starts_with(names::POOL_TAINT)),
+        taints(&node)
+            .iter()
+            .all(|t| !t.starts_with(names::POOL_TAINT)),
         "{:?}",
         taints(&node)
     );
@@ -381,7 +390,8 @@ async fn a_node_that_labels_itself_to_match_a_pool_is_not_taken_in() {
     );
     assert!(!warnings.contains(RESTRICTED_LABEL), "{warnings}");
     // A Warning Event names the node refused.
-    let expected = "node node5 matches this pool's nodeSelector only by labels it can set on itself";
+    let expected =
+        "node node5 matches this pool's nodeSelector only by labels it can set on itself";
     eventually("a SelfSetLabels Event naming node5", WAIT, || async {
         let out = berth().cluster.kubectl(&[
             "get",
@@ -399,9 +409,12 @@ async fn a_node_that_labels_itself_to_match_a_pool_is_not_taken_in() {
     .await;
 
     // The label an administrator sets takes node5 into the pool that reads it.
-    berth()
-        .cluster
-        .kubectl_ok(&["label", "node", "node5", &format!("{RESTRICTED_LABEL}=a100")]);
+    berth().cluster.kubectl_ok(&[
+        "label",
+        "node",
+        "node5",
+        &format!("{RESTRICTED_LABEL}=a100"),
+    ]);
     berth()
         .cluster
         .wait_for_pool("restricted", &["node5"], WAIT);

@@ -223,10 +223,7 @@ fn self_set_condition(
                 } else {
                     String::new()
                 };
-                format!(
-                    "refused: {}{more}",
-                    refused[..n.min(NAMED)].join(", ")
-                )
+                format!("refused: {}{more}", refused[..n.min(NAMED)].join(", "))
             }
         };
         (
@@ -239,7 +236,13 @@ fn self_set_condition(
             ),
         )
     };
-    Some(condition("SelfSetLabels", status, reason, message, previous))
+    Some(condition(
+        "SelfSetLabels",
+        status,
+        reason,
+        message,
+        previous,
+    ))
 }
 
 /// What the group planning and the scan for missed pods tell the policies'
@@ -528,14 +531,19 @@ mod tests {
             (trusting.status.as_str(), trusting.reason.as_str()),
             ("True", "Trusted")
         );
-        assert!(trusting.message.ends_with("setting role on itself"), "{}", trusting.message);
+        assert!(
+            trusting.message.ends_with("setting role on itself"),
+            "{}",
+            trusting.message
+        );
         let distrusting = of("distrusting", &["n4", "n5"]).unwrap();
         assert_eq!(
             (distrusting.status.as_str(), distrusting.reason.as_str()),
             ("True", "NotTrusted")
         );
         assert!(
-            distrusting.message.contains("(role)") && distrusting.message.ends_with("refused: n4, n5"),
+            distrusting.message.contains("(role)")
+                && distrusting.message.ends_with("refused: n4, n5"),
             "{}",
             distrusting.message
         );

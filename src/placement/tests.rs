@@ -931,7 +931,10 @@ fn a_warning_says_when_the_pods_own_constraints_leave_no_pool_node() {
     let mut nodes = NodeIndex::new();
     nodes.insert("g1".into(), ssd(&[(GPU_LABEL, "yes")]).into());
     assert!(warned(&set, &nodes, "gpu"));
-    nodes.insert("g2".into(), ssd(&[(GPU_LABEL, "yes"), ("disk", "ssd")]).into());
+    nodes.insert(
+        "g2".into(),
+        ssd(&[(GPU_LABEL, "yes"), ("disk", "ssd")]).into(),
+    );
     assert!(!warned(&set, &nodes, "gpu"));
 }
 

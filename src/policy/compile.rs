@@ -325,11 +325,7 @@ impl<'a> NodeLabels<'a> {
 /// The keys a pool's node selector reads that a node can set on itself, sorted.
 fn self_set_keys(selector: &LabelSelector) -> Vec<String> {
     let labels = selector.match_labels.iter().flat_map(|m| m.keys());
-    let expressions = selector
-        .match_expressions
-        .iter()
-        .flatten()
-        .map(|e| &e.key);
+    let expressions = selector.match_expressions.iter().flatten().map(|e| &e.key);
     let keys: BTreeSet<&String> = labels
         .chain(expressions)
         .filter(|k| node_can_set_label(k))
@@ -833,9 +829,20 @@ mod tests {
             standing(&[("role", "gpu"), (POOL_LABEL, "gpu")]),
             (gpu.clone(), none.clone())
         );
-        assert_eq!(standing(&[(POOL_LABEL, "gpu")]), (none.clone(), none.clone()));
-        assert!(set.get("gpu").unwrap().claims_node("n1", Some(&labels(&[("role", "gpu"), (POOL_LABEL, "gpu")]))));
-        assert!(!set.get("gpu").unwrap().claims_node("n1", Some(&labels(&[("role", "gpu")]))));
+        assert_eq!(
+            standing(&[(POOL_LABEL, "gpu")]),
+            (none.clone(), none.clone())
+        );
+        assert!(
+            set.get("gpu")
+                .unwrap()
+                .claims_node("n1", Some(&labels(&[("role", "gpu"), (POOL_LABEL, "gpu")])))
+        );
+        assert!(
+            !set.get("gpu")
+                .unwrap()
+                .claims_node("n1", Some(&labels(&[("role", "gpu")])))
+        );
     }
 
     #[test]
@@ -847,7 +854,10 @@ mod tests {
                 {"key": "noisy", "operator": "DoesNotExist"}]}}}),
         )]);
         assert!(set.pool_claims("n1", Some(&Labels::new())).is_empty());
-        assert_eq!(set.pool_standing("n1", Some(&Labels::new())).refused.len(), 1);
+        assert_eq!(
+            set.pool_standing("n1", Some(&Labels::new())).refused.len(),
+            1
+        );
     }
 
     #[test]
@@ -868,13 +878,19 @@ mod tests {
         assert!(restricted.self_set_keys().is_empty());
         assert!(restricted.selector_takes_new_nodes());
         let by_admin = labels(&[("node-restriction.kubernetes.io/pool", "restricted")]);
-        assert_eq!(set.pool_of_node("n1", Some(&by_admin)).unwrap().name, "restricted");
+        assert_eq!(
+            set.pool_of_node("n1", Some(&by_admin)).unwrap().name,
+            "restricted"
+        );
 
         let trusting = set.get("trusting").unwrap();
         assert_eq!(trusting.self_set_keys(), ["role"]);
         assert!(trusting.selector_takes_new_nodes());
         let by_itself = labels(&[("role", "trusting")]);
-        assert_eq!(set.pool_of_node("n1", Some(&by_itself)).unwrap().name, "trusting");
+        assert_eq!(
+            set.pool_of_node("n1", Some(&by_itself)).unwrap().name,
+            "trusting"
+        );
         assert!(set.pool_standing("n1", Some(&by_itself)).refused.is_empty());
     }
 
