@@ -278,7 +278,10 @@ async fn pool_over_every_node(berth: &Berth, client: &Client, node_count: usize)
     apply_policy(
         berth,
         "everywhere",
-        json!({"pool": {"nodeSelector": {"matchLabels": {"kubernetes.io/os": "linux"}}}}),
+        // Every node by a label its kubelet sets: a pool takes nodes by such a
+        // label only when it trusts it.
+        json!({"pool": {"trustSelfSetLabels": true,
+            "nodeSelector": {"matchLabels": {"kubernetes.io/os": "linux"}}}}),
     );
     let (mut status, mut labelled) = (None, None);
     let mut every = tokio::time::interval(Duration::from_millis(200));

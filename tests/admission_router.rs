@@ -307,6 +307,41 @@ async fn placement_policies_are_validated_beyond_the_schema() {
         response["warnings"],
         json!(["node node2 is also in pool cdn; the older policy keeps it"])
     );
+
+    // A pool selector on a label a node can set on itself is allowed, and said.
+    let by_role = json!({"matchLabels": {"role": "gpu"}});
+    let response = review(
+        "/validate",
+        &policy_review("gpu", json!({"pool": {"nodeSelector": by_role}})),
+    )
+    .await;
+    assert_eq!(response["allowed"], true);
+    assert_eq!(
+        response["warnings"],
+        json!([
+            "pool.nodeSelector: no new node joins by labels nodes set themselves \
+             (pool.trustSelfSetLabels): role"
+        ])
+    );
+    let response = review(
+        "/validate",
+        &policy_review(
+            "gpu",
+            json!({"pool": {"nodeSelector": by_role, "trustSelfSetLabels": true}}),
+        ),
+    )
+    .await;
+    assert_eq!(
+        response["warnings"],
+        json!(["pool.trustSelfSetLabels: a node can join this pool by setting on itself role"])
+    );
+    let restricted = json!({"matchLabels": {"node-restriction.kubernetes.io/gpu": "a100"}});
+    let response = review(
+        "/validate",
+        &policy_review("gpu", json!({"pool": {"nodeSelector": restricted}})),
+    )
+    .await;
+    assert_eq!(response["warnings"], Value::Null, "{response}");
 }
 
 /// The reason of a review answered by a denial that echoes `request`'s uid: a 4xx

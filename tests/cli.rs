@@ -789,6 +789,53 @@ fn a_preference_the_pod_has_in_another_spelling_is_not_added_again() {
 }
 
 #[test]
+fn mutate_and_explain_with_nodes_refuse_a_node_that_labelled_itself_into_a_pool() {
+    // Pool gpu selects by a label a node can set on itself: g1 is in it already,
+    // g2 labelled itself to match. berth's CLI judges them as the controller does.
+    let run = |command: &str, pod: &Value| {
+        let args = [
+            command,
+            "-f",
+            "-",
+            "--policies",
+            "tests/data/semantics/self-set.yaml",
+            "--namespace",
+            "tests/data/semantics/tenant.yaml",
+            "--nodes",
+            "tests/data/semantics/self-set-nodes.yaml",
+        ];
+        berth(&args, Some(&pod.to_string()))
+    };
+    let mut named = pod(json!({}), "nginx");
+    named["spec"]["nodeName"] = json!("g1");
+    let member = run("mutate", &named);
+    assert_eq!(member.status.code(), Some(1), "{}", stderr(&member));
+    assert!(
+        stderr(&member).contains("spec.nodeName g1 is in dedicated pool gpu"),
+        "{}",
+        stderr(&member)
+    );
+    named["spec"]["nodeName"] = json!("g2");
+    let refused = run("mutate", &named);
+    assert!(
+        refused.status.success(),
+        "g2 is not the pool's: {}",
+        stderr(&refused)
+    );
+
+    // A pod that tolerates every taint is kept off the pool's node only.
+    let mut tolerant = pod(json!({}), "nginx");
+    tolerant["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+    let out = run("explain", &tolerant);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("The pod may land on: g2."),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
 fn mutate_with_nodes_knows_which_nodes_a_pool_by_selector_claims() {
     let mut named = pod(json!({}), "nginx");
     named["spec"]["nodeName"] = json!("e1");

@@ -1,7 +1,9 @@
 #![cfg(feature = "e2e")]
 //! The node controller against the real apiserver: drift repair, taints of other
-//! owners kept while berth writes its own, cleanup when a policy is deleted, and
-//! pods on a dedicated node without entitlement reported, or evicted by NoExecute.
+//! owners kept while berth writes its own, cleanup when a policy is deleted, pods
+//! on a dedicated node without entitlement reported, or evicted by NoExecute, and
+//! a node that labels itself (as its kubelet, through NodeRestriction) refused by a
+//! pool unless the policy trusts such labels. Each test has a node of its own.
 
 mod support;
 
@@ -16,7 +18,7 @@ use support::fixtures::{self, policy};
 use support::{Berth, Nodes, eventually, fresh_namespace, is_bound, wait_for};
 
 const NODES: Nodes = Nodes {
-    count: 4,
+    count: 6,
     prefix: "node",
 };
 const WAIT: Duration = Duration::from_secs(60);
@@ -52,6 +54,48 @@ async fn wait_node(client: &Client, name: &str, what: &str, check: impl Fn(&Node
         check(&node).then_some(node)
     })
     .await
+}
+
+/// `kubectl apply` of `policies` as an administrator, which must succeed; the
+/// warnings kubectl printed (berth's `/validate` among them).
+fn apply_warned(policies: &[berth::policy::PlacementPolicy]) -> String {
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": policies});
+    let dir = &berth().cluster.dir;
+    let out = support::kubectl_with_input(dir, &["apply", "-f", "-"], &list.to_string());
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
+/// The node `node` patching its own labels as its kubelet would.
+async fn label_as_node(node: &str, labels: Value) -> Result<Node, kube::Error> {
+    let as_node: Api<Node> = Api::all(berth().cluster.node_client(node).await);
+    let patch = json!({"metadata": {"labels": labels}});
+    as_node
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
+/// The policy's condition `type_`, as the cluster stores it.
+fn policy_condition(policy: &str, type_: &str) -> Option<Value> {
+    let out = berth()
+        .cluster
+        .kubectl(&["get", "bpp", policy, "-o", "json"]);
+    let policy: Value = serde_json::from_slice(&out.stdout).ok()?;
+    policy["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+}
+
+/// The policy's `status.nodeNames`.
+fn status_nodes(policy: &str) -> Vec<String> {
+    let out =
+        berth()
+            .cluster
+            .kubectl_ok(&["get", "bpp", policy, "-o", "jsonpath={.status.nodeNames}"]);
+    serde_json::from_str(&out).unwrap_or_default()
 }
 
 fn pool_label(node: &Node) -> Option<&str> {
@@ -260,4 +304,150 @@ async fn a_pod_on_a_pool_node_without_entitlement_is_reported_and_noexecute_evic
             .then_some(())
     })
     .await;
+}
+
+/// A label a node may set on its own Node (NodeRestriction leaves it open).
+const SELF_SET_LABEL: &str = "gpu.example.com/model";
+/// A label only an administrator sets on a node.
+const RESTRICTED_LABEL: &str = "node-restriction.kubernetes.io/gpu-model";
+
+#[tokio::test]
+async fn a_node_that_labels_itself_to_match_a_pool_is_not_taken_in() {
+    let client = berth().cluster.client().await;
+    let warnings = apply_warned(&[
+        policy(
+            "selfset",
+            json!({"images": ["*selfset*"],
+                "pool": {"nodeSelector": {"matchLabels": {SELF_SET_LABEL: "a100"}}}}),
+        ),
+        policy(
+            "restricted",
+            json!({"images": ["*restricted*"],
+                "pool": {"nodeSelector": {"matchLabels": {RESTRICTED_LABEL: "a100"}}}}),
+        ),
+    ]);
+
+    // As node5's kubelet: NodeRestriction refuses it berth's prefix, not the other.
+    let refused = label_as_node("node5", json!({RESTRICTED_LABEL: "a100"}))
+        .await
+        .expect_err("a node may not set a node-restriction.kubernetes.io/ label");
+    assert!(
+        matches!(&refused, kube::Error::Api(e) if e.code == 403),
+        "{refused}"
+    );
+    label_as_node("node5", json!({SELF_SET_LABEL: "a100"}))
+        .await
+        .expect("a node may set a label outside kubernetes.io on itself");
+
+    // Once the controller has judged node5 for the pool (it counts it, or it
+    // names it refused), node5 must not be a member.
+    let counted = eventually(
+        "the controller's word on node5 for selfset",
+        WAIT,
+        || async {
+            if status_nodes("selfset").iter().any(|n| n == "node5") {
+                return Some(true);
+            }
+            let condition = policy_condition("selfset", "SelfSetLabels")?;
+            condition["message"]
+                .as_str()?
+                .contains("node5")
+                .then_some(false)
+        },
+    )
+    .await;
+    assert!(!counted, "node5 made itself a member of pool selfset");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = nodes.get("node5").await.unwrap();
+    assert_eq!(pool_label(&node), None);
+    assert!(
+        taints(&node)
+            .iter()
+            .all(|t| !t.starts_with(names::POOL_TAINT)),
+        "{:?}",
+        taints(&node)
+    );
+    let condition = policy_condition("selfset", "SelfSetLabels").unwrap();
+    assert_eq!(
+        (&condition["status"], &condition["reason"]),
+        (&json!("True"), &json!("NotTrusted")),
+        "{condition}"
+    );
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("({SELF_SET_LABEL})")),
+        "{condition}"
+    );
+    // /validate said so when the policy was written, and not of the other one.
+    assert!(
+        warnings.contains(&format!(
+            "pool.nodeSelector: no new node joins by labels nodes set themselves \
+             (pool.trustSelfSetLabels): {SELF_SET_LABEL}"
+        )),
+        "{warnings}"
+    );
+    assert!(!warnings.contains(RESTRICTED_LABEL), "{warnings}");
+    // A Warning Event names the node refused.
+    let expected =
+        "node node5 matches this pool's nodeSelector only by labels it can set on itself";
+    eventually("a SelfSetLabels Event naming node5", WAIT, || async {
+        let out = berth().cluster.kubectl(&[
+            "get",
+            "events",
+            "-A",
+            "--field-selector",
+            "reason=SelfSetLabels",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ]);
+        String::from_utf8_lossy(&out.stdout)
+            .contains(expected)
+            .then_some(())
+    })
+    .await;
+
+    // The label an administrator sets takes node5 into the pool that reads it.
+    berth().cluster.kubectl_ok(&[
+        "label",
+        "node",
+        "node5",
+        &format!("{RESTRICTED_LABEL}=a100"),
+    ]);
+    berth()
+        .cluster
+        .wait_for_pool("restricted", &["node5"], WAIT);
+    let condition = policy_condition("restricted", "SelfSetLabels").unwrap();
+    assert_eq!(
+        (&condition["status"], &condition["reason"]),
+        (&json!("False"), &json!("NodeRestricted")),
+        "{condition}"
+    );
+}
+
+#[tokio::test]
+async fn a_pool_that_trusts_self_set_labels_takes_a_node_that_labels_itself() {
+    let warnings = apply_warned(&[policy(
+        "trusting",
+        json!({"images": ["*trusting*"], "pool": {"trustSelfSetLabels": true,
+            "nodeSelector": {"matchLabels": {"gpu.example.com/trusted": "yes"}}}}),
+    )]);
+    assert!(
+        warnings.contains(
+            "pool.trustSelfSetLabels: a node can join this pool by setting on itself \
+             gpu.example.com/trusted"
+        ),
+        "{warnings}"
+    );
+    label_as_node("node6", json!({"gpu.example.com/trusted": "yes"}))
+        .await
+        .expect("a node may set a label outside kubernetes.io on itself");
+    berth().cluster.wait_for_pool("trusting", &["node6"], WAIT);
+    let condition = policy_condition("trusting", "SelfSetLabels").unwrap();
+    assert_eq!(
+        (&condition["status"], &condition["reason"]),
+        (&json!("True"), &json!("Trusted")),
+        "{condition}"
+    );
 }

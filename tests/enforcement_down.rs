@@ -33,6 +33,9 @@ const WAIT: Duration = Duration::from_secs(60);
 /// A pod that keeps off all of them breaks no rule, whichever exist at the moment.
 const EVERY_POOL: [&str; 4] = ["cdn", "gpu", "edge", "probe"];
 
+/// The label pool gpu selects by: one only an administrator sets on a node.
+const GPU_LABEL: &str = "node-restriction.kubernetes.io/gpu";
+
 /// The pools and policies in force before berth stops.
 fn policies() -> Vec<PlacementPolicy> {
     vec![
@@ -52,7 +55,7 @@ fn policies() -> Vec<PlacementPolicy> {
         ),
         policy(
             "gpu",
-            json!({"pool": {"nodeSelector": {"matchLabels": {"gpu": "true"}}}}),
+            json!({"pool": {"nodeSelector": {"matchLabels": {GPU_LABEL: "true"}}}}),
         ),
     ]
 }
@@ -72,7 +75,7 @@ fn berth_stopped() -> &'static Berth {
     STOPPED.get_or_init(|| {
         berth
             .cluster
-            .kubectl_ok(&["label", "node", "node3", "gpu=true"]);
+            .kubectl_ok(&["label", "node", "node3", &format!("{GPU_LABEL}=true")]);
         berth.cluster.apply_policies(&policies());
         let deadline = Instant::now() + WAIT;
         // The status and the taints are written by writers of their own: both

@@ -740,7 +740,7 @@ fn seeded_worlds(oracle: &mut Oracle) -> Vec<World> {
         let nodes = vec![
             node,
             json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {"zone": "a", "foo": "bar"}}, "spec": {"taints": []}}),
-            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2", "labels": {"zone": "b"}}, "spec": {"taints": [{"key": "dedicated", "value": "team", "effect": "NoSchedule"}]}}),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2", "labels": {"zone": "b", "node-restriction.kubernetes.io/pool": "edge"}}, "spec": {"taints": [{"key": "dedicated", "value": "team", "effect": "NoSchedule"}]}}),
         ];
         let policies = vec![
             json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
@@ -748,7 +748,7 @@ fn seeded_worlds(oracle: &mut Oracle) -> Vec<World> {
                 "spec": {"pool": {"nodeNames": ["n1"]}}}),
             json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
                 "metadata": {"name": "edge", "creationTimestamp": "2026-01-02T00:00:00Z"},
-                "spec": {"pool": {"nodeSelector": {"matchLabels": {"zone": "b"}}, "placement": "Preferred"},
+                "spec": {"pool": {"nodeSelector": {"matchLabels": {"node-restriction.kubernetes.io/pool": "edge"}}, "placement": "Preferred"},
                     "nodeAffinity": {"preferred": [{"weight": 50, "preference": {"key": "foo", "operator": "Exists", "values": []}}]}}}),
         ];
         let namespaces: Vec<Value> = differential::world::NAMESPACES

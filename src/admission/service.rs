@@ -346,11 +346,33 @@ fn policy_problems(object: &Value, snapshot: &Snapshot) -> Problems {
     {
         warnings.push("namespaceSelector {} selects every namespace".to_string());
     }
+    warnings.extend(self_set_warning(&compiled));
     warnings.extend(pool_conflicts(&compiled, snapshot));
     Problems {
         denial: None,
         warnings,
     }
+}
+
+/// A pool selector that reads labels a node can set on itself: without
+/// `trustSelfSetLabels` it takes no node that is not in the pool yet; with it, a
+/// node can join by labelling itself. Either is said, never refused: a policy
+/// already in force keeps its nodes.
+fn self_set_warning(policy: &CompiledPolicy) -> Option<String> {
+    let keys = policy.self_set_keys();
+    if keys.is_empty() {
+        return None;
+    }
+    let keys = keys.join(", ");
+    // The keys last: a long list is what the bound cuts.
+    Some(bounded(if policy.selector_takes_new_nodes() {
+        format!("pool.trustSelfSetLabels: a node can join this pool by setting on itself {keys}")
+    } else {
+        format!(
+            "pool.nodeSelector: no new node joins by labels nodes set themselves \
+             (pool.trustSelfSetLabels): {keys}"
+        )
+    }))
 }
 
 /// Nodes this policy's pool claims that another pool claims too.

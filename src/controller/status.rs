@@ -18,6 +18,7 @@ use crate::cluster::Stores;
 use crate::names::{POOL_LABEL, POOL_TAINT, policy_of_node_label};
 use crate::objects::{NodeObject, PolicyObject};
 use crate::placement::desired::DesiredNode;
+use crate::policy::CompiledPolicy;
 use crate::policy::crd::PlacementPolicyStatus;
 
 /// Live policies get the finalizer before they have any effect on nodes. Returns
@@ -187,6 +188,63 @@ fn missed_condition(missed: Option<&Vec<String>>, previous: &[Condition]) -> Con
     )
 }
 
+/// The `SelfSetLabels` condition of a policy whose pool has a `nodeSelector`:
+/// whether the selector reads labels a node can set on itself and, when the
+/// policy does not trust them, the nodes that match only by them and are
+/// refused (`refused`, sorted), the first few by name.
+fn self_set_condition(
+    policy: &CompiledPolicy,
+    refused: &[String],
+    previous: &[Condition],
+) -> Option<Condition> {
+    const NAMED: usize = 10;
+    policy.spec.pool.as_ref()?.node_selector.as_ref()?;
+    let keys = policy.self_set_keys().join(", ");
+    let (status, reason, message) = if keys.is_empty() {
+        (
+            false,
+            "NodeRestricted",
+            "pool.nodeSelector reads only labels a node cannot set on itself".to_string(),
+        )
+    } else if policy.selector_takes_new_nodes() {
+        (
+            true,
+            "Trusted",
+            format!(
+                "pool.trustSelfSetLabels: a node can join this pool by setting {keys} on itself"
+            ),
+        )
+    } else {
+        let refused_text = match refused.len() {
+            0 => "no other node matches".to_string(),
+            n => {
+                let more = if n > NAMED {
+                    format!(" and {} more", n - NAMED)
+                } else {
+                    String::new()
+                };
+                format!("refused: {}{more}", refused[..n.min(NAMED)].join(", "))
+            }
+        };
+        (
+            true,
+            "NotTrusted",
+            format!(
+                "pool.nodeSelector reads labels a node can set on itself ({keys}): nodes in \
+                 the pool stay while they match, no other joins (see pool.trustSelfSetLabels); \
+                 {refused_text}"
+            ),
+        )
+    };
+    Some(condition(
+        "SelfSetLabels",
+        status,
+        reason,
+        message,
+        previous,
+    ))
+}
+
 /// What the group planning and the scan for missed pods tell the policies'
 /// status.
 #[derive(Debug, Default)]
@@ -243,6 +301,12 @@ pub fn update_statuses(
             .map(|(n, _)| n.clone())
             .collect();
         lost.sort();
+        let mut refused: Vec<String> = desired
+            .iter()
+            .filter(|(_, d)| d.refused_claims.contains(&name))
+            .map(|(n, _)| n.clone())
+            .collect();
+        refused.sort();
         let mut unentitled: Vec<&(String, String, String)> = desired
             .iter()
             .filter(|(_, d)| d.labels.get(POOL_LABEL) == Some(&name))
@@ -287,11 +351,8 @@ pub fn update_statuses(
             None => snapshot.compiled.set.get(&name).map(|p| p.spec.clone()),
             Some(_) => current.as_ref().and_then(|s| s.last_good_spec.clone()),
         };
-        let gang = snapshot
-            .compiled
-            .set
-            .get(&name)
-            .is_some_and(|p| p.spec.gang.is_some());
+        let compiled = snapshot.compiled.set.get(&name);
+        let gang = compiled.is_some_and(|p| p.spec.gang.is_some());
         let mut conditions = vec![
             ready(snapshot, &name, previous),
             condition(
@@ -310,6 +371,7 @@ pub fn update_statuses(
             ),
             missed_condition(groups.missed.get(&name), previous),
         ];
+        conditions.extend(compiled.and_then(|p| self_set_condition(p, &refused, previous)));
         if apart {
             let message = if clashing.is_empty() {
                 "no two pods this policy keeps apart share a node".to_string()
@@ -381,6 +443,17 @@ pub fn update_statuses(
                 invalid.error.problem.clone(),
             ));
         }
+        for node in &refused {
+            events.push((
+                format!("selfset/{uid}/{node}"),
+                EventType::Warning,
+                "SelfSetLabels",
+                format!(
+                    "node {node} matches this pool's nodeSelector only by labels it can set on \
+                     itself; it is not taken in"
+                ),
+            ));
+        }
         for node in &lost {
             events.push((
                 format!("conflict/{uid}/{node}"),
@@ -423,6 +496,58 @@ mod tests {
     use crate::names::ANCHOR_LABEL_PREFIX;
     use k8s_openapi::api::core::v1::Taint;
     use serde_json::json;
+
+    #[test]
+    fn the_self_set_labels_condition_says_whether_a_node_can_join_by_labelling_itself() {
+        let set = crate::policy::test_policies(&[
+            ("named", json!({"pool": {"nodeNames": ["n1"]}})),
+            (
+                "restricted",
+                json!({"pool": {"nodeSelector": {"matchLabels": {
+                    "node-restriction.kubernetes.io/gpu": "true"}}}}),
+            ),
+            (
+                "distrusting",
+                json!({"pool": {"nodeSelector": {"matchLabels": {"role": "gpu"}}}}),
+            ),
+            (
+                "trusting",
+                json!({"pool": {"trustSelfSetLabels": true,
+                    "nodeSelector": {"matchLabels": {"role": "gpu"}}}}),
+            ),
+        ]);
+        let of = |name: &str, refused: &[&str]| {
+            let refused: Vec<String> = refused.iter().map(|n| n.to_string()).collect();
+            self_set_condition(set.get(name).unwrap(), &refused, &[])
+        };
+        assert!(of("named", &[]).is_none(), "only a pool by selector has it");
+        let restricted = of("restricted", &[]).unwrap();
+        assert_eq!(
+            (restricted.status.as_str(), restricted.reason.as_str()),
+            ("False", "NodeRestricted")
+        );
+        let trusting = of("trusting", &[]).unwrap();
+        assert_eq!(
+            (trusting.status.as_str(), trusting.reason.as_str()),
+            ("True", "Trusted")
+        );
+        assert!(
+            trusting.message.ends_with("setting role on itself"),
+            "{}",
+            trusting.message
+        );
+        let distrusting = of("distrusting", &["n4", "n5"]).unwrap();
+        assert_eq!(
+            (distrusting.status.as_str(), distrusting.reason.as_str()),
+            ("True", "NotTrusted")
+        );
+        assert!(
+            distrusting.message.contains("(role)")
+                && distrusting.message.ends_with("refused: n4, n5"),
+            "{}",
+            distrusting.message
+        );
+    }
 
     #[test]
     fn a_node_or_a_write_on_its_way_carries_a_policy_by_label_or_taint() {

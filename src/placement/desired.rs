@@ -67,6 +67,9 @@ pub struct DesiredNode {
     pub taints: Vec<Taint>,
     /// Policies whose pool claims the node but lose it to an older one.
     pub losing_claims: Vec<String>,
+    /// Policies whose pool selector matches the node only through labels the node
+    /// can set on itself, which do not take it in.
+    pub refused_claims: Vec<String>,
     /// Pods on a dedicated pool node that are not entitled to it: (namespace,
     /// name, uid).
     pub unentitled: Vec<(String, String, String)>,
@@ -88,7 +91,8 @@ pub struct Clash {
 /// What the node `name` should carry.
 ///
 /// - The pool label and, for a dedicated pool, the pool taint of the oldest policy
-///   whose pool claims the node; younger claims are reported, not fought over.
+///   whose pool claims the node; younger claims are reported, not fought over, and
+///   so are selectors the node matches only by labels it can set on itself.
 /// - The anchor label of every `colocateWith`/`avoid` policy that a bound pod on the
 ///   node matches ([`anchors`]).
 /// - The placed label of every `avoid` policy with an entitled pod on the node, so
@@ -101,8 +105,9 @@ pub fn desired_node_state(
     opt_in: &dyn OptIn,
 ) -> DesiredNode {
     let mut desired = DesiredNode::default();
-    let claims = policies.pool_claims(name, Some(labels));
-    if let Some((owner, losers)) = claims.split_first() {
+    let standing = policies.pool_standing(name, Some(labels));
+    desired.refused_claims = standing.refused.iter().map(|p| p.name.clone()).collect();
+    if let Some((owner, losers)) = standing.claims.split_first() {
         desired.labels.insert(POOL_LABEL.into(), owner.name.clone());
         desired.taints.extend(owner.pool_taint());
         desired.losing_claims = losers.iter().map(|p| p.name.clone()).collect();
@@ -233,7 +238,7 @@ pub(crate) mod tests {
             policy(
                 "young",
                 NEW,
-                json!({"pool": {"nodeSelector": {"matchLabels": {"net": "good"}}}}),
+                json!({"pool": {"nodeSelector": {"matchLabels": {"node-restriction.kubernetes.io/net": "good"}}}}),
             ),
             policy(
                 "old",
@@ -241,7 +246,10 @@ pub(crate) mod tests {
                 json!({"pool": {"nodeNames": ["node2"], "effect": "NoExecute"}}),
             ),
         ]);
-        let labels = Labels::from([("net".to_string(), "good".to_string())]);
+        let labels = Labels::from([(
+            "node-restriction.kubernetes.io/net".to_string(),
+            "good".to_string(),
+        )]);
         let desired = desired_node_state("node2", &labels, &policies, &[], &Everyone);
         assert_eq!(desired.labels[POOL_LABEL], "old");
         assert_eq!(desired.taints[0].effect, "NoExecute");
@@ -261,6 +269,38 @@ pub(crate) mod tests {
             desired_node_state("n", &labels, &policies, &[], &Everyone),
             DesiredNode::default()
         );
+    }
+
+    #[test]
+    fn a_node_that_labels_itself_into_a_pool_gets_nothing_and_is_reported() {
+        let policies = set(&[
+            policy(
+                "gpu",
+                OLD,
+                json!({"pool": {"nodeSelector": {"matchLabels": {"role": "gpu"}}}}),
+            ),
+            policy(
+                "trusting",
+                NEW,
+                json!({"pool": {"trustSelfSetLabels": true,
+                    "nodeSelector": {"matchLabels": {"role": "gpu"}}}}),
+            ),
+        ]);
+        let by_itself = Labels::from([("role".to_string(), "gpu".to_string())]);
+        let desired = desired_node_state("node5", &by_itself, &policies, &[], &Everyone);
+        // The older pool refuses it; the one that trusts such labels takes it.
+        assert_eq!(desired.refused_claims, ["gpu"]);
+        assert_eq!(desired.labels[POOL_LABEL], "trusting");
+        assert!(desired.losing_claims.is_empty());
+
+        // A node the older pool already has keeps it.
+        let mut member = by_itself.clone();
+        member.insert(POOL_LABEL.into(), "gpu".into());
+        let desired = desired_node_state("node5", &member, &policies, &[], &Everyone);
+        assert_eq!(desired.labels[POOL_LABEL], "gpu");
+        assert_eq!(desired.taints[0].value.as_deref(), Some("gpu"));
+        assert!(desired.refused_claims.is_empty());
+        assert_eq!(desired.losing_claims, ["trusting"]);
     }
 
     #[test]

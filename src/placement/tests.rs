@@ -498,11 +498,14 @@ fn node_name_on_a_dedicated_node_is_denied_unless_entitled() {
     );
 }
 
+/// A label only an admin sets on a node (a node cannot set it on itself).
+const GPU_LABEL: &str = "node-restriction.kubernetes.io/gpu";
+
 #[test]
 fn node_name_denial_uses_pool_node_selectors_when_nodes_are_known() {
     let set = mk_set(&[mk_policy(
         "gpu",
-        json!({"images": ["*cuda*"], "pool": {"nodeSelector": {"matchLabels": {"gpu": "yes"}}}}),
+        json!({"images": ["*cuda*"], "pool": {"nodeSelector": {"matchLabels": {"node-restriction.kubernetes.io/gpu": "yes"}}}}),
     )]);
     let mut pod = mk_pod("nginx");
     pod["spec"]["nodeName"] = json!("g1");
@@ -510,7 +513,7 @@ fn node_name_denial_uses_pool_node_selectors_when_nodes_are_known() {
     nodes.insert(
         "g1".into(),
         NodeInfo {
-            labels: [("gpu".to_string(), "yes".to_string())].into(),
+            labels: [(GPU_LABEL.to_string(), "yes".to_string())].into(),
             taints: vec![],
         }
         .into(),
@@ -922,13 +925,16 @@ fn a_warning_says_when_the_pods_own_constraints_leave_no_pool_node() {
     // A pool by node selector looks at every node's labels.
     let gpu = mk_policy(
         "gpu",
-        json!({"images": ["*cdn*"], "pool": {"nodeSelector": {"matchLabels": {"gpu": "yes"}}}}),
+        json!({"images": ["*cdn*"], "pool": {"nodeSelector": {"matchLabels": {"node-restriction.kubernetes.io/gpu": "yes"}}}}),
     );
     let set = mk_set(&[gpu]);
     let mut nodes = NodeIndex::new();
-    nodes.insert("g1".into(), ssd(&[("gpu", "yes")]).into());
+    nodes.insert("g1".into(), ssd(&[(GPU_LABEL, "yes")]).into());
     assert!(warned(&set, &nodes, "gpu"));
-    nodes.insert("g2".into(), ssd(&[("gpu", "yes"), ("disk", "ssd")]).into());
+    nodes.insert(
+        "g2".into(),
+        ssd(&[(GPU_LABEL, "yes"), ("disk", "ssd")]).into(),
+    );
     assert!(!warned(&set, &nodes, "gpu"));
 }
 

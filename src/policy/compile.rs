@@ -10,8 +10,9 @@ use kube::core::{Selector, SelectorExt};
 
 use super::crd::{PlacementPolicy, PlacementPolicySpec, Pool};
 use super::image::ImagePatterns;
+use super::node_labels::node_can_set_label;
 use crate::names::{
-    MAX_POLICY_NAME, NAMESPACE_NAME_LABEL, POOL_TAINT, SYSTEM_DAEMONSET_NAMESPACES,
+    MAX_POLICY_NAME, NAMESPACE_NAME_LABEL, POOL_LABEL, POOL_TAINT, SYSTEM_DAEMONSET_NAMESPACES,
     is_dns_subdomain, is_label_key, is_label_value, is_owned_node_key, is_valid_policy_name,
 };
 
@@ -37,6 +38,8 @@ pub struct CompiledPolicy {
     pod_selector: Option<Selector>,
     coscheduled: Option<Selector>,
     pool_selector: Option<Selector>,
+    /// The keys `pool.nodeSelector` reads that a node can set on itself, sorted.
+    self_set_keys: Vec<String>,
     /// `pool.daemonSetNamespaces`: whose DaemonSets may run on the pool.
     daemonset_namespaces: Option<Selector>,
     /// `colocateWith` or `avoid`: the pods whose nodes carry this policy's anchor label.
@@ -108,6 +111,12 @@ impl CompiledPolicy {
             }
             None => (None, None),
         };
+        let self_set_keys = spec
+            .pool
+            .as_ref()
+            .and_then(|p| p.node_selector.as_ref())
+            .map(self_set_keys)
+            .unwrap_or_default();
         if let Some(affinity) = &spec.node_affinity {
             let preferred = affinity.preferred.iter().map(|p| &p.preference);
             for (i, requirement) in affinity.required.iter().enumerate() {
@@ -142,6 +151,7 @@ impl CompiledPolicy {
             pod_selector,
             coscheduled,
             pool_selector,
+            self_set_keys,
             daemonset_namespaces,
             anchor_selector,
         })
@@ -217,20 +227,110 @@ impl CompiledPolicy {
         self.spec.pool.as_ref().filter(|p| p.dedicated)
     }
 
-    /// Whether the node is claimed by this policy's pool. Without the node's labels
-    /// only `nodeNames` can be checked.
+    /// Whether the node is claimed by this policy's pool, by its labels (berth's
+    /// own among them) as the node carries them. Without them only `nodeNames`
+    /// can be checked.
     pub fn claims_node(&self, node: &str, labels: Option<&Labels>) -> bool {
+        self.claim(node, labels.map(NodeLabels::of).as_ref()) == Claim::Yes
+    }
+
+    /// The keys of `pool.nodeSelector` that a node can set on itself, sorted.
+    pub fn self_set_keys(&self) -> &[String] {
+        &self.self_set_keys
+    }
+
+    /// Whether `pool.nodeSelector` may take in a node that is not in the pool
+    /// yet: it reads no label a node can set on itself, or the policy says
+    /// `pool.trustSelfSetLabels`.
+    pub fn selector_takes_new_nodes(&self) -> bool {
+        self.self_set_keys.is_empty()
+            || self
+                .spec
+                .pool
+                .as_ref()
+                .is_some_and(|p| p.trust_self_set_labels)
+    }
+
+    /// How this policy's pool stands to a node. A selector that reads labels the
+    /// node can set on itself, unless the policy trusts them, keeps a node that is
+    /// in this pool now (it carries the pool label, which the node cannot set)
+    /// and takes no other: a node that labels itself to match is refused, so a
+    /// compromised node cannot make itself a member.
+    fn claim(&self, node: &str, labels: Option<&NodeLabels<'_>>) -> Claim {
         let Some(pool) = &self.spec.pool else {
-            return false;
+            return Claim::No;
         };
-        pool.node_names.iter().any(|n| n == node)
-            || matches!((&self.pool_selector, labels), (Some(s), Some(l)) if s.matches(l))
+        if pool.node_names.iter().any(|n| n == node) {
+            return Claim::Yes;
+        }
+        let (Some(selector), Some(labels)) = (&self.pool_selector, labels) else {
+            return Claim::No;
+        };
+        if !selector.matches(&labels.foreign) {
+            Claim::No
+        } else if self.selector_takes_new_nodes() || labels.pool == Some(self.name.as_str()) {
+            Claim::Yes
+        } else {
+            Claim::SelfSet
+        }
     }
 
     /// Older policies win a node claimed by two pools; the name breaks ties.
     fn seniority(&self) -> (Option<&Time>, &str) {
         (self.created.as_ref(), &self.name)
     }
+}
+
+/// How a pool stands to one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    /// The node is in the pool, by name or by selector.
+    Yes,
+    /// The selector matches only through labels the node can set on itself, and
+    /// the node is not in the pool yet: it is refused.
+    SelfSet,
+    No,
+}
+
+/// A node's labels as pool selectors read them: without berth's own, so that a
+/// label berth wrote never pulls a node into a pool, and the pool berth has the
+/// node in now (its pool label), which keeps it in a pool whose selector does not
+/// take new nodes.
+struct NodeLabels<'a> {
+    foreign: std::borrow::Cow<'a, Labels>,
+    pool: Option<&'a str>,
+}
+
+impl<'a> NodeLabels<'a> {
+    fn of(labels: &'a Labels) -> Self {
+        let owned = labels.keys().any(|k| is_owned_node_key(k));
+        let foreign = if owned {
+            std::borrow::Cow::Owned(
+                labels
+                    .iter()
+                    .filter(|(k, _)| !is_owned_node_key(k))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            )
+        } else {
+            std::borrow::Cow::Borrowed(labels)
+        };
+        NodeLabels {
+            foreign,
+            pool: labels.get(POOL_LABEL).map(String::as_str),
+        }
+    }
+}
+
+/// The keys a pool's node selector reads that a node can set on itself, sorted.
+fn self_set_keys(selector: &LabelSelector) -> Vec<String> {
+    let labels = selector.match_labels.iter().flat_map(|m| m.keys());
+    let expressions = selector.match_expressions.iter().flatten().map(|e| &e.key);
+    let keys: BTreeSet<&String> = labels
+        .chain(expressions)
+        .filter(|k| node_can_set_label(k))
+        .collect();
+    keys.into_iter().cloned().collect()
 }
 
 /// A PlacementPolicy as a watch delivers it: its identity, and the policy, or why
@@ -421,6 +521,16 @@ pub fn requirement_problem(requirement: &NodeSelectorRequirement) -> Option<Stri
     }
 }
 
+/// How the pools stand to one node ([`PolicySet::pool_standing`]).
+#[derive(Debug, Default)]
+pub struct PoolStanding<'a> {
+    /// The policies whose pool claims the node, the owner (the oldest) first.
+    pub claims: Vec<&'a CompiledPolicy>,
+    /// The policies whose pool selector matches the node only through labels the
+    /// node can set on itself, and that do not take it in, by name.
+    pub refused: Vec<&'a CompiledPolicy>,
+}
+
 /// Every usable policy, by name.
 #[derive(Debug, Clone, Default)]
 pub struct PolicySet {
@@ -481,26 +591,33 @@ impl PolicySet {
     }
 
     /// Every policy whose pool claims `node`, the owner (the oldest) first.
-    ///
-    /// Pool selectors see the node's labels without berth's own, so that a pool
-    /// label berth wrote can never pull a node into a pool.
+    /// `labels` are the node's labels as it carries them, berth's among them
+    /// ([`CompiledPolicy::claims_node`]).
     pub fn pool_claims(&self, node: &str, labels: Option<&Labels>) -> Vec<&CompiledPolicy> {
+        self.pool_standing(node, labels).claims
+    }
+
+    /// How the pools stand to `node`: the policies whose pool claims it (the
+    /// owner first), and those whose selector matches it only through labels the
+    /// node can set on itself and that refuse it.
+    pub fn pool_standing(&self, node: &str, labels: Option<&Labels>) -> PoolStanding<'_> {
         // Only a pool selector reads the labels: without one, none are copied.
         let selects = self
             .iter()
             .any(|p| p.spec.pool.is_some() && p.pool_selector.is_some());
-        let foreign = labels.filter(|_| selects).map(|l| {
-            l.iter()
-                .filter(|(k, _)| !is_owned_node_key(k))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect::<Labels>()
-        });
-        let mut claims: Vec<&CompiledPolicy> = self
-            .iter()
-            .filter(|p| p.claims_node(node, foreign.as_ref()))
-            .collect();
-        claims.sort_by(|a, b| a.seniority().cmp(&b.seniority()));
-        claims
+        let seen = labels.filter(|_| selects).map(NodeLabels::of);
+        let mut standing = PoolStanding::default();
+        for policy in self.iter() {
+            match policy.claim(node, seen.as_ref()) {
+                Claim::Yes => standing.claims.push(policy),
+                Claim::SelfSet => standing.refused.push(policy),
+                Claim::No => {}
+            }
+        }
+        standing
+            .claims
+            .sort_by(|a, b| a.seniority().cmp(&b.seniority()));
+        standing
     }
 
     /// The policy whose pool owns `node`: of all pools that claim it, the oldest.
@@ -656,6 +773,125 @@ mod tests {
         assert!(compiler.compile([deleting]).set.is_empty());
         // Forgotten once deleted: a new policy of that name does not inherit it.
         assert!(compiler.compile([source(&bad)]).set.is_empty());
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_keys_a_pool_selector_reads_that_a_node_sets_itself_are_found() {
+        let set = crate::policy::test_policies(&[(
+            "gpu",
+            serde_json::json!({"pool": {"nodeSelector": {
+                "matchLabels": {"role": "gpu", "node-restriction.kubernetes.io/gpu": "true"},
+                "matchExpressions": [
+                    {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["A100"]},
+                    {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["n9"]},
+                    {"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"},
+                    {"key": "role", "operator": "Exists"}]}}}),
+        )]);
+        let gpu = set.get("gpu").unwrap();
+        assert_eq!(
+            gpu.self_set_keys(),
+            ["kubernetes.io/hostname", "nvidia.com/gpu.product", "role"]
+        );
+        assert!(!gpu.selector_takes_new_nodes());
+    }
+
+    #[test]
+    fn a_node_that_labels_itself_to_match_is_refused_and_a_member_stays_while_it_matches() {
+        let set = crate::policy::test_policies(&[(
+            "gpu",
+            serde_json::json!({"pool": {"nodeSelector": {"matchLabels": {"role": "gpu"}}}}),
+        )]);
+        let standing = |pairs: &[(&str, &str)]| {
+            let standing = set.pool_standing("n1", Some(&labels(pairs)));
+            let names = |list: &[&CompiledPolicy]| -> Vec<String> {
+                list.iter().map(|p| p.name.clone()).collect()
+            };
+            (names(&standing.claims), names(&standing.refused))
+        };
+        let none: Vec<String> = Vec::new();
+        let gpu = vec!["gpu".to_string()];
+        // A node that set `role` itself is refused, and so is one in another pool.
+        assert_eq!(standing(&[("role", "gpu")]), (none.clone(), gpu.clone()));
+        assert_eq!(
+            standing(&[("role", "gpu"), (POOL_LABEL, "other")]),
+            (none.clone(), gpu.clone())
+        );
+        // A node the pool has (its label, which a node cannot set) stays while it
+        // matches, and leaves when it no longer does.
+        assert_eq!(
+            standing(&[("role", "gpu"), (POOL_LABEL, "gpu")]),
+            (gpu.clone(), none.clone())
+        );
+        assert_eq!(
+            standing(&[(POOL_LABEL, "gpu")]),
+            (none.clone(), none.clone())
+        );
+        assert!(
+            set.get("gpu")
+                .unwrap()
+                .claims_node("n1", Some(&labels(&[("role", "gpu"), (POOL_LABEL, "gpu")])))
+        );
+        assert!(
+            !set.get("gpu")
+                .unwrap()
+                .claims_node("n1", Some(&labels(&[("role", "gpu")])))
+        );
+    }
+
+    #[test]
+    fn a_selector_that_matches_by_a_missing_label_opens_nothing_to_a_node_that_removes_it() {
+        // A node can remove a label it can set as well as add one.
+        let set = crate::policy::test_policies(&[(
+            "quiet",
+            serde_json::json!({"pool": {"nodeSelector": {"matchExpressions": [
+                {"key": "noisy", "operator": "DoesNotExist"}]}}}),
+        )]);
+        assert!(set.pool_claims("n1", Some(&Labels::new())).is_empty());
+        assert_eq!(
+            set.pool_standing("n1", Some(&Labels::new())).refused.len(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_pool_takes_new_nodes_by_labels_a_node_cannot_set_or_when_it_trusts_them() {
+        let set = crate::policy::test_policies(&[
+            (
+                "restricted",
+                serde_json::json!({"pool": {"nodeSelector": {"matchLabels": {
+                    "node-restriction.kubernetes.io/pool": "restricted"}}}}),
+            ),
+            (
+                "trusting",
+                serde_json::json!({"pool": {"trustSelfSetLabels": true,
+                    "nodeSelector": {"matchLabels": {"role": "trusting"}}}}),
+            ),
+        ]);
+        let restricted = set.get("restricted").unwrap();
+        assert!(restricted.self_set_keys().is_empty());
+        assert!(restricted.selector_takes_new_nodes());
+        let by_admin = labels(&[("node-restriction.kubernetes.io/pool", "restricted")]);
+        assert_eq!(
+            set.pool_of_node("n1", Some(&by_admin)).unwrap().name,
+            "restricted"
+        );
+
+        let trusting = set.get("trusting").unwrap();
+        assert_eq!(trusting.self_set_keys(), ["role"]);
+        assert!(trusting.selector_takes_new_nodes());
+        let by_itself = labels(&[("role", "trusting")]);
+        assert_eq!(
+            set.pool_of_node("n1", Some(&by_itself)).unwrap().name,
+            "trusting"
+        );
+        assert!(set.pool_standing("n1", Some(&by_itself)).refused.is_empty());
     }
 
     #[test]

@@ -209,6 +209,15 @@ pub struct Pool {
     /// opt into the policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub daemon_set_namespaces: Option<LabelSelector>,
+    /// Whether `nodeSelector` may take a node in through labels the node can set
+    /// on its own Node (under NodeRestriction, keys outside `kubernetes.io` and
+    /// `k8s.io`, such as `nvidia.com/gpu.product`, and the kubelet's own there).
+    /// `false`: a selector that reads such a label keeps the nodes already in the
+    /// pool while they match, and takes no other, so a compromised node cannot
+    /// make itself a member.
+    #[serde(default)]
+    #[schemars(default = "default_false")]
+    pub trust_self_set_labels: bool,
 }
 
 impl Default for Pool {
@@ -222,6 +231,7 @@ impl Default for Pool {
             weight: default_weight(),
             daemon_sets: DaemonSets::default(),
             daemon_set_namespaces: None,
+            trust_self_set_labels: false,
         }
     }
 }
@@ -315,13 +325,19 @@ pub struct PlacementPolicyStatus {
     /// `Ready` (False while the spec does not compile; the last good version stays
     /// in force); `Conflict` when a node is claimed by two pools (the older one wins);
     /// `UnentitledPods`; `MissedPods` (pods that lack this policy's decision);
-    /// `GangTimeout` (groups not placed within `timeoutSeconds`).
+    /// `SelfSetLabels` (the pool's nodeSelector reads labels a node can set on
+    /// itself, and the nodes it refuses); `GangTimeout` (groups not placed within
+    /// `timeoutSeconds`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
 
 fn default_true() -> bool {
     true
+}
+
+fn default_false() -> bool {
+    false
 }
 
 fn default_weight() -> i32 {

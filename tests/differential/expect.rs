@@ -49,11 +49,19 @@ impl Policy {
             .get("nodeNames")
             .and_then(Value::as_array)
             .is_some_and(|n| n.iter().any(|n| n == node));
-        let selected = pool
+        let Some(selector) = pool
             .pointer("/nodeSelector/matchLabels")
             .and_then(Value::as_object)
-            .is_some_and(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)));
-        named || selected
+        else {
+            return named;
+        };
+        let matches = selector.iter().all(|(k, v)| labels.get(k) == Some(v));
+        // A selector that reads a label a node can set on itself takes in only
+        // the nodes the pool has (its label), unless the policy trusts them.
+        let takes_new =
+            pool["trustSelfSetLabels"] == true || selector.keys().all(|k| !node_can_set(k));
+        let member = labels.get(POOL_LABEL).and_then(Value::as_str) == Some(self.name.as_str());
+        named || (matches && (takes_new || member))
     }
     /// Whether this pool takes DaemonSets of `namespace`: those `daemonSetNamespaces`
     /// selects, or without it kube-system's and those of namespaces that opt in.
@@ -220,6 +228,35 @@ pub struct Expected {
     /// The applied policies' required expressions, which every term that matches
     /// something must carry.
     pub required_expressions: Vec<Value>,
+}
+
+/// Whether a node can set the label `key` on itself, in the contract's words
+/// ("Pools a node cannot join by itself"): every key but those under
+/// `node-restriction.kubernetes.io`, and those under `kubernetes.io` and `k8s.io`
+/// other than the kubelet's own.
+fn node_can_set(key: &str) -> bool {
+    let prefix = key.split_once('/').map_or("", |(p, _)| p);
+    let under = |domain: &str| prefix == domain || prefix.ends_with(&format!(".{domain}"));
+    let kubelets = [
+        "kubernetes.io/hostname",
+        "kubernetes.io/os",
+        "kubernetes.io/arch",
+        "topology.kubernetes.io/zone",
+        "topology.kubernetes.io/region",
+        "node.kubernetes.io/instance-type",
+        "beta.kubernetes.io/instance-type",
+        "beta.kubernetes.io/os",
+        "beta.kubernetes.io/arch",
+        "failure-domain.beta.kubernetes.io/zone",
+        "failure-domain.beta.kubernetes.io/region",
+    ];
+    if under("node-restriction.kubernetes.io") {
+        return false;
+    }
+    !(under("kubernetes.io") || under("k8s.io"))
+        || kubelets.contains(&key)
+        || under("kubelet.kubernetes.io")
+        || under("node.kubernetes.io")
 }
 
 fn is_owned_key(key: &str) -> bool {

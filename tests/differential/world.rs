@@ -1,6 +1,7 @@
 //! Generated worlds: nodes with labels (numeric ones for Gt/Lt) and taints of
 //! every effect; one to three PlacementPolicies with pools by `nodeNames` and by
-//! `nodeSelector`, Required and Preferred, dedicated or not, and `nodeAffinity`;
+//! `nodeSelector` (on a label a node can set, trusted or not), Required and
+//! Preferred, dedicated or not, and `nodeAffinity`;
 //! namespaces that opt into all, some and none of them; and pods with
 //! nodeSelector, required terms of every operator and `matchFields`, empty and
 //! null terms, preferred terms, tolerations with wildcards, key-only `Exists` and
@@ -229,15 +230,34 @@ fn arb_policy(index: usize, name: &'static str, node_count: usize) -> impl Strat
         prop::option::of(prop::sample::select(vec![30, 70])),
         prop::option::of(prop::sample::select(vec!["Tolerate", "Exclude"])),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(zone, names, dedicated, effect, placement, weight, daemonsets, ds_namespaces)| {
+            |(
+                zone,
+                names,
+                dedicated,
+                effect,
+                placement,
+                weight,
+                daemonsets,
+                ds_namespaces,
+                trust,
+            )| {
                 let mut pool = serde_json::Map::new();
                 match zone {
-                    Some(zone) => pool.insert(
-                        "nodeSelector".into(),
-                        json!({"matchLabels": {"zone": zone}}),
-                    ),
+                    // A node can set `zone` on itself: without trustSelfSetLabels
+                    // the pool takes in none of the nodes, which carry no pool
+                    // label yet.
+                    Some(zone) => {
+                        if trust {
+                            pool.insert("trustSelfSetLabels".into(), json!(true));
+                        }
+                        pool.insert(
+                            "nodeSelector".into(),
+                            json!({"matchLabels": {"zone": zone}}),
+                        )
+                    }
                     None => pool.insert(
                         "nodeNames".into(),
                         json!(names.iter().map(|n| format!("n{n}")).collect::<Vec<_>>()),

@@ -86,6 +86,21 @@ impl PolicyModel {
             "the audit reads opt-in by annotation only ({name})"
         );
         let pool = spec.get("pool");
+        // A pool selector that reads a label a node can set on itself takes in only
+        // the nodes it has: the audit reads selectors whose every node matching is
+        // in the pool, those on labels only an administrator sets and those of a
+        // pool that trusts self-set labels.
+        if let Some(selector) = pool.and_then(|p| p.get("nodeSelector")) {
+            let trusts = pool.is_some_and(|p| p["trustSelfSetLabels"] == true);
+            let restricted = match_labels(selector, &name)
+                .keys()
+                .all(|k| k.starts_with("node-restriction.kubernetes.io/"));
+            assert!(
+                trusts || restricted,
+                "the audit reads pool selectors on node-restriction.kubernetes.io/ labels, or \
+                 of a pool that trusts self-set labels ({name})"
+            );
+        }
         let selector = |key: &str| {
             spec.get(key)
                 .map(|s| match_labels(s, &format!("{name}.{key}")))

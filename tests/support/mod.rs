@@ -138,6 +138,27 @@ impl TestCluster {
         client_for(&self.kubeconfig()).await
     }
 
+    /// A client that acts as `user` in `groups`, through impersonation: the
+    /// apiserver authorizes and admits its requests as that identity's.
+    pub async fn client_as(&self, user: &str, groups: &[&str]) -> Client {
+        let kubeconfig = Kubeconfig::read_from(self.kubeconfig()).expect("kubeconfig");
+        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("kubeconfig written by tests/cluster/up is usable");
+        config.auth_info.impersonate = Some(user.to_owned());
+        config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
+        Client::try_from(config).expect("impersonating client")
+    }
+
+    /// A client that acts as the kubelet of `node` (`system:node:<node>` in
+    /// `system:nodes`): the Node authorizer and NodeRestriction judge it as they
+    /// judge that kubelet.
+    pub async fn node_client(&self, node: &str) -> Client {
+        let user = format!("system:node:{node}");
+        self.client_as(&user, &["system:nodes", "system:authenticated"])
+            .await
+    }
+
     /// The node names, `<prefix>1..<prefix>N`.
     pub fn node_names(&self) -> Vec<String> {
         (1..=self.nodes.count)
@@ -253,13 +274,9 @@ impl Tenant {
 
     /// A client that acts as the tenant.
     pub async fn client(&self, cluster: &TestCluster) -> Client {
-        let kubeconfig = Kubeconfig::read_from(cluster.kubeconfig()).expect("kubeconfig");
-        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        cluster
+            .client_as(&self.user, &["system:authenticated"])
             .await
-            .expect("kubeconfig written by tests/cluster/up is usable");
-        config.auth_info.impersonate = Some(self.user.clone());
-        config.auth_info.impersonate_groups = Some(vec!["system:authenticated".into()]);
-        Client::try_from(config).expect("tenant client")
     }
 
     /// Our kubectl as the tenant, in its namespace.
