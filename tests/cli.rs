@@ -879,3 +879,132 @@ fn mutate_with_nodes_knows_which_nodes_a_pool_by_selector_claims() {
         stderr(&seeing)
     );
 }
+
+#[test]
+fn explain_marks_a_grant_the_pod_has_already_apart_from_what_berth_adds() {
+    // edge prefers zones a and b with weight 50; this pod has that preference
+    // already, in another spelling, so the patch adds the toleration, the
+    // requirements and the annotation, and not the preference.
+    let mut edge = pod(json!({"tier": "edge"}), "nginx");
+    edge["spec"]["affinity"] = json!({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 50, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b", "a"]}]}}]}});
+    let out = semantics("mutate", &edge, "opted-in", &["-o", "patch"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let patch: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let paths: Vec<&str> = patch
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|op| op["path"].as_str().unwrap())
+        .collect();
+    assert!(
+        paths.iter().all(|p| !p.contains("preferred")),
+        "the patch adds no preference: {paths:?}"
+    );
+
+    let out = semantics("explain", &edge, "opted-in", &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let tolerates = format!("+ tolerates {}=edge:NoSchedule", names::POOL_TAINT);
+    for expected in [
+        "= prefers nodes with zone In [a, b] (weight 50); the pod has it already",
+        &tolerates,
+        "+ must run on a node of pool edge (added to every node-affinity term)",
+        "+ is annotated berth.io/applied=edge",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    assert!(!text.contains("+ prefers"), "{text}");
+
+    // Without the preference, the patch adds it, and explain says so.
+    edge["spec"]["affinity"] = json!({});
+    let text = stdout(&semantics("explain", &edge, "opted-in", &[]));
+    assert!(
+        text.contains("+ prefers nodes with zone In [a, b] (weight 50)\n"),
+        "{text}"
+    );
+}
+
+/// Runs `berth explain -f -` on `pod` with the two pools of tests/data/conflict,
+/// which both name node2 (zeta, the older, holds it), and `extra` arguments.
+fn explain_conflict(pod: &Value, extra: &[&str]) -> Output {
+    let args = [
+        &["explain", "-f", "-", "--policies", "tests/data/conflict"][..],
+        extra,
+    ]
+    .concat();
+    berth(&args, Some(&pod.to_string()))
+}
+
+#[test]
+fn a_node_name_conflict_names_the_pool_that_holds_the_node() {
+    let denied = |pod: &Value, extra: &[&str]| {
+        let out = explain_conflict(pod, extra);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let text = stdout(&out);
+        let line = text.lines().find(|l| l.starts_with("Denied: "));
+        line.unwrap_or_else(|| panic!("no denial in:\n{text}"))
+            .to_owned()
+    };
+    // Entitled to neither: the node is zeta's, though alpha's name sorts first.
+    let mut named = pod(json!({}), "nginx");
+    named["spec"]["nodeName"] = json!("node2");
+    assert_eq!(
+        denied(&named, &[]),
+        "Denied: spec.nodeName node2 is in dedicated pool zeta, which this pod is not \
+         entitled to."
+    );
+    // Entitled to zeta, which holds the node: alpha, which names it too, refuses.
+    named["spec"]["containers"][0]["image"] = json!("zeta-app");
+    assert_eq!(
+        denied(&named, &[]),
+        "Denied: spec.nodeName node2 is held by pool zeta but also named by dedicated \
+         pool alpha, which this pod is not entitled to; while both claim the node, it \
+         stays closed to what either refuses."
+    );
+
+    // A DaemonSet pod made for node2 that tolerates every taint, of a namespace
+    // that opts into zeta only: zeta takes its DaemonSets, alpha does not.
+    let dir = std::env::temp_dir().join(format!("berth-conflict-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ns = dir.join("shop.yaml");
+    std::fs::write(
+        &ns,
+        format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: default\n  annotations: {{{}: zeta}}\n",
+            names::POLICIES_ANNOTATION
+        ),
+    )
+    .unwrap();
+    let mut agent = pod(json!({}), "fluent-bit");
+    agent["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet",
+        "name": "agent", "uid": "u", "controller": true}]);
+    agent["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+    agent["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node2"]}]}]}}});
+    let line = denied(&agent, &["--namespace", ns.to_str().unwrap()]);
+    assert!(
+        line.starts_with(
+            "Denied: DaemonSet pod for node node2: the node is held by pool zeta but also \
+             named by pool alpha, which does not take this DaemonSet ("
+        ),
+        "{line}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn explain_says_which_pools_do_not_take_a_tenants_daemonset() {
+    // edge takes the DaemonSets of namespaces labelled platform=true; tenant is not.
+    let mut agent = pod(json!({}), "fluent-bit");
+    agent["metadata"]["namespace"] = json!("tenant");
+    agent["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet",
+        "name": "agent", "uid": "u", "controller": true}]);
+    let out = semantics("explain", &agent, "tenant", &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let expected = "No policy applies to this pod.\n\n\
+                    Pools that do not take DaemonSets of namespace tenant:\n  \
+                    edge: daemonSetNamespaces does not select tenant\n";
+    assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+}

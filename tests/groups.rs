@@ -386,7 +386,7 @@ async fn a_rank_waits_for_an_unready_lower_rank_and_for_its_new_replicas() {
     );
     let gate = names::RANK_GATE;
     for line in [
-        format!("+ is held by the scheduling gate {gate} until every pod of a rank below 1"),
+        format!("= is held by the scheduling gate {gate} until every pod of a rank below 1"),
         format!("Now: held by the scheduling gate {gate}."),
         format!(
             "Waiting: WaitingForLowerRank: held by {gate}: rank 1 starts after rank 0 is Ready; Deployment/db has 0/1 replicas Ready"

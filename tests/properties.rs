@@ -6,10 +6,10 @@ mod support;
 
 use berth::names::{self, POOL_LABEL, POOL_TAINT};
 use berth::placement::feasibility::{Placement, node_fits};
-use berth::placement::patch::write_patch;
+use berth::placement::patch::{added, write_patch};
 use berth::placement::pod::PodView;
 use berth::placement::{
-    Decision, Input, NamespaceInfo, NodeInfo, PodSource, Requester, build_patch, decide,
+    Decision, Grants, Input, NamespaceInfo, NodeInfo, PodSource, Requester, build_patch, decide,
 };
 use berth::policy::crd::{Pool, PoolEffect};
 use berth::policy::{PlacementPolicy, PolicySet};
@@ -276,6 +276,85 @@ fn decide_in<P: PodSource + ?Sized>(pod: &P, ns: &NamespaceInfo, set: &PolicySet
     })
 }
 
+/// What the patch added to the pod, of `grants`, read from the pod before and
+/// after it, item by item (as Kubernetes compares them), never from the builder.
+fn added_between(before: &PodView, after: &PodView, grants: &Grants) -> Grants {
+    use berth::placement::canonical::{preferred_key, requirement_key, toleration_key};
+    let tolerations = grants
+        .tolerations
+        .iter()
+        .filter(|t| {
+            let key = toleration_key(t);
+            let has = |pod: &PodView| pod.tolerations().iter().any(|o| toleration_key(o) == key);
+            has(after) && !has(before)
+        })
+        .cloned()
+        .collect();
+    let terms = |pod: &PodView| pod.required_affinity().unwrap_or_default().to_vec();
+    let (terms_before, terms_after) = (terms(before), terms(after));
+    let required = grants
+        .required
+        .iter()
+        .filter(|r| {
+            let key = requirement_key(r);
+            let in_term = |term: Option<&k8s_openapi::api::core::v1::NodeSelectorTerm>| {
+                term.and_then(|t| t.match_expressions.as_ref())
+                    .is_some_and(|e| e.iter().any(|e| requirement_key(e) == key))
+            };
+            (0..terms_after.len())
+                .any(|i| in_term(terms_after.get(i)) && !in_term(terms_before.get(i)))
+        })
+        .cloned()
+        .collect();
+    let preferred = grants
+        .preferred
+        .iter()
+        .filter(|p| {
+            let key = preferred_key(p);
+            let has = |pod: &PodView| {
+                pod.preferred_terms()
+                    .iter()
+                    .any(|o| preferred_key(o) == key)
+            };
+            has(after) && !has(before)
+        })
+        .cloned()
+        .collect();
+    let scheduling_gates = grants
+        .scheduling_gates
+        .iter()
+        .filter(|g| {
+            let has = |pod: &PodView| pod.scheduling_gates().any(|o| o == g.as_str());
+            has(after) && !has(before)
+        })
+        .cloned()
+        .collect();
+    let changed = |read: &dyn Fn(&PodView) -> Option<Value>| read(before) != read(after);
+    Grants {
+        tolerations,
+        required,
+        preferred,
+        scheduling_gates,
+        pod_group: (grants.pod_group.clone())
+            .filter(|_| changed(&|p| p.pod_group_name().map(Value::from))),
+        priority: grants.priority.clone().filter(|_| {
+            changed(&|p| {
+                Some(json!([
+                    p.priority_class_name(),
+                    p.priority(),
+                    p.preemption_policy()
+                ]))
+            })
+        }),
+        scheduler_name: (grants.scheduler_name.clone())
+            .filter(|_| changed(&|p| p.scheduler_name().map(Value::from))),
+        applied: Some(grants.applied.clone())
+            .filter(|_| changed(&|p| p.applied_record().map(Value::from)))
+            .unwrap_or_default(),
+        pinned_to: grants.pinned_to.clone(),
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -344,6 +423,36 @@ proptest! {
         let (once, _, _) = admit(&pod, &ns, &set);
         let (twice, _, ops) = admit(&once, &ns, &set);
         prop_assert_eq!(ops, 0, "second patch not empty; after it: {}", twice);
+    }
+
+    /// What `explain` marks as added (`+`) is exactly what the patch adds, item by
+    /// item; the rest (`=`) the pod had already, or berth leaves it off a
+    /// required node affinity that matches no node. Checked on the pod as
+    /// written and on berth's output, which has everything already.
+    #[test]
+    fn what_explain_calls_added_is_what_the_patch_adds(
+        policies in arb_policies(), mut pod in arb_pod(), ns in arb_namespace(), extra in 0..4usize,
+    ) {
+        // Required node affinities of the other shapes: a term that matches no
+        // node beside others, only such terms, and none at all.
+        let required = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution";
+        match extra {
+            1 => if let Some(terms) = pod.pointer_mut(&format!("{required}/nodeSelectorTerms")).and_then(Value::as_array_mut) {
+                terms.push(json!({}));
+            },
+            2 => pod["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}]}}}),
+            3 => pod["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}),
+            _ => {}
+        }
+        let set = compile(&policies);
+        let (out, _, _) = admit(&pod, &ns, &set);
+        for written in [&pod, &out] {
+            let grants = decide_in(written, &ns, &set).grants;
+            let mut patched = written.clone();
+            json_patch::patch(&mut patched, &build_patch(written, &grants)).unwrap();
+            let (before, after) = (PodView::read(written).unwrap(), PodView::read(&patched).unwrap());
+            prop_assert_eq!(added(written, &grants), added_between(&before, &after, &grants), "{}", written);
+        }
     }
 
     #[test]

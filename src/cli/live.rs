@@ -26,8 +26,7 @@ use crate::placement::explain::explain;
 use crate::placement::interpod::{Bound, Neighbours};
 use crate::placement::rooms::{Rooms, node_rooms};
 use crate::placement::{
-    Input, NamespaceIndex, NamespaceInfo, NodeIndex, NodeInfo, Requester, build_patch, decide,
-    namespace_index,
+    Input, NamespaceIndex, NamespaceInfo, NodeIndex, NodeInfo, Requester, decide, namespace_index,
 };
 use crate::policy::compile::{Labels, PolicyCompiler};
 use crate::policy::{OptIn, PolicySet};
@@ -90,7 +89,6 @@ impl Scene {
             groups: Default::default(),
         };
         let decision = decide(&input);
-        let patch = build_patch(pod, &decision.grants);
         // The pods bound now, other than this one, for its own pod affinity.
         let name = pod["metadata"]["name"].as_str().unwrap_or_default();
         // A pod without labels still counts (`{}` and DoesNotExist select it).
@@ -118,7 +116,7 @@ impl Scene {
                 .map(|(n, ns)| (n.as_str(), &ns.labels))
                 .collect(),
         };
-        explain(&input, title, &decision, patch.0.len(), Some(&neighbours))
+        explain(&input, title, &decision, Some(&neighbours))
     }
 
     /// Where `pod` stands now, in words, and (for a group gate) what it waits

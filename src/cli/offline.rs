@@ -236,7 +236,7 @@ pub fn explain_offline(files: &PlacementFiles) -> Result<Ending, InputError> {
                 requester: offline_requester(&a.raw),
                 groups: Default::default(),
             };
-            explain(&input, &a.name, &a.decision, a.patch.0.len(), None)
+            explain(&input, &a.name, &a.decision, None)
         })
         .collect();
     print(&texts.join("\n"));

@@ -17,11 +17,13 @@ use json_patch::Patch;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::Value;
 
-use super::entitlement::{in_pool, is_owned_toleration, wildcard_exclusion};
+use super::entitlement::{
+    in_pool, in_pool_words, is_owned_toleration, refused_pool, wildcard_exclusion,
+};
 use super::grants::{Grants, pool_toleration};
 use super::pod::{PodView, is_wildcard_for};
 use super::selection::{is_empty_term, tolerates};
-use super::{NamespaceInfo, NodeIndex};
+use super::{NamespaceInfo, NodeIndex, PassedOver};
 use crate::names::POOL_LABEL;
 use crate::policy::crd::DaemonSets;
 use crate::policy::{CompiledPolicy, NamespaceConfig, PolicySet};
@@ -53,6 +55,8 @@ pub fn is_daemonset_pod_of(
 #[derive(Debug, Default)]
 pub struct DaemonSetDecision {
     pub grants: Grants,
+    /// The dedicated pools that do not take the pod's DaemonSet, and why.
+    pub refused_by: Vec<PassedOver>,
     pub denial: Option<String>,
 }
 
@@ -98,35 +102,40 @@ pub fn daemonset_grants(
     nodes: Option<&NodeIndex>,
 ) -> DaemonSetDecision {
     let mut decision = DaemonSetDecision::default();
-    let target = pod.daemonset_node();
-    for policy in policies.iter() {
-        let Some(pool) = policy.dedicated_pool() else {
-            continue;
-        };
+    for policy in policies.iter().filter(|p| p.dedicated_pool().is_some()) {
         if takes(policy, namespace, config) {
             if let Some(toleration) = pool_toleration(policy) {
                 decision.grants.tolerate(toleration);
                 decision.grants.applied.push(policy.name.clone());
             }
-            continue;
-        }
-        let wildcard = pod
-            .tolerations()
-            .iter()
-            .any(|t| is_wildcard_for(t, pool.effect.as_str()));
-        let Some(node) = target.filter(|_| wildcard && decision.denial.is_none()) else {
-            continue;
-        };
-        if in_pool(policy, node, policies, nodes) {
-            decision.denial = Some(format!(
-                "DaemonSet pod for node {node}: the node is in pool {}, which does not take this \
-                 DaemonSet ({}), and the pod tolerates every taint",
-                policy.name,
-                refusal(policy, namespace)
-            ));
+        } else {
+            decision.refused_by.push(PassedOver {
+                policy: policy.name.clone(),
+                why: refusal(policy, namespace),
+            });
         }
     }
     decision.grants.applied.sort();
+    // A pod that tolerates every taint, made for a node of a pool that does not
+    // take it.
+    let wildcard = |policy: &CompiledPolicy| {
+        policy.dedicated_pool().is_some_and(|pool| {
+            let effect = pool.effect.as_str();
+            pod.tolerations().iter().any(|t| is_wildcard_for(t, effect))
+        })
+    };
+    decision.denial = pod.daemonset_node().and_then(|node| {
+        let refuses = |p: &CompiledPolicy| {
+            wildcard(p) && !takes(p, namespace, config) && in_pool(p, node, policies, nodes)
+        };
+        let closed = refused_pool(node, policies, nodes, refuses)?;
+        Some(format!(
+            "DaemonSet pod for node {node}: the node {}, which does not take this DaemonSet \
+             ({}), and the pod tolerates every taint",
+            in_pool_words(closed, node, policies, nodes, "pool"),
+            refusal(closed, namespace)
+        ))
+    });
     decision
 }
 

@@ -71,7 +71,8 @@ pub fn wildcard_exclusion(
 }
 
 /// A denial when `spec.nodeName` names a node of a dedicated pool the pod is not
-/// entitled to ([`in_pool`]).
+/// entitled to ([`in_pool`]): the pool that holds the node when it refuses the
+/// pod, else a pool that names the node too.
 pub fn node_name_denial(
     pod: &PodView,
     policies: &PolicySet,
@@ -79,15 +80,66 @@ pub fn node_name_denial(
     entitled: &BTreeSet<String>,
 ) -> Option<String> {
     let node = pod.node_name()?;
-    let closed = policies.iter().find(|p| {
+    let refuses = |p: &CompiledPolicy| {
         p.dedicated_pool().is_some()
             && !entitled.contains(p.name.as_str())
             && in_pool(p, node, policies, nodes)
-    })?;
+    };
+    let closed = refused_pool(node, policies, nodes, refuses)?;
+    let named_only = holder(node, policies, nodes).is_some_and(|h| h.name != closed.name);
     Some(format!(
-        "spec.nodeName {node} is in dedicated pool {}, which this pod is not entitled to",
-        closed.name
+        "spec.nodeName {node} {}, which this pod is not entitled to{}",
+        in_pool_words(closed, node, policies, nodes, "dedicated pool"),
+        if named_only {
+            "; while both claim the node, it stays closed to what either refuses"
+        } else {
+            ""
+        }
     ))
+}
+
+/// Of the pools that `refuse` a pod on `node`, the one to name: the pool that
+/// holds the node when it is one of them (its label and taint are on the node),
+/// else the first by name, which only names the node in `nodeNames`.
+pub fn refused_pool<'p>(
+    node: &str,
+    policies: &'p PolicySet,
+    nodes: Option<&NodeIndex>,
+    refuses: impl Fn(&CompiledPolicy) -> bool,
+) -> Option<&'p CompiledPolicy> {
+    holder(node, policies, nodes)
+        .filter(|p| refuses(p))
+        .or_else(|| policies.iter().find(|p| refuses(p)))
+}
+
+/// The pool that holds `node`: of all pools that claim it, the oldest
+/// ([`PolicySet::pool_of_node`]).
+fn holder<'p>(
+    node: &str,
+    policies: &'p PolicySet,
+    nodes: Option<&NodeIndex>,
+) -> Option<&'p CompiledPolicy> {
+    let labels = nodes.and_then(|n| n.get(node)).map(|n| &n.labels);
+    policies.pool_of_node(node, labels)
+}
+
+/// How `node` belongs to `policy`'s pool ([`in_pool`]), in words that follow the
+/// node: "is in <pool> X" when X holds it, "is held by pool H but also named by
+/// <pool> X" when an older pool H holds the node X names too.
+pub fn in_pool_words(
+    policy: &CompiledPolicy,
+    node: &str,
+    policies: &PolicySet,
+    nodes: Option<&NodeIndex>,
+    pool: &str,
+) -> String {
+    match holder(node, policies, nodes).filter(|h| h.name != policy.name) {
+        Some(h) => format!(
+            "is held by pool {} but also named by {pool} {}",
+            h.name, policy.name
+        ),
+        None => format!("is in {pool} {}", policy.name),
+    }
 }
 
 /// Whether `node` is one of `policy`'s pool nodes for entitlement: the pool names
@@ -107,12 +159,7 @@ pub fn in_pool(
         .pool
         .as_ref()
         .is_some_and(|p| p.node_names.iter().any(|n| n == node));
-    named || {
-        let labels = nodes.and_then(|n| n.get(node)).map(|n| &n.labels);
-        policies
-            .pool_of_node(node, labels)
-            .is_some_and(|owner| owner.name == policy.name)
-    }
+    named || holder(node, policies, nodes).is_some_and(|owner| owner.name == policy.name)
 }
 
 /// A way a pod, as it stands, could reach a dedicated pool it is not entitled to:

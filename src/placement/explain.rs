@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use super::feasibility::{Placement, describe_requirement, node_fits, with_pool_state};
 use super::interpod::{Neighbours, Required};
+use super::patch::{added, required_matches_no_node};
 use super::pod::PodView;
 use super::{Decision, Input};
 use crate::names::{
@@ -17,15 +18,13 @@ use crate::names::{
 };
 use crate::policy::compile::Labels;
 
-/// Explains `decision` for the pod in `input`; `patch_len` is the number of patch
-/// operations, to say whether anything changes.
+/// Explains `decision` for the pod in `input`.
 /// With `neighbours` (the pods bound now, `explain pod` on a live cluster), the
 /// node list also weighs the pod's own required pod (anti-)affinity.
 pub fn explain(
     input: &Input,
     pod_name: &str,
     decision: &Decision,
-    patch_len: usize,
     neighbours: Option<&Neighbours>,
 ) -> String {
     let mut out = String::new();
@@ -57,77 +56,20 @@ pub fn explain(
         }
     }
 
-    let _ = writeln!(out, "\nWhat berth does to the pod:");
-    let grants = &decision.grants;
-    let mut changes: Vec<String> = Vec::new();
-    let mut say = |line: String| changes.push(line);
-    for t in &grants.tolerations {
-        say(format!(
-            "+ tolerates {}, so it may run on that pool's tainted nodes",
-            toleration(t)
-        ));
-    }
-    for r in &grants.required {
-        say(format!(
-            "+ {} (added to every node-affinity term)",
-            required_in_words(r)
-        ));
-    }
-    for p in &grants.preferred {
-        for r in p.preference.match_expressions.iter().flatten() {
-            say(format!(
-                "+ prefers nodes with {} (weight {})",
-                describe_requirement(r),
-                p.weight
-            ));
-        }
-    }
-    for gate in &grants.scheduling_gates {
-        say(format!(
-            "+ is held by the scheduling gate {}",
-            gate_in_words(gate, input, decision)
-        ));
-    }
-    if let Some(group) = &grants.pod_group {
-        say(format!(
-            "+ joins the PodGroup {group}: kube-scheduler places its members all at once or none"
-        ));
-    }
-    if let Some(priority) = &grants.priority {
-        say(format!(
-            "+ is queued with PriorityClass {} (priority {}, preemptionPolicy Never): the \
-             scheduler takes higher values first and never preempts for it",
-            priority.class, priority.value
-        ));
-    }
-    if let Some(name) = &grants.scheduler_name {
-        say(format!("+ is scheduled by {name}"));
-    }
-    if !grants.applied.is_empty() {
-        say(format!(
-            "+ is annotated {APPLIED_ANNOTATION}={}",
-            grants.applied.join(",")
-        ));
-    }
-    for t in &decision.stripped {
-        say(format!(
-            "- loses {}: the pod is not entitled to that pool",
-            toleration(t)
-        ));
-    }
-    if changes.is_empty() {
-        changes.push("nothing".into());
-    }
-    for line in changes {
-        let _ = writeln!(out, "  {line}");
-    }
-    if patch_len == 0 && decision.denial.is_none() {
+    if !decision.refused_daemonset.is_empty() {
         let _ = writeln!(
             out,
-            "  (the pod already has all of this: the patch is empty)"
+            "\nPools that do not take DaemonSets of namespace {ns}:"
         );
+        for refused in &decision.refused_daemonset {
+            let _ = writeln!(out, "  {}: {}", refused.policy, refused.why);
+        }
     }
 
+    let _ = writeln!(out, "\nWhat berth does to the pod:");
+    for line in changes(input, decision) {
+        let _ = writeln!(out, "  {line}");
+    }
     if !decision.warnings.is_empty() {
         let _ = writeln!(out, "\nWarnings:");
         for w in &decision.warnings {
@@ -200,6 +142,123 @@ fn explain_nodes(
         [] => writeln!(out, "The pod fits no given node; it would stay Pending."),
         names => writeln!(out, "The pod may land on: {}.", names.join(", ")),
     };
+}
+
+/// How a line of [`changes`] stands towards the patch.
+#[derive(PartialEq)]
+enum Mark {
+    /// The patch adds it.
+    Adds,
+    /// The pod has it already.
+    Has,
+    /// A required expression the patch does not add: the pod's required node
+    /// affinity matches no node, and berth leaves it so.
+    Nowhere,
+    /// The pod loses it.
+    Loses,
+}
+
+/// What berth does to the pod, a line each: `+` what the patch adds, `=` what
+/// it does not (as [`added`] tells them apart), `-` what the pod loses.
+fn changes(input: &Input, decision: &Decision) -> Vec<String> {
+    let grants = &decision.grants;
+    let new = added(input.pod, grants);
+    let has = |adds: bool| if adds { Mark::Adds } else { Mark::Has };
+    let mut lines: Vec<(Mark, String)> = Vec::new();
+    for t in &grants.tolerations {
+        let what = format!(
+            "tolerates {}, so it may run on that pool's tainted nodes",
+            toleration(t)
+        );
+        lines.push((has(new.tolerations.contains(t)), what));
+    }
+    let nowhere = PodView::read(input.pod).is_ok_and(|p| required_matches_no_node(&p));
+    for r in &grants.required {
+        let what = required_in_words(r);
+        lines.push(match (new.required.contains(r), nowhere) {
+            (true, _) => (
+                Mark::Adds,
+                format!("{what} (added to every node-affinity term)"),
+            ),
+            (false, true) => (Mark::Nowhere, what),
+            (false, false) => (Mark::Has, what),
+        });
+    }
+    for p in &grants.preferred {
+        for r in p.preference.match_expressions.iter().flatten() {
+            let what = format!(
+                "prefers nodes with {} (weight {})",
+                describe_requirement(r),
+                p.weight
+            );
+            lines.push((has(new.preferred.contains(p)), what));
+        }
+    }
+    for gate in &grants.scheduling_gates {
+        let what = format!(
+            "is held by the scheduling gate {}",
+            gate_in_words(gate, input, decision)
+        );
+        lines.push((has(new.scheduling_gates.contains(gate)), what));
+    }
+    if let Some(group) = &grants.pod_group {
+        let what = format!(
+            "joins the PodGroup {group}: kube-scheduler places its members all at once or none"
+        );
+        lines.push((has(new.pod_group.is_some()), what));
+    }
+    if let Some(priority) = &grants.priority {
+        let what = format!(
+            "is queued with PriorityClass {} (priority {}, preemptionPolicy Never): the \
+             scheduler takes higher values first and never preempts for it",
+            priority.class, priority.value
+        );
+        lines.push((has(new.priority.is_some()), what));
+    }
+    if let Some(name) = &grants.scheduler_name {
+        lines.push((
+            has(new.scheduler_name.is_some()),
+            format!("is scheduled by {name}"),
+        ));
+    }
+    if !grants.applied.is_empty() {
+        let what = format!(
+            "is annotated {APPLIED_ANNOTATION}={}",
+            grants.applied.join(",")
+        );
+        lines.push((has(!new.applied.is_empty()), what));
+    }
+    for t in &decision.stripped {
+        let what = format!(
+            "loses {}: the pod is not entitled to that pool",
+            toleration(t)
+        );
+        lines.push((Mark::Loses, what));
+    }
+    if lines.is_empty() {
+        return vec!["nothing".into()];
+    }
+    // A pod that has all of it already (as the apiserver stores a pod berth
+    // admitted) is told so once, not on every line.
+    if lines.iter().all(|(mark, _)| *mark == Mark::Has) {
+        let mut said: Vec<String> = lines
+            .into_iter()
+            .map(|(_, what)| format!("= {what}"))
+            .collect();
+        said.push("(the pod already has all of this: berth adds nothing)".into());
+        return said;
+    }
+    lines
+        .into_iter()
+        .map(|(mark, what)| match mark {
+            Mark::Adds => format!("+ {what}"),
+            Mark::Has => format!("= {what}; the pod has it already"),
+            Mark::Nowhere => {
+                format!("= {what}; not added: the pod's required node affinity matches no node")
+            }
+            Mark::Loses => format!("- {what}"),
+        })
+        .collect()
 }
 
 /// Why berth holds the pod with `gate`, and until when, in words.

@@ -255,6 +255,9 @@ pub struct Decision {
     pub applied: Vec<Applied>,
     /// Policies the namespace opts into that do not apply, with the reason.
     pub passed_over: Vec<PassedOver>,
+    /// For a DaemonSet pod: the dedicated pools that do not take its DaemonSet,
+    /// with the reason.
+    pub refused_daemonset: Vec<PassedOver>,
     /// What the pod gains.
     pub grants: Grants,
     /// Pool tolerations the pod brought itself and loses.
@@ -302,6 +305,7 @@ pub fn decide<P: PodSource + ?Sized>(input: &Input<'_, P>) -> Decision {
         let ds =
             daemonset::daemonset_grants(pod, input.policies, input.namespace, config, input.nodes);
         decision.denial = ds.denial;
+        decision.refused_daemonset = ds.refused_by;
         decision.applied = ds
             .grants
             .applied

@@ -174,6 +174,76 @@ pub fn build_patch<P: PodSource + ?Sized>(pod: &P, grants: &Grants) -> Patch {
     Patch(ops)
 }
 
+/// What the patch adds to `pod` of `grants`, item by item, as [`build_patch`]
+/// decides it: the rest the pod has already, or, for required expressions, its
+/// required node affinity matches no node and stays so
+/// ([`required_matches_no_node`]). `explain` marks what is new by it.
+///
+/// Each item is judged by the patch of that item alone, which adds it exactly
+/// when the whole patch does: the builder compares each item with the pod, never
+/// with the other grants, and a patch of no grants adds nothing.
+pub fn added<P: PodSource + ?Sized>(pod: &P, grants: &Grants) -> Grants {
+    let Ok(pod) = pod.view() else {
+        return Grants::default();
+    };
+    // Whether the patch of only the grants `set` makes adds anything to the pod.
+    let adds = |set: &dyn Fn(&mut Grants)| {
+        let mut alone = Grants::default();
+        set(&mut alone);
+        let mut sink = AddsAnything(false);
+        apply(&pod, &alone, &mut sink);
+        sink.0
+    };
+    fn kept<T: Clone>(items: &[T], adds: impl Fn(&T) -> bool) -> Vec<T> {
+        items.iter().filter(|i| adds(i)).cloned().collect()
+    }
+    Grants {
+        tolerations: kept(&grants.tolerations, |t| {
+            adds(&|g| g.tolerations = vec![t.clone()])
+        }),
+        required: kept(&grants.required, |r| {
+            adds(&|g| g.required = vec![r.clone()])
+        }),
+        preferred: kept(&grants.preferred, |p| {
+            adds(&|g| g.preferred = vec![p.clone()])
+        }),
+        scheduling_gates: kept(&grants.scheduling_gates, |n| {
+            adds(&|g| g.scheduling_gates = vec![n.clone()])
+        }),
+        pod_group: (grants.pod_group.clone()).filter(|n| adds(&|g| g.pod_group = Some(n.clone()))),
+        priority: (grants.priority.clone()).filter(|p| adds(&|g| g.priority = Some(p.clone()))),
+        scheduler_name: (grants.scheduler_name.clone())
+            .filter(|n| adds(&|g| g.scheduler_name = Some(n.clone()))),
+        applied: if adds(&|g| g.applied = grants.applied.clone()) {
+            grants.applied.clone()
+        } else {
+            Vec::new()
+        },
+        pinned_to: grants.pinned_to.clone(),
+    }
+}
+
+/// A sink that only notes whether the patch adds anything.
+struct AddsAnything(bool);
+
+impl Ops for AddsAnything {
+    fn add<V: Serialize + ?Sized>(&mut self, _: &[&str], _: &V) {
+        self.0 = true;
+    }
+
+    fn remove(&mut self, _: &[&str]) {}
+}
+
+/// Whether the pod's required node affinity matches no node (it has no terms,
+/// or only empty ones), so that berth adds none of its required expressions:
+/// it never makes a pod placeable where Kubernetes would place it nowhere.
+pub fn required_matches_no_node(pod: &PodView) -> bool {
+    pod.has(Part::RequiredNodeAffinity)
+        && pod
+            .required_term_list()
+            .is_none_or(|terms| terms.iter().all(is_empty_term))
+}
+
 /// The same operations as [`build_patch`], written as JSON text.
 pub fn write_patch(pod: &PodView, grants: &Grants) -> PatchText {
     let mut text = PatchText::default();
@@ -404,6 +474,9 @@ impl<O: Ops> Builder<'_, O> {
                 };
                 self.add_in(required, &["nodeSelectorTerms"], &[term]);
             }
+            return;
+        }
+        if required_matches_no_node(self.pod) {
             return;
         }
         let Some(terms) = self.pod.required_term_list() else {

@@ -631,6 +631,115 @@ fn dedicated_pools_take_daemonsets_only_from_the_namespaces_they_select() {
 }
 
 #[test]
+fn a_daemonset_pod_hears_which_pools_do_not_take_it_and_why() {
+    let set = mk_set(&[
+        cdn(),
+        mk_policy(
+            "gpu",
+            json!({"pool": {"nodeNames": ["node3"], "daemonSets": "Exclude"}}),
+        ),
+        mk_policy("batch", json!({"schedulerName": "batch"})),
+    ]);
+    let refused = |ns: &NamespaceInfo| {
+        let out = from_daemonset_controller(&daemonset_pod(), ns, &set);
+        (out.decision.refused_daemonset.into_iter())
+            .map(|r| (r.policy, r.why))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        refused(&NamespaceInfo::new("tenant")),
+        [
+            (
+                "cdn".to_owned(),
+                "it names no daemonSetNamespaces, so it takes kube-system's and those of the \
+                 namespaces that opt in, not tenant's"
+                    .to_owned()
+            ),
+            ("gpu".to_owned(), "daemonSets: Exclude".to_owned()),
+        ],
+        "every dedicated pool, none but them"
+    );
+    assert_eq!(
+        refused(&NamespaceInfo::new("kube-system")),
+        [("gpu".to_owned(), "daemonSets: Exclude".to_owned())]
+    );
+    let ordinary = admit(&mk_pod("nginx"), &NamespaceInfo::new("tenant"), &set);
+    assert!(ordinary.decision.refused_daemonset.is_empty());
+}
+
+/// zeta and alpha both name node2; zeta is the older, so it holds the node.
+fn two_pools_naming_node2() -> PolicySet {
+    let pool = |name: &str, created: &str| {
+        let mut policy = mk_policy(
+            name,
+            json!({"images": [format!("*{name}*")], "pool": {"nodeNames": ["node2"]}}),
+        );
+        policy.metadata.creation_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(created.parse().unwrap()),
+        );
+        policy
+    };
+    mk_set(&[
+        pool("zeta", "2026-01-01T00:00:00Z"),
+        pool("alpha", "2026-06-01T00:00:00Z"),
+    ])
+}
+
+#[test]
+fn a_node_claimed_twice_is_refused_in_the_name_of_the_pool_that_holds_it() {
+    let set = two_pools_naming_node2();
+    let mut pod = mk_pod("nginx");
+    pod["spec"]["nodeName"] = json!("node2");
+    let denial = |pod: &Value| admit(pod, &opted_in("zeta, alpha"), &set).decision.denial;
+    assert_eq!(
+        denial(&pod).as_deref(),
+        Some("spec.nodeName node2 is in dedicated pool zeta, which this pod is not entitled to")
+    );
+    pod["spec"]["containers"][0]["image"] = json!("zeta");
+    assert_eq!(
+        denial(&pod).as_deref(),
+        Some(
+            "spec.nodeName node2 is held by pool zeta but also named by dedicated pool alpha, \
+             which this pod is not entitled to; while both claim the node, it stays closed to \
+             what either refuses"
+        )
+    );
+    pod["spec"]["containers"][0]["image"] = json!("alpha");
+    assert_eq!(
+        denial(&pod).as_deref(),
+        Some("spec.nodeName node2 is in dedicated pool zeta, which this pod is not entitled to")
+    );
+    pod["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "b", "image": "zeta"}));
+    assert_eq!(denial(&pod), None, "entitled to both");
+
+    // A DaemonSet pod that tolerates every taint, made for node2, of a
+    // namespace that opts into one of them (whose DaemonSets that pool takes).
+    let for_node2 = |ns: &str| {
+        let out = from_daemonset_controller(&daemonset_pod(), &opted_in(ns), &set);
+        out.decision.denial.unwrap_or_default()
+    };
+    assert!(
+        for_node2("alpha").starts_with(
+            "DaemonSet pod for node node2: the node is in pool zeta, which does not take this \
+             DaemonSet ("
+        ),
+        "{}",
+        for_node2("alpha")
+    );
+    assert!(
+        for_node2("zeta").starts_with(
+            "DaemonSet pod for node node2: the node is held by pool zeta but also named by \
+             pool alpha, which does not take this DaemonSet ("
+        ),
+        "{}",
+        for_node2("zeta")
+    );
+}
+
+#[test]
 fn an_owner_reference_a_user_wrote_makes_no_daemonset_pod() {
     let set = mk_set(&[cdn()]);
     let mut pod = daemonset_pod();
