@@ -963,6 +963,15 @@ fn a_node_name_conflict_names_the_pool_that_holds_the_node() {
          stays closed to what either refuses."
     );
 
+    // Given the nodes, a denied pod lands on none, whatever fits.
+    let out = explain_conflict(&named, &["--nodes", "tests/data/nodes.yaml"]);
+    let text = stdout(&out);
+    assert!(
+        text.contains("The pod is denied: it is not created, so it lands on no node."),
+        "{text}"
+    );
+    assert!(!text.contains("may land on"), "{text}");
+
     // A DaemonSet pod made for node2 that tolerates every taint, of a namespace
     // that opts into zeta only: zeta takes its DaemonSets, alpha does not.
     let dir = std::env::temp_dir().join(format!("berth-conflict-{}", std::process::id()));

@@ -139,6 +139,11 @@ fn explain_nodes(
             "The pod fits no given node: on the {ruled_out_by_own_terms} its node affinity and \
              tolerations allow, its own pod (anti-)affinity leaves none; it would stay Pending."
         ),
+        // A pod berth refuses is never created: it lands on no node, whatever fits.
+        _ if decision.denial.is_some() => writeln!(
+            out,
+            "The pod is denied: it is not created, so it lands on no node."
+        ),
         [] => writeln!(out, "The pod fits no given node; it would stay Pending."),
         names => writeln!(out, "The pod may land on: {}.", names.join(", ")),
     };
