@@ -398,6 +398,6 @@ fuzz_target!(|data: &[u8]| {
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or("<unnamed>");
-    let text = explain(&input, name, &decision, patch.0.len(), None);
+    let text = explain(&input, name, &decision, None);
     assert!(!text.is_empty());
 });
