@@ -30,6 +30,12 @@ pub const IMAGES_ANNOTATION_PREFIX: &str = "berth.io/images.";
 pub const SCHEDULER_ANNOTATION: &str = "berth.io/scheduler-name";
 /// Annotation berth writes on a mutated pod: the applied policies, sorted.
 pub const APPLIED_ANNOTATION: &str = "berth.io/applied";
+/// The annotation of the PlacementPolicy the controller creates as a dry run to
+/// learn whether the apiserver reaches the webhook: `/validate` refuses every
+/// policy that carries it, with [`WEBHOOK_PROBE_ANSWER`].
+pub const WEBHOOK_PROBE_ANNOTATION: &str = "berth.io/webhook-probe";
+/// What `/validate` answers a webhook probe: the probe's proof that it was heard.
+pub const WEBHOOK_PROBE_ANSWER: &str = "berth's webhook answers";
 /// Scheduling gate on pods of `avoid` policies, removed by the controller when the
 /// pod may be placed without racing another pod it must avoid.
 pub const AVOID_GATE: &str = "berth.io/avoid";

@@ -80,6 +80,9 @@ pub struct Metrics {
     pub missed_evictions: Family<PolicyLabels, Counter>,
     /// 1 while this replica holds the controller Lease.
     pub leader: Gauge,
+    /// 1 when the leader's last probe found the apiserver reaching the webhook
+    /// (the missed scan evicts only then), 0 when it did not.
+    pub webhook_reachable: Gauge,
     /// Pods held by each of berth's scheduling gates now.
     pub gated_pods: Family<GateLabels, Gauge>,
     /// Seconds from creation to release, by the gate released.
@@ -133,6 +136,12 @@ impl Default for Metrics {
         let exclusion_clashes = PolicyGauge::default();
         let missed_evictions = Family::<PolicyLabels, Counter>::default();
         let leader = Gauge::default();
+        let webhook_reachable = Gauge::default();
+        registry.register(
+            "webhook_reachable",
+            "1 when the leader's last probe (a dry-run create through the apiserver) reached berth's webhook, 0 when not",
+            webhook_reachable.clone(),
+        );
         registry.register(
             "reconciles",
             "Controller passes over every node",
@@ -275,6 +284,7 @@ impl Default for Metrics {
             exclusion_clashes,
             missed_evictions,
             leader,
+            webhook_reachable,
             gated_pods,
             gated_seconds,
             gated_oldest_age_seconds,

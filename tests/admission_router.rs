@@ -283,6 +283,23 @@ fn policy_review(name: &str, spec: Value) -> Value {
 }
 
 #[tokio::test]
+async fn a_webhook_probe_is_answered_with_a_refusal_and_never_stored() {
+    // The controller's probe of the webhook path: a policy carrying the probe
+    // annotation, valid or not, is refused with berth's answer.
+    for spec in [
+        json!({"images": ["berth-webhook-probe"], "schedulerName": "s"}),
+        json!({"images": ["[bad"]}),
+    ] {
+        let mut request = policy_review("probe", spec);
+        request["request"]["object"]["metadata"]["annotations"] =
+            json!({names::WEBHOOK_PROBE_ANNOTATION: "dry run"});
+        let response = review("/validate", &request).await;
+        assert_eq!(response["allowed"], false);
+        assert_eq!(response["status"]["message"], names::WEBHOOK_PROBE_ANSWER);
+    }
+}
+
+#[tokio::test]
 async fn placement_policies_are_validated_beyond_the_schema() {
     let response = review(
         "/validate",

@@ -319,6 +319,18 @@ fn namespace_problems(object: &Value, policies: &PolicySet) -> Problems {
 /// PlacementPolicies: what the schema cannot check (globs, selectors, operators),
 /// and warnings for pools that claim nodes another pool already has.
 fn policy_problems(object: &Value, snapshot: &Snapshot) -> Problems {
+    // The controller's probe of the webhook path (controller::webhook_path): its
+    // answer is this refusal, and a probe is never stored.
+    if object
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object)
+        .is_some_and(|a| a.contains_key(crate::names::WEBHOOK_PROBE_ANNOTATION))
+    {
+        return Problems {
+            denial: Some(crate::names::WEBHOOK_PROBE_ANSWER.to_owned()),
+            warnings: Vec::new(),
+        };
+    }
     let policy = match PlacementPolicy::deserialize(object) {
         Ok(policy) => policy,
         Err(e) => {

@@ -11,6 +11,16 @@
 //! a few per scan. A replacement that comes back without it (the webhook still
 //! cannot be reached) stops that owner for a while instead of evicting its pods in
 //! a loop.
+//!
+//! Nothing is evicted until the apiserver is seen to reach the webhook
+//! ([`super::webhook_path`]), probed again at every scan that would evict: a
+//! replacement admitted while it cannot is missed again for no fault of its
+//! owner's, and would put the owner off for minutes (after every replica
+//! restarts, the leader may act before the Service has a ready endpoint). And a
+//! new leader takes up what the cluster shows of the last one's probes rather than
+//! probing again: an owner with a pod on its way out is waiting for a
+//! replacement, and one with a pod that came back with the decision lately is
+//! known to be seen by the webhook.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -21,6 +31,7 @@ use kube::runtime::events::EventType;
 
 use super::context::{Pass, Snapshot};
 use super::events::{Reported, event, reference_of};
+use super::webhook_path;
 use super::writes::Kind;
 use crate::cluster::Stores;
 use crate::objects::PodObject;
@@ -32,6 +43,9 @@ use crate::telemetry::PolicyLabels;
 const EVICTIONS_PER_SCAN: usize = 10;
 /// How often to look again while evictions are under way.
 const RESCAN: Duration = Duration::from_secs(2);
+/// How often to look again while the apiserver does not reach the webhook (each
+/// look probes it once).
+const UNREACHABLE_RESCAN: Duration = Duration::from_secs(5);
 /// How long a probe waits for its replacement.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long an owner whose replacement was missed again is left alone.
@@ -171,9 +185,34 @@ impl Missed {
                 owned.entry(owner).or_default().push(pod);
             }
         }
+        let now = Instant::now();
+        let wanting = by_owner.keys().any(|owner| match self.owners.get(*owner) {
+            Some(Owner::Backoff { until }) => now >= *until,
+            _ => true,
+        });
+        if !wanting {
+            return None;
+        }
+        let reachable = webhook_path::answers(pass.client).await;
+        pass.metrics.webhook_reachable.set(i64::from(reachable));
+        if !reachable {
+            // Reported, not evicted: look again soon, so the evictions start
+            // within seconds of the webhook's return.
+            return Some(UNREACHABLE_RESCAN);
+        }
+        let missed_keys: HashSet<String> = by_owner
+            .values()
+            .flatten()
+            .map(|(pod, _)| pod.key())
+            .collect();
         let mut budget = EVICTIONS_PER_SCAN;
         let mut again = false;
         for (owner, mut missed) in by_owner {
+            if !self.owners.contains_key(owner)
+                && let Some(state) = left_by_last_leader(&owned[owner], &missed_keys)
+            {
+                self.owners.insert(owner.to_owned(), state);
+            }
             // The oldest first: the pods that have run without the decision longest.
             missed.sort_by_key(|(p, _)| p.metadata.creation_timestamp.clone());
             let now = Instant::now();
@@ -237,6 +276,37 @@ impl Missed {
     }
 }
 
+/// What the cluster shows of an earlier leader's work on an owner whose pods are
+/// `owned` (`missed` holds the keys of the missed ones): a pod on its way out
+/// means a probe (or a rollout) is waiting for its replacement; a pod that came
+/// back with the decision within the probe's wait means the webhook sees this
+/// owner. `None`: nothing under way, probe anew.
+fn left_by_last_leader(owned: &[&PodObject], missed: &HashSet<String>) -> Option<Owner> {
+    if owned.iter().any(|p| p.is_terminating()) {
+        let known = owned
+            .iter()
+            .filter(|p| !p.is_terminating())
+            .map(|p| p.key())
+            .collect();
+        return Some(Owner::Probing {
+            known,
+            since: Instant::now(),
+        });
+    }
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let lately = |pod: &PodObject| {
+        pod.metadata
+            .creation_timestamp
+            .as_ref()
+            .and_then(|t| now.duration_since(t.0).try_into().ok())
+            .is_some_and(|age: Duration| age <= PROBE_TIMEOUT)
+    };
+    owned
+        .iter()
+        .any(|p| !missed.contains(&p.key()) && lately(p))
+        .then_some(Owner::Working)
+}
+
 /// Evicts `pod`, missed by `policy`; whether it went.
 async fn evict_one(
     pass: &Pass<'_>,
@@ -280,5 +350,54 @@ async fn evict_one(
             tracing::warn!(pod = %name, %namespace, error = %e, "cannot evict a missed pod");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, age_seconds: i64, terminating: bool) -> PodObject {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let created = now - k8s_openapi::jiff::SignedDuration::from_secs(age_seconds);
+        let mut metadata = json!({"name": name, "namespace": "ns", "uid": name,
+            "creationTimestamp": created.to_string()});
+        if terminating {
+            metadata["deletionTimestamp"] = json!(now.to_string());
+        }
+        serde_json::from_value(json!({"metadata": metadata, "spec": {}})).unwrap()
+    }
+
+    #[test]
+    fn a_new_leader_waits_for_the_replacement_of_a_pod_on_its_way_out() {
+        let (a, b, gone) = (
+            pod("a", 600, false),
+            pod("b", 600, false),
+            pod("c", 600, true),
+        );
+        let missed = HashSet::from([a.key(), b.key()]);
+        match left_by_last_leader(&[&a, &b, &gone], &missed) {
+            Some(Owner::Probing { known, .. }) => {
+                assert_eq!(known, HashSet::from([a.key(), b.key()]));
+            }
+            _ => panic!("a pod on its way out is a probe under way"),
+        }
+    }
+
+    #[test]
+    fn a_new_leader_takes_a_replacement_with_the_decision_as_the_probes_answer() {
+        let (a, fresh) = (pod("a", 600, false), pod("fresh", 10, false));
+        let missed = HashSet::from([a.key()]);
+        assert!(matches!(
+            left_by_last_leader(&[&a, &fresh], &missed),
+            Some(Owner::Working)
+        ));
+        // Old pods with the decision tell nothing of the webhook now; a fresh pod
+        // that was missed is no answer either.
+        let old = pod("old", 600, false);
+        assert!(left_by_last_leader(&[&a, &old], &missed).is_none());
+        let missed = HashSet::from([a.key(), fresh.key()]);
+        assert!(left_by_last_leader(&[&a, &fresh], &missed).is_none());
     }
 }

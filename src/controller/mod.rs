@@ -19,6 +19,7 @@ pub mod releaser;
 pub mod run;
 pub mod status;
 pub mod sweep;
+pub mod webhook_path;
 pub mod wishes;
 pub mod writer;
 pub mod writes;
