@@ -116,10 +116,11 @@ pub struct ServeArgs {
     /// other pods may still land on it.
     #[arg(long, env = "BERTH_NODE_QPS", default_value_t = 300)]
     pub node_qps: u32,
-    /// How long, in seconds, a released pod of an avoid policy that the scheduler
-    /// reports Unschedulable may hold the pods behind it before berth evicts it so
-    /// that its controller makes it again, behind them (only pods a ReplicaSet,
-    /// StatefulSet or ReplicationController remakes are evicted). 0: never.
+    /// How long, in seconds, a released pod of an avoid policy that no scheduler
+    /// has bound (counted from its release, whatever its conditions) may hold the
+    /// pods behind it: then berth evicts it if a ReplicaSet, StatefulSet or
+    /// ReplicationController makes it again (behind them), and sets any other
+    /// aside (it stops holding them). 0: never.
     #[arg(
         long,
         env = "BERTH_REQUEUE_UNSCHEDULABLE_SECONDS",

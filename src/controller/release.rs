@@ -203,6 +203,14 @@ pub async fn release_held_pods(
         &mut all,
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
     );
+    if let Some(after) = pass.options.requeue_unschedulable {
+        exclusion::set_aside(
+            &mut all,
+            after,
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
+        );
+        report_set_aside(pass, &all, reported);
+    }
     let policies = &snapshot.compiled.set;
     let plan = exclusion::plan(&all, policies, &*snapshot.namespaces, unseen, rooms);
     // Held now: gated and not released in this pass. (In a block: a set of
@@ -258,7 +266,11 @@ pub async fn release_held_pods(
             } => (
                 policy,
                 // Its own series once the scheduler cannot place the pod ahead.
-                if behind.unschedulable.is_some() {
+                if behind
+                    .unplaced
+                    .as_ref()
+                    .is_some_and(|(_, why)| why.is_some())
+                {
                     "HoldBehindUnplaceable"
                 } else {
                     "Hold"
@@ -269,9 +281,10 @@ pub async fn release_held_pods(
                     behind.namespace,
                     behind.name,
                     behind
-                        .unschedulable
+                        .unplaced
                         .as_ref()
-                        .map(|(_, why)| format!(" (the scheduler cannot place it: {why})"))
+                        .and_then(|(_, why)| why.as_ref())
+                        .map(|why| format!(" (the scheduler cannot place it: {why})"))
                         .unwrap_or_default()
                 ),
             ),
@@ -329,11 +342,39 @@ fn to_requeue<'a>(
     blockers
         .into_iter()
         .filter_map(|pod| {
-            let (since, why) = pod.unschedulable.as_ref()?;
+            let (since, why) = pod.unplaced.as_ref()?;
             let waited = now.duration_since(since.0).as_secs_f64();
-            (waited >= after.as_secs_f64()).then_some((pod, waited, why.as_str()))
+            let why = why.as_deref().unwrap_or(NOT_BOUND);
+            (waited >= after.as_secs_f64()).then_some((pod, waited, why))
         })
         .collect()
+}
+
+/// Why a released pod is not bound when the scheduler has not said: no
+/// scheduler has reported on it (one named by `schedulerName` that nobody runs).
+const NOT_BOUND: &str = "no scheduler has bound it or reported why";
+
+/// Tells each pod set aside ([`exclusion::set_aside`]) so, with a Warning Event:
+/// the pods it must avoid no longer wait behind it.
+fn report_set_aside(
+    pass: &Pass<'_>,
+    pods: &[ExclusionPod],
+    reported: &mut super::events::Reported,
+) {
+    for pod in pods.iter().filter(|p| p.set_aside) {
+        let why = pod
+            .unplaced
+            .as_ref()
+            .and_then(|(_, why)| why.as_deref())
+            .unwrap_or(NOT_BOUND);
+        let note = format!(
+            "set aside: released by {AVOID_GATE} and still not bound ({why}); it no longer holds              the pods it must avoid, which keep off its nodes by berth's labels"
+        );
+        let reference = pod_reference(&pod.namespace, &pod.name, pod.uid.as_deref());
+        let key = format!("set-aside/{}", pod.key());
+        let event = event(EventType::Warning, "SetAsideUnplaceable", "SetAside", note);
+        reported.publish(pass.events, key, event, &reference);
+    }
 }
 
 /// Sends to the back of the queue each pod that holds others back while the
@@ -639,14 +680,53 @@ mod tests {
                 "{owner}: not remade"
             );
         }
-        let placing = [
+        // Never reported Unschedulable (its scheduler may not exist): the wait
+        // counts from its release all the same.
+        let mut placing = [
             master("m0", false, None, "ReplicaSet"),
             master("m1", true, None, "ReplicaSet"),
         ];
-        assert!(
-            requeued(&placing, 120, &Everyone).is_empty(),
-            "not Unschedulable"
+        let mut released = exclusion::Released::default();
+        released.note_unplaceable(&mut placing, at("2026-11-25T12:09:00Z"));
+        assert!(requeued(&placing, 120, &Everyone).is_empty(), "not yet");
+        assert_eq!(
+            requeued(&placing, 30, &Everyone),
+            [format!("m0 60 {NOT_BOUND}")]
         );
+    }
+
+    #[test]
+    fn a_blocker_no_controller_makes_again_is_set_aside_after_the_wait() {
+        let policies = crate::policy::test_policies(&[(
+            "masters",
+            json!({"podSelector": {"matchLabels": {"role": "master"}},
+                "avoid": {"matchLabels": {"role": "master"}}}),
+        )]);
+        let at = |t: &str| Time(t.parse().unwrap());
+        let released_at = at("2026-11-25T12:00:00Z");
+        for (owner, after, set_aside) in [
+            ("", 120, true),
+            ("Job", 120, true),
+            ("", 900, false),
+            ("ReplicaSet", 120, false),
+        ] {
+            let mut pods = [
+                master("m0", false, None, owner),
+                master("m1", true, None, owner),
+            ];
+            let mut released = exclusion::Released::default();
+            released.note_unplaceable(&mut pods, released_at.clone());
+            exclusion::set_aside(
+                &mut pods,
+                Duration::from_secs(after),
+                at("2026-11-25T12:05:00Z"),
+            );
+            assert_eq!(pods[0].set_aside, set_aside, "{owner:?} after {after}s");
+            let plan =
+                exclusion::plan(&pods, &policies, &Everyone, &BTreeMap::new(), &Rooms::new());
+            let waits = plan.waiting.iter().any(|w| w.pod.name == "m1");
+            assert_eq!(waits, !set_aside, "{owner:?}: m1 waits behind m0");
+        }
     }
 
     fn held(terms: Value) -> ExclusionPod {

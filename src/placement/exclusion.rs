@@ -105,9 +105,14 @@ pub struct ExclusionPod {
     pub hosts: Option<BTreeSet<String>>,
     /// Held: what predicting where it fits needs, if the pod can be read.
     pub fit: Option<Fit>,
-    /// Released, unbound, and reported Unschedulable by the scheduler: since when
-    /// (as the controller saw it, [`Released::note_unplaceable`]), and its message.
-    pub unschedulable: Option<(Time, String)>,
+    /// Released and not bound: since when (as the leading controller first saw it
+    /// so, [`Released::note_unplaceable`]), and the scheduler's message if it
+    /// reported the pod Unschedulable (a pod for a scheduler nobody runs gets none).
+    pub unplaced: Option<(Time, Option<String>)>,
+    /// Released, not bound for longer than the controller's bound, and not one its
+    /// controller makes again: it no longer holds the pods it must avoid
+    /// ([`set_aside`]).
+    pub set_aside: bool,
     /// Whether its controller makes it again when it is deleted.
     pub remade: bool,
     pub resource_version: Option<String>,
@@ -148,10 +153,12 @@ impl ExclusionPod {
                 .then(|| required.and_then(confined_hosts))
                 .flatten(),
             fit: gate.and_then(|_| Fit::of(pod)),
-            unschedulable: (gate.is_none() && unbound)
-                .then(|| pod.unschedulable())
-                .flatten()
-                .map(|(since, message)| (since.clone(), message.to_owned())),
+            // Dated by note_unplaceable.
+            unplaced: (gate.is_none() && unbound).then(|| {
+                let message = pod.unschedulable().map(|(_, message)| message.to_owned());
+                (Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH), message)
+            }),
+            set_aside: false,
             remade: pod.is_remade_by_its_controller(),
             resource_version: meta.resource_version.clone(),
         })
@@ -341,7 +348,7 @@ fn holds_back<'p>(pod: &Entry<'_, 'p>, other: &Entry<'_, 'p>) -> Option<&'p Comp
 #[derive(Debug, Default)]
 pub struct Released {
     uncached: BTreeMap<String, Option<BTreeSet<String>>>,
-    /// When this controller first saw each released pod Unschedulable.
+    /// When this controller first saw each released pod unbound.
     unplaceable: BTreeMap<String, Time>,
 }
 
@@ -352,21 +359,21 @@ impl Released {
         self.uncached.insert(pod.key(), hosts);
     }
 
-    /// Dates each released pod's Unschedulable from when this controller first saw
-    /// it so, not from the condition's transition time: a gated pod's PodScheduled
-    /// is already False (SchedulingGated), and the scheduler keeps that time when
-    /// it reports Unschedulable, so the condition would date a pod that has just
-    /// failed once from its creation. (A new leader starts the wait over.)
+    /// Dates each released, unbound pod from when this controller first saw it
+    /// so, whatever its conditions: a pod for a scheduler nobody runs is never
+    /// reported Unschedulable, and a gated pod's PodScheduled is already False
+    /// (SchedulingGated) with a time the scheduler keeps. Nothing a tenant writes
+    /// on the pod moves the date. (A new leader starts the wait over.)
     pub fn note_unplaceable(&mut self, pods: &mut [ExclusionPod], now: Time) {
         let unplaceable: BTreeSet<String> = pods
             .iter()
-            .filter(|p| p.unschedulable.is_some())
+            .filter(|p| p.unplaced.is_some())
             .map(ExclusionPod::key)
             .collect();
         self.unplaceable.retain(|key, _| unplaceable.contains(key));
         for pod in pods.iter_mut() {
             let key = pod.key();
-            if let Some((since, _)) = pod.unschedulable.as_mut() {
+            if let Some((since, _)) = pod.unplaced.as_mut() {
                 *since = self
                     .unplaceable
                     .entry(key)
@@ -394,9 +401,32 @@ impl Released {
     }
 }
 
-/// Released but not bound yet.
+/// Released but not bound yet, and not set aside.
 fn in_flight(pod: &ExclusionPod) -> bool {
-    pod.gate.is_none() && pod.node.is_none() && !pod.other_gates
+    pod.gate.is_none() && pod.node.is_none() && !pod.other_gates && !pod.set_aside
+}
+
+/// Sets aside each released pod that no scheduler has bound `after` its release
+/// (as `now` dates it) and that its controller would not make again: it stops
+/// holding the pods it must avoid, which are released as if it were not there.
+/// The scheduler still keeps it off their nodes once they carry berth's labels
+/// (its own required affinity excludes them); only if it were bound in the moment
+/// between one of them binding and its node's label could two share a node, which
+/// the controller would report (`ExclusionBroken`). One its controller makes
+/// again is evicted instead (controller::release). Returns how many were set aside.
+pub fn set_aside(pods: &mut [ExclusionPod], after: std::time::Duration, now: Time) -> usize {
+    let mut count = 0;
+    for pod in pods.iter_mut().filter(|p| !p.remade) {
+        let waited = pod
+            .unplaced
+            .as_ref()
+            .map(|(since, _)| now.0.duration_since(since.0).as_secs_f64());
+        if waited.is_some_and(|w| w >= after.as_secs_f64()) {
+            pod.set_aside = true;
+            count += 1;
+        }
+    }
+    count
 }
 
 /// Whether the held `pod` must be narrowed off the node of `other`, bound there,
@@ -762,7 +792,8 @@ mod tests {
             other_gates: false,
             hosts: None,
             fit: None,
-            unschedulable: None,
+            unplaced: None,
+            set_aside: false,
             remade: true,
             resource_version: None,
         }
