@@ -637,11 +637,21 @@ pub fn plan<'a>(
         let (a, b) = (a.pod, b.pod);
         (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
     });
+    // A set names nodes by their hostname label, which a kubelet may set on its
+    // own Node: a node that copies another's would be let into that one's sets,
+    // and take a pod onto itself beside one it must avoid. So a hostname that two
+    // nodes carry names neither in a set.
+    let mut carriers: HashMap<&str, usize> = HashMap::new();
+    for room in rooms.values() {
+        if let Some(host) = room.info.labels.get(HOSTNAME_LABEL) {
+            *carriers.entry(host.as_str()).or_default() += 1;
+        }
+    }
     let nodes: Vec<_> = rooms
         .iter()
         .filter_map(|(name, room)| {
             let host = room.info.labels.get(HOSTNAME_LABEL)?;
-            Some((name.as_str(), host.as_str(), room))
+            (carriers[host.as_str()] == 1).then_some((name.as_str(), host.as_str(), room))
         })
         .collect();
     // Each pass starts where its oldest held pod points, not at the first node by
@@ -1140,6 +1150,29 @@ mod tests {
         ];
         let plan = plan(&pods, &masters(), &Everyone, &none(), &rooms);
         assert_eq!(hosts(&plan.release[0]), BTreeSet::from(["h04", "h05"]));
+    }
+
+    #[test]
+    fn a_hostname_two_nodes_carry_names_neither_in_a_set() {
+        // n05 copies n02's hostname (a kubelet may set it on its own Node); a master
+        // is bound to n02. A set naming h02 would let m1 onto n02 beside m0.
+        let mut rooms = nodes(6, 4.0);
+        std::sync::Arc::make_mut(&mut rooms.get_mut("n05").unwrap().info)
+            .labels
+            .insert(HOSTNAME_LABEL.into(), "h02".into());
+        for bound in ["n02", "n05"] {
+            let pods = vec![
+                pod("m0", "master", &["masters"], false, Some(bound)),
+                held_master("m1", json!({})),
+            ];
+            let plan = plan(&pods, &masters(), &Everyone, &none(), &rooms);
+            let set = hosts(&plan.release[0]);
+            assert!(
+                !set.contains("h02"),
+                "m0 on {bound}, m1 released onto {set:?}"
+            );
+            assert_eq!(set, BTreeSet::from(["h00", "h01", "h03", "h04"]));
+        }
     }
 
     /// A master released onto `hosts` (read back from its affinity), not bound yet.
