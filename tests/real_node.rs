@@ -433,6 +433,29 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
+/// Waits until twenty dry-run creates of a cdn pod in a row carry berth's
+/// decision (see the caller).
+async fn both_replicas_decide(client: &Client, ns: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let mut in_a_row = 0;
+    let deadline = Instant::now() + WAIT;
+    while in_a_row < 20 {
+        let decided = pods
+            .create(&dry_run, &cdn_pod("both", "probe"))
+            .await
+            .is_ok_and(|p| has_applied(&p, "cdn"));
+        in_a_row = if decided { in_a_row + 1 } else { 0 };
+        assert!(
+            Instant::now() < deadline,
+            "berth's replicas never both decided"
+        );
+    }
+}
+
 /// `berth serve` on the host, stopped when dropped.
 struct HostBerth(Child);
 
@@ -527,6 +550,10 @@ async fn the_chart_on_a_real_node_installs_upgrades_survives_and_uninstalls() {
     let decisions_before = metric_over_pods(&pods, "berth_decisions_total");
     let opted = fresh_namespace(&client, "real-cdn").await;
     opt_in(&client, &opted, "cdn", &cdn_pod("probe", "probe"), WAIT).await;
+    // Each replica's caches see the annotation in their own time, and the Service
+    // sends each review to either: twenty decided dry runs in a row have reached
+    // both (one replica alone would answer all twenty once in 500,000 tries).
+    both_replicas_decide(&client, &opted).await;
     let other = fresh_namespace(&client, "real-other").await;
     eventually("node2 in the cdn pool", WAIT, || async {
         node2_in_cdn_pool(&client).await.then_some(())
@@ -737,6 +764,24 @@ async fn the_chart_on_a_real_node_installs_upgrades_survives_and_uninstalls() {
         node2_in_cdn_pool(&client).await,
         "node2's labels and taints as the cdn policy says"
     );
+
+    // The liveness probe, over HTTPS with the client certificate required, never
+    // failed (the kubelet records each failure as an Event); nor did readiness
+    // once a replica was Ready, or the replica would have left the Service.
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), NAMESPACE);
+    let failed_liveness: Vec<_> = events
+        .list(&ListParams::default().fields("reason=Unhealthy"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.message)
+        .filter(|m| m.starts_with("Liveness probe failed"))
+        .collect();
+    assert!(failed_liveness.is_empty(), "{failed_liveness:?}");
+    for (name, pod) in berth_pods(&client).await {
+        assert_eq!(restarts(&pod), 0, "{name} restarted");
+    }
 
     // --- one review through the Service against the same on the host's url ---
     let through_service = review_times(&client, &opted, 100).await;
