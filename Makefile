@@ -3,7 +3,7 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 DEMO_DIR ?= $(CURDIR)/.demo
 
-.PHONY: demo demo-down test test-semantics test-faults soak lint bench bench-admission bench-cluster bench-room bench-missed fuzz static control-plane helm oracle tekton
+.PHONY: demo demo-down test test-semantics test-faults soak lint bench bench-admission bench-cluster bench-room bench-missed fuzz static control-plane helm oracle tekton real-node
 
 ## demo: start a local control plane with four nodes and show berth at work; leaves it running
 demo: control-plane
@@ -87,7 +87,7 @@ lint: helm
 	cargo fmt --all -- --check   # the fuzz target too: it is in the workspace
 	cargo clippy --locked --all-targets --features e2e,oracle -- -D warnings   # the end-to-end and differential tests too
 	cargo check --locked -p berth-fuzz   # keep the fuzz target compiling
-	for f in tests/cluster/{build,build-helm,build-oracle,build-tekton,tekton-up,up,down,add-nodes,component,berth-up,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
+	for f in tests/cluster/{build,build-helm,build-oracle,build-tekton,build-node,tekton-up,up,down,add-nodes,add-real-node,remove-real-node,load-image,berth-image,component,berth-up,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
 	test -z "$$(gofmt -l tests/cluster/oracle)" || { gofmt -l tests/cluster/oracle; exit 1; }
 	"$$(tests/cluster/build-helm)" lint --strict charts/berth
 
@@ -108,3 +108,8 @@ tekton:
 ## control-plane: build etcd and the Kubernetes binaries once, into ~/.cache/berth
 control-plane:
 	tests/cluster/build >/dev/null
+
+## real-node: build what a real test node runs once (kubelet, containerd, the CNI
+## plugins, pause; runc from the distribution), into ~/.cache/berth
+real-node:
+	tests/cluster/build-node >/dev/null

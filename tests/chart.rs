@@ -14,7 +14,6 @@ mod support;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use berth::names;
@@ -26,6 +25,7 @@ use kube::api::{Api, ListParams, PostParams};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use support::fixtures;
+use support::helm::{CHART, helm_command, succeeded};
 use support::{
     Nodes, TestCluster, cluster_script, eventually, fresh_namespace, has_applied, is_bound, opt_in,
     placed, repo_root, wait_for,
@@ -36,7 +36,6 @@ const NODES: Nodes = Nodes {
     prefix: "node",
 };
 const WAIT: Duration = Duration::from_secs(60);
-const CHART: &str = "charts/berth";
 /// Labels Helm's conventions add to every templated object; manifests/ has none.
 const HELM_LABELS: [&str; 4] = [
     "helm.sh/chart",
@@ -45,42 +44,8 @@ const HELM_LABELS: [&str; 4] = [
     "app.kubernetes.io/version",
 ];
 
-/// The helm binary, built once by `tests/cluster/build-helm`.
-fn helm_bin() -> &'static Path {
-    static HELM: OnceLock<PathBuf> = OnceLock::new();
-    HELM.get_or_init(|| PathBuf::from(cluster_script("build-helm", &[]).trim()))
-}
-
-/// helm's own folders (plugins, repositories, cache) under target/, never the
-/// user's; and a KUBECONFIG that does not exist unless `kubeconfig` is given.
-fn helm_command(kubeconfig: Option<&Path>) -> Command {
-    let home = repo_root().join("target/test-helm");
-    let mut command = Command::new(helm_bin());
-    command
-        .current_dir(repo_root())
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .env(
-            "KUBECONFIG",
-            kubeconfig.map_or_else(|| home.join("no-cluster"), Path::to_path_buf),
-        );
-    command
-}
-
 fn helm(args: &[&str]) -> Output {
     helm_command(None).args(args).output().expect("run helm")
-}
-
-fn succeeded(what: &str, output: Output) -> String {
-    assert!(
-        output.status.success(),
-        "{what} failed ({}):\n{}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// The objects of a YAML stream, empty documents left out.

@@ -2,8 +2,9 @@
 //! The `tests/cluster/` scripts themselves: two clusters run side by side, `down`
 //! stops exactly its own processes, kwok runs the pods bound to the fake nodes
 //! (which report the resources a kubelet would, ephemeral-storage included),
-//! `component` stops and starts one part, and bad arguments fail with a clear
-//! message.
+//! `component` stops and starts one part, a real node (`add-real-node`) runs pods
+//! beside the fake ones and `down` leaves nothing of it behind, and bad arguments
+//! fail with a clear message.
 
 mod support;
 
@@ -128,6 +129,15 @@ fn scripts_reject_bad_arguments_with_a_clear_message() {
         script_fails("add-nodes", &[&dir, "2", "--prefix", "Bad_Name"])
             .contains("not a valid node name")
     );
+    assert!(script_fails("add-real-node", &[]).contains("usage: add-real-node DIR"));
+    assert!(script_fails("add-real-node", &[&dir]).contains("no cluster in"));
+    assert!(
+        script_fails("add-real-node", &[&dir, "--name", "Bad_Name"])
+            .contains("not a valid node name")
+    );
+    assert!(script_fails("load-image", &[]).contains("usage: load-image DIR [TAG]"));
+    assert!(script_fails("load-image", &[&dir]).contains("no real node in"));
+    assert!(script_fails("load-image", &[&dir, "bad tag"]).contains("not a valid image tag"));
 }
 
 /// The phase and Ready condition of pod `name`, as `Running/True`.
@@ -244,4 +254,160 @@ fn tempfile_dir(purpose: &str) -> std::path::PathBuf {
         .join(format!("{purpose}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("create test folder");
     dir
+}
+
+/// The `KEY=VALUE` lines add-real-node keeps in DIR/node/env.
+fn node_env(dir: &Path) -> std::collections::BTreeMap<String, String> {
+    std::fs::read_to_string(dir.join("node/env"))
+        .expect("node/env")
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// What a real node of `env` has on this machine: its processes (kubelet,
+/// containerd, shims, and those in its cgroups), mounts, network interfaces,
+/// cgroup folders, DNAT rule and run folder, one line each.
+fn real_node_traces(dir: &Path, env: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+    let mut traces = Vec::new();
+    let bin = &env["bin"];
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(exe) = std::fs::read_link(entry.path().join("exe"))
+            && exe.starts_with(bin)
+        {
+            let pid = entry.file_name();
+            traces.push(format!(
+                "process {} {}",
+                pid.to_string_lossy(),
+                exe.display()
+            ));
+        }
+    }
+    let node = dir.join("node");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    for line in mounts.lines() {
+        let point = line.split(' ').nth(4).unwrap_or_default();
+        if point.starts_with(&env["run"]) || Path::new(point).starts_with(&node) {
+            traces.push(format!("mount {point}"));
+        }
+    }
+    let links = Command::new("ip")
+        .args(["-o", "link", "show"])
+        .output()
+        .unwrap();
+    for line in String::from_utf8_lossy(&links.stdout).lines() {
+        if line.contains(&env["bridge"]) {
+            traces.push(format!("interface {line}"));
+        }
+    }
+    for entry in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        let root = entry
+            .path()
+            .join(env["cgroup_root"].trim_start_matches('/'));
+        if root.exists() {
+            traces.push(format!("cgroup {}", root.display()));
+        }
+    }
+    let own = Path::new("/sys/fs/cgroup").join(env["cgroup_root"].trim_start_matches('/'));
+    if own.exists()
+        && !traces
+            .iter()
+            .any(|t| t.ends_with(&own.display().to_string()))
+    {
+        traces.push(format!("cgroup {}", own.display()));
+    }
+    let rules = Command::new("iptables")
+        .args(["-t", "nat", "-S"])
+        .output()
+        .unwrap();
+    for line in String::from_utf8_lossy(&rules.stdout).lines() {
+        if line.contains(&format!("berth-test-{}", env["id"])) {
+            traces.push(format!("rule {line}"));
+        }
+    }
+    if Path::new(&env["run"]).exists() {
+        traces.push(format!("folder {}", env["run"]));
+    }
+    traces
+}
+
+#[tokio::test]
+async fn a_real_node_runs_pods_beside_kwok_and_down_leaves_nothing_behind() {
+    let dir = tempfile_dir("real");
+    let arg = dir.to_string_lossy().into_owned();
+    cluster_script("up", &[&arg]);
+    cluster_script("add-nodes", &[&arg, "1", "--prefix", "fake"]);
+    let out = cluster_script("add-real-node", &[&arg]);
+    let name = out.lines().last().unwrap().trim().to_owned();
+    assert_eq!(name, "real1");
+    let env = node_env(&dir);
+    let client = client_for(&dir.join("kubeconfig")).await;
+
+    // The real node is its kubelet's (containerd reported as its runtime), not
+    // kwok's; the fake one stays kwok's.
+    let nodes: Api<Node> = Api::all(client.clone());
+    let runtime = |node: Node| {
+        let status = node.status.unwrap();
+        let ready = status
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        (ready, status.node_info.unwrap().container_runtime_version)
+    };
+    let (ready, version) = runtime(nodes.get(&name).await.unwrap());
+    assert!(ready, "{name} Ready");
+    assert!(version.starts_with("containerd://2."), "{name}: {version}");
+    let (ready, version) = runtime(nodes.get("fake1").await.unwrap());
+    assert!(ready, "fake1 Ready");
+    assert!(!version.starts_with("containerd://"), "fake1: {version}");
+
+    // A pod on it runs in a container, with an address on the node's pod network.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pause = format!("registry.berth.test/pause:{}", k8s_version());
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "on-real"},
+        "spec": {"nodeName": name, "containers": [
+            {"name": "pause", "image": pause, "imagePullPolicy": "Never"}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let ip = eventually(
+        "the pod Running with an IP",
+        Duration::from_secs(60),
+        || async {
+            let pod = pods.get("on-real").await.ok()?;
+            let status = pod.status?;
+            (status.phase.as_deref() == Some("Running")).then_some(status.pod_ip?)
+        },
+    )
+    .await;
+    let subnet = env["subnet"].trim_end_matches("0/24");
+    assert!(
+        ip.starts_with(subnet),
+        "pod IP {ip} outside {}",
+        env["subnet"]
+    );
+    let before = real_node_traces(&dir, &env);
+    for kind in ["process", "mount", "interface", "cgroup", "rule", "folder"] {
+        assert!(
+            before.iter().any(|t| t.starts_with(kind)),
+            "no {kind} of the real node seen while it runs: {before:#?}"
+        );
+    }
+
+    cluster_script("down", &[&arg]);
+    let after = real_node_traces(&dir, &env);
+    assert!(after.is_empty(), "down left behind: {after:#?}");
+}
+
+/// The Kubernetes version the cluster scripts pin (lib.sh).
+fn k8s_version() -> String {
+    let lib = std::fs::read_to_string(repo_root().join("tests/cluster/lib.sh")).unwrap();
+    lib.lines()
+        .find_map(|l| l.strip_prefix("K8S_VERSION=\""))
+        .and_then(|v| v.strip_suffix('"'))
+        .expect("K8S_VERSION in lib.sh")
+        .to_owned()
 }

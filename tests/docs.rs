@@ -464,3 +464,125 @@ fn the_contract_lists_every_flag_of_berth_serve_and_no_other() {
         "docs/contract.md's table of `berth serve` flags and `berth serve --help` differ"
     );
 }
+
+/// The image the tests build without a container engine (`tests/cluster/berth-image`,
+/// loaded into a real node by `load-image`) has the Dockerfile's binary path, user,
+/// entrypoint, command and ports: the release image and the tested one are the same.
+#[test]
+fn the_tests_image_is_the_dockerfiles() {
+    let dockerfile = read(&repo().join("Dockerfile"));
+    // The final stage: from its FROM line on.
+    let stage = dockerfile
+        .rsplit_once("\nFROM ")
+        .map(|(_, s)| s)
+        .expect("a final stage");
+    let instruction = |name: &str| -> String {
+        stage
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in the Dockerfile's final stage"))
+            .trim()
+            .to_owned()
+    };
+    let copied = instruction("COPY");
+    let binary = copied.split_whitespace().last().unwrap().to_owned();
+    let json_list = |text: String| -> Vec<String> {
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"))
+    };
+    let ports: BTreeSet<String> = instruction("EXPOSE")
+        .split_whitespace()
+        .map(|p| format!("{p}/tcp"))
+        .collect();
+
+    let dir = tempdir("image");
+    let fake = dir.join("berth");
+    std::fs::write(&fake, b"not a real binary").unwrap();
+    let tar = dir.join("berth.tar");
+    let out = Command::new(repo().join("tests/cluster/berth-image"))
+        .arg(&tar)
+        .arg("check")
+        .arg(&fake)
+        .output()
+        .expect("run berth-image");
+    assert!(
+        out.status.success(),
+        "berth-image: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The image's config blob, and the layer's file list, from the OCI layout.
+    let listing = Command::new("tar").arg("-tf").arg(&tar).output().unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout).into_owned();
+    let blobs: Vec<Vec<u8>> = listing
+        .lines()
+        .filter(|l| l.starts_with("blobs/sha256/"))
+        .map(|l| {
+            Command::new("tar")
+                .arg("-xOf")
+                .arg(&tar)
+                .arg(l)
+                .output()
+                .unwrap()
+                .stdout
+        })
+        .collect();
+    let config: Value = blobs
+        .iter()
+        .filter_map(|b| serde_json::from_slice::<Value>(b).ok())
+        .find(|v| v.get("rootfs").is_some())
+        .expect("an image config");
+    let config = &config["config"];
+    assert_eq!(config["User"], instruction("USER"), "user");
+    assert_eq!(
+        config["Entrypoint"],
+        serde_json::json!(json_list(instruction("ENTRYPOINT"))),
+        "entrypoint"
+    );
+    assert_eq!(
+        config["Cmd"],
+        serde_json::json!(json_list(instruction("CMD"))),
+        "command"
+    );
+    let exposed: BTreeSet<String> = config["ExposedPorts"]
+        .as_object()
+        .expect("exposed ports")
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(exposed, ports, "ports");
+    assert_eq!(
+        config["Entrypoint"][0].as_str(),
+        Some(binary.as_str()),
+        "the entrypoint is the binary the Dockerfile copies"
+    );
+    // The binary is at that path in the layer, and there is no shell.
+    let layer = blobs
+        .iter()
+        .find(|b| b.starts_with(&[0x1f, 0x8b]))
+        .expect("a gzipped layer");
+    let layer_path = dir.join("layer.tar.gz");
+    std::fs::write(&layer_path, layer).unwrap();
+    let files = Command::new("tar")
+        .arg("-tzf")
+        .arg(&layer_path)
+        .output()
+        .unwrap();
+    let files = String::from_utf8_lossy(&files.stdout).into_owned();
+    assert!(
+        files.lines().any(|f| f == binary.trim_start_matches('/')),
+        "{binary} in the layer: {files}"
+    );
+    assert!(
+        !files.lines().any(|f| f.ends_with("bin/sh")),
+        "a shell in the image: {files}"
+    );
+}
+
+/// A fresh folder under target/ for one test.
+fn tempdir(purpose: &str) -> PathBuf {
+    let dir = repo()
+        .join("target/test-docs")
+        .join(format!("{purpose}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

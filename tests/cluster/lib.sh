@@ -144,3 +144,17 @@ stop_process() {
 		sleep 0.1
 	done
 }
+
+# The real test node (build-node, add-real-node): containerd and the CNI plugins
+# built from node/go.mod, the kubelet from this folder's go.mod, pause from the
+# Kubernetes module's own source, runc from the distribution. They must match
+# node/go.mod.
+CONTAINERD_VERSION="v2.4.2"
+CNI_PLUGINS_VERSION="v1.10.0"
+NODE_BIN="$BERTH_CACHE/node-$K8S_VERSION-containerd-$CONTAINERD_VERSION-cni-$CNI_PLUGINS_VERSION/bin"
+# The real node's sandbox image (made by add-real-node from build-node's pause),
+# and the label that keeps kwok from managing the real node.
+PAUSE_IMAGE="registry.berth.test/pause:$K8S_VERSION"
+REAL_NODE_LABEL="berth.io/real-node"
+# berth's image on the real node (load-image).
+BERTH_IMAGE_REPOSITORY="registry.berth.test/berth"

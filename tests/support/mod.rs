@@ -10,6 +10,7 @@ pub mod attacks;
 pub mod audit;
 pub mod fixtures;
 pub mod fleet;
+pub mod helm;
 pub mod load;
 pub mod proxy;
 
