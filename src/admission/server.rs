@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use super::handlers::Trust;
 use super::share::FairShare;
 use crate::telemetry::{KindLabels, Metrics};
 
@@ -64,6 +65,10 @@ pub struct Connections {
     /// How long shutdown waits for open connections to finish.
     pub grace: Duration,
     pub metrics: Arc<Metrics>,
+    /// Who may send reviews: once a connection's client is seen to be trusted
+    /// (the door is locked, and it holds the key), no other peer takes its
+    /// connection.
+    pub trust: Trust,
 }
 
 impl Connections {
@@ -72,7 +77,19 @@ impl Connections {
             share: FairShare::new(max.max(1) as u64),
             grace,
             metrics,
+            trust: Trust::default(),
         }
+    }
+
+    /// These connections, whose clients `trust` admits keep their connections.
+    pub fn trusting(self, trust: Trust) -> Self {
+        Connections { trust, ..self }
+    }
+
+    /// Whether `caller`'s connection is kept from other peers: only behind a
+    /// locked door (an open one trusts everyone, and then shares fairly).
+    fn protects(&self, caller: &Caller) -> bool {
+        !self.trust.is_open() && self.trust.admits(caller)
     }
 }
 
@@ -81,7 +98,8 @@ impl Connections {
 ///
 /// Each connection holds one unit of its peer's share from accept to close: a
 /// peer with no share left is closed at once, and a connection whose unit is
-/// taken by a peer holding less is closed. What a connection may buffer is
+/// taken by a peer holding less is closed. Once its handshake shows a client the
+/// door trusts, its unit is protected: no peer takes it, however many there are. What a connection may buffer is
 /// bounded by its HTTP/2 windows or its HTTP/1 buffer, so what all of them buffer
 /// is bounded by the number of connections.
 pub async fn serve_tls(
@@ -127,6 +145,7 @@ pub async fn serve_tls(
         let app = app.clone();
         let watcher = graceful.watcher();
         let metrics = metrics.clone();
+        let connections = connections.clone();
         tokio::spawn(async move {
             metrics.connections.inc();
             let serving = async {
@@ -146,6 +165,9 @@ pub async fn serve_tls(
                     addr: peer.ip().to_canonical(),
                     certified: stream.get_ref().1.peer_certificates().is_some(),
                 };
+                if connections.protects(&caller) {
+                    hold.protect();
+                }
                 let service = TowerToHyperService::new(tower::ServiceExt::map_request(
                     app,
                     move |mut request: axum::http::Request<hyper::body::Incoming>| {
