@@ -13,7 +13,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::routing::{get, post};
-use berth::admission::server::{Connections, bind, serve_tls};
+use berth::admission::server::{Connections, bind, serve_plain, serve_tls};
 use berth::admission::tls::ReloadingCert;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -751,4 +751,57 @@ async fn more_addresses_than_connections_keep_none_from_the_apiserver() {
         metrics.contains("berth_connections 4"),
         "never more than the bound:\n{metrics}"
     );
+}
+
+/// The metrics port is plain HTTP that a `hostNetwork` pod reaches whatever the
+/// NetworkPolicy says. A tenant opening connections there and sending nothing
+/// holds a bounded number of them (each is a file descriptor and a task of
+/// berth's, whose webhook and controller need theirs), and Prometheus, on an
+/// address of its own, still scrapes.
+#[tokio::test]
+async fn the_metrics_port_holds_a_bounded_number_of_idle_connections() {
+    let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new().route("/metrics", get(|| async { "berth_up 1\n" }));
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(serve_plain(listener, app, shutdown.clone()));
+    let connect_from = |from: [u8; 4]| async move {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((from, 0))).unwrap();
+        socket.connect(addr).await.unwrap()
+    };
+    let mut idle = Vec::new();
+    for _ in 0..200 {
+        idle.push(connect_from([127, 0, 0, 2]).await);
+    }
+    let mut prometheus = connect_from([127, 0, 0, 1]).await;
+    prometheus
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: berth\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut scraped = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        prometheus.read_to_string(&mut scraped),
+    )
+    .await
+    .expect("scraped in time")
+    .unwrap();
+    assert!(scraped.contains("berth_up 1"), "{scraped}");
+    // A connection berth closed reads its end; one it holds has nothing to read.
+    let mut open = 0;
+    for tcp in &mut idle {
+        let mut byte = [0; 1];
+        match tokio::time::timeout(Duration::from_millis(20), tcp.read(&mut byte)).await {
+            Err(_) => open += 1,
+            Ok(Ok(0)) | Ok(Err(_)) => {}
+            Ok(Ok(_)) => panic!("an answer to nothing"),
+        }
+    }
+    assert!(open <= 16, "{open} of 200 idle connections held open");
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the metrics server stops")
+        .unwrap();
 }

@@ -272,13 +272,59 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Unvectored<S> {
     }
 }
 
-/// Serves `app` over plain HTTP (the metrics port) until `shutdown` is cancelled.
+/// Connections the metrics port holds at once, shared fairly among addresses:
+/// Prometheus needs one or two. The port is plain HTTP that a `hostNetwork` pod
+/// reaches whatever the NetworkPolicy says, and each connection is a file
+/// descriptor and a task of the process that serves the webhook.
+const METRICS_CONNECTIONS: u64 = 16;
+/// What a metrics connection buffers of a request (a scrape is a few headers).
+const METRICS_BUFFER: usize = 16 * 1024;
+
+/// Serves `app` over plain HTTP/1 (the metrics port) until `shutdown` is
+/// cancelled: at most [`METRICS_CONNECTIONS`] at once, shared fairly among
+/// addresses, each closed when it sends no request for [`HEADER_TIMEOUT`].
 pub async fn serve_plain(listener: TcpListener, app: Router, shutdown: CancellationToken) {
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
-    if let Err(e) = result {
-        tracing::warn!(error = %e, "metrics server stopped");
+    let share = FairShare::new(METRICS_CONNECTIONS);
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let Some(hold) = share.take(peer.ip(), 1) else {
+            tracing::debug!(%peer, "metrics connection refused: its peer holds its share");
+            continue;
+        };
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_TIMEOUT)
+            .max_buf_size(METRICS_BUFFER);
+        let connection = graceful.watch(
+            builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone())),
+        );
+        tokio::spawn(async move {
+            tokio::select! {
+                result = connection => if let Err(e) = result {
+                    tracing::debug!(%peer, error = %e, "metrics connection ended with an error");
+                },
+                () = hold.revoked() => {}
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(HEADER_TIMEOUT, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::debug!("metrics connections still open at shutdown; closing");
     }
 }
 
