@@ -13,7 +13,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::routing::{get, post};
-use berth::admission::server::{Connections, bind, serve_tls};
+use berth::admission::server::{Connections, bind, serve_plain, serve_tls};
 use berth::admission::tls::ReloadingCert;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -33,6 +33,8 @@ struct Served {
     shutdown: CancellationToken,
     server: JoinHandle<()>,
     connector: TlsConnector,
+    /// A client that trusts the server and presents no certificate.
+    anonymous: TlsConnector,
     dir: PathBuf,
     metrics: Arc<berth::telemetry::Metrics>,
 }
@@ -84,13 +86,21 @@ impl Served {
             cert.server_config(client_ca_path.as_deref()).unwrap(),
             app,
             shutdown.clone(),
-            Connections::new(max_connections, Duration::from_secs(5), metrics.clone()),
+            Connections::new(max_connections, Duration::from_secs(5), metrics.clone()).trusting(
+                berth::admission::handlers::Trust {
+                    client_certificate: client_ca.is_some(),
+                    addresses: Vec::new(),
+                },
+            ),
         ));
         let mut roots = rustls::RootCertStore::empty();
         roots
             .add(CertificateDer::from_pem_slice(issued.ca_pem.as_bytes()).unwrap())
             .unwrap();
-        let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+        let builder = rustls::ClientConfig::builder().with_root_certificates(roots.clone());
+        let anonymous = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
         let mut config = match client {
             None => builder.with_no_client_auth(),
             Some((cert, key)) => builder
@@ -106,6 +116,7 @@ impl Served {
             shutdown,
             server,
             connector: TlsConnector::from(Arc::new(config)),
+            anonymous: TlsConnector::from(Arc::new(anonymous)),
             dir,
             metrics,
         }
@@ -114,10 +125,23 @@ impl Served {
     /// A new TLS connection to the server from the local address `from`, or why
     /// it failed.
     async fn connect_from(&self, from: [u8; 4]) -> std::io::Result<TlsStream<TcpStream>> {
+        self.connect_with(&self.connector, from).await
+    }
+
+    /// [`Served::connect_from`] by a client that presents no certificate.
+    async fn connect_anonymous_from(&self, from: [u8; 4]) -> std::io::Result<TlsStream<TcpStream>> {
+        self.connect_with(&self.anonymous, from).await
+    }
+
+    async fn connect_with(
+        &self,
+        connector: &TlsConnector,
+        from: [u8; 4],
+    ) -> std::io::Result<TlsStream<TcpStream>> {
         let socket = tokio::net::TcpSocket::new_v4()?;
         socket.bind(SocketAddr::from((from, 0)))?;
         let tcp = socket.connect(self.addr).await?;
-        self.connector
+        connector
             .connect(ServerName::try_from("berth.berth-system.svc").unwrap(), tcp)
             .await
     }
@@ -669,4 +693,115 @@ async fn connections_are_shared_fairly_among_the_addresses_that_open_them() {
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
+}
+
+/// A tenant with more addresses than berth has connections (its pods, or a
+/// `hostNetwork` DaemonSet on every node), each holding one connection it opened
+/// without a certificate: the apiserver, holding none, still gets one, and no
+/// number of new addresses takes it back once its certificate is seen.
+#[tokio::test]
+async fn more_addresses_than_connections_keep_none_from_the_apiserver() {
+    let (ca, cert, key) = client_pki("kube-apiserver");
+    let served = Served::start_limited(
+        "many-addresses",
+        berth_app(true),
+        &[],
+        Some(&ca),
+        Some((&cert, &key)),
+        4,
+    )
+    .await;
+    let mut tenant = Vec::new();
+    for last in 2..6 {
+        let mut tls = served
+            .connect_anonymous_from([127, 0, 0, last])
+            .await
+            .unwrap();
+        assert!(healthz(&mut tls).await.unwrap().starts_with("HTTP/1.1 200"));
+        tenant.push(tls);
+    }
+    let answer = match served.connect_from([127, 0, 0, 1]).await {
+        Ok(mut apiserver) => {
+            let answer = healthz(&mut apiserver).await;
+            tenant.push(apiserver);
+            answer
+        }
+        Err(e) => Err(e),
+    };
+    let mut apiserver = tenant.pop().unwrap();
+    assert!(
+        answer.as_ref().is_ok_and(|a| a.starts_with("HTTP/1.1 200")),
+        "the apiserver's connection is refused: {answer:?}"
+    );
+    // More of the tenant's addresses, each holding less than the others: they
+    // take the tenant's connections, never the apiserver's.
+    for last in 6..20 {
+        if let Ok(mut tls) = served.connect_anonymous_from([127, 0, 0, last]).await {
+            healthz(&mut tls).await.ok();
+            tenant.push(tls);
+        }
+    }
+    let answer = healthz(&mut apiserver).await;
+    assert!(
+        answer.as_ref().is_ok_and(|a| a.starts_with("HTTP/1.1 200")),
+        "the apiserver's connection was taken: {answer:?}"
+    );
+    let metrics = served.metrics.encode();
+    assert!(
+        metrics.contains("berth_connections 4"),
+        "never more than the bound:\n{metrics}"
+    );
+}
+
+/// The metrics port is plain HTTP that a `hostNetwork` pod reaches whatever the
+/// NetworkPolicy says. A tenant opening connections there and sending nothing
+/// holds a bounded number of them (each is a file descriptor and a task of
+/// berth's, whose webhook and controller need theirs), and Prometheus, on an
+/// address of its own, still scrapes.
+#[tokio::test]
+async fn the_metrics_port_holds_a_bounded_number_of_idle_connections() {
+    let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = Router::new().route("/metrics", get(|| async { "berth_up 1\n" }));
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(serve_plain(listener, app, shutdown.clone()));
+    let connect_from = |from: [u8; 4]| async move {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((from, 0))).unwrap();
+        socket.connect(addr).await.unwrap()
+    };
+    let mut idle = Vec::new();
+    for _ in 0..200 {
+        idle.push(connect_from([127, 0, 0, 2]).await);
+    }
+    let mut prometheus = connect_from([127, 0, 0, 1]).await;
+    prometheus
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: berth\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut scraped = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        prometheus.read_to_string(&mut scraped),
+    )
+    .await
+    .expect("scraped in time")
+    .unwrap();
+    assert!(scraped.contains("berth_up 1"), "{scraped}");
+    // A connection berth closed reads its end; one it holds has nothing to read.
+    let mut open = 0;
+    for tcp in &mut idle {
+        let mut byte = [0; 1];
+        match tokio::time::timeout(Duration::from_millis(20), tcp.read(&mut byte)).await {
+            Err(_) => open += 1,
+            Ok(Ok(0)) | Ok(Err(_)) => {}
+            Ok(Ok(_)) => panic!("an answer to nothing"),
+        }
+    }
+    assert!(open <= 16, "{open} of 200 idle connections held open");
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the metrics server stops")
+        .unwrap();
 }

@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use super::handlers::Trust;
 use super::share::FairShare;
 use crate::telemetry::{KindLabels, Metrics};
 
@@ -64,6 +65,10 @@ pub struct Connections {
     /// How long shutdown waits for open connections to finish.
     pub grace: Duration,
     pub metrics: Arc<Metrics>,
+    /// Who may send reviews: once a connection's client is seen to be trusted
+    /// (the door is locked, and it holds the key), no other peer takes its
+    /// connection.
+    pub trust: Trust,
 }
 
 impl Connections {
@@ -72,7 +77,19 @@ impl Connections {
             share: FairShare::new(max.max(1) as u64),
             grace,
             metrics,
+            trust: Trust::default(),
         }
+    }
+
+    /// These connections, whose clients `trust` admits keep their connections.
+    pub fn trusting(self, trust: Trust) -> Self {
+        Connections { trust, ..self }
+    }
+
+    /// Whether `caller`'s connection is kept from other peers: only behind a
+    /// locked door (an open one trusts everyone, and then shares fairly).
+    fn protects(&self, caller: &Caller) -> bool {
+        !self.trust.is_open() && self.trust.admits(caller)
     }
 }
 
@@ -81,7 +98,8 @@ impl Connections {
 ///
 /// Each connection holds one unit of its peer's share from accept to close: a
 /// peer with no share left is closed at once, and a connection whose unit is
-/// taken by a peer holding less is closed. What a connection may buffer is
+/// taken by a peer holding less is closed. Once its handshake shows a client the
+/// door trusts, its unit is protected: no peer takes it, however many there are. What a connection may buffer is
 /// bounded by its HTTP/2 windows or its HTTP/1 buffer, so what all of them buffer
 /// is bounded by the number of connections.
 pub async fn serve_tls(
@@ -127,6 +145,7 @@ pub async fn serve_tls(
         let app = app.clone();
         let watcher = graceful.watcher();
         let metrics = metrics.clone();
+        let connections = connections.clone();
         tokio::spawn(async move {
             metrics.connections.inc();
             let serving = async {
@@ -146,6 +165,9 @@ pub async fn serve_tls(
                     addr: peer.ip().to_canonical(),
                     certified: stream.get_ref().1.peer_certificates().is_some(),
                 };
+                if connections.protects(&caller) {
+                    hold.protect();
+                }
                 let service = TowerToHyperService::new(tower::ServiceExt::map_request(
                     app,
                     move |mut request: axum::http::Request<hyper::body::Incoming>| {
@@ -250,13 +272,59 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Unvectored<S> {
     }
 }
 
-/// Serves `app` over plain HTTP (the metrics port) until `shutdown` is cancelled.
+/// Connections the metrics port holds at once, shared fairly among addresses:
+/// Prometheus needs one or two. The port is plain HTTP that a `hostNetwork` pod
+/// reaches whatever the NetworkPolicy says, and each connection is a file
+/// descriptor and a task of the process that serves the webhook.
+const METRICS_CONNECTIONS: u64 = 16;
+/// What a metrics connection buffers of a request (a scrape is a few headers).
+const METRICS_BUFFER: usize = 16 * 1024;
+
+/// Serves `app` over plain HTTP/1 (the metrics port) until `shutdown` is
+/// cancelled: at most [`METRICS_CONNECTIONS`] at once, shared fairly among
+/// addresses, each closed when it sends no request for [`HEADER_TIMEOUT`].
 pub async fn serve_plain(listener: TcpListener, app: Router, shutdown: CancellationToken) {
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
-    if let Err(e) = result {
-        tracing::warn!(error = %e, "metrics server stopped");
+    let share = FairShare::new(METRICS_CONNECTIONS);
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let Some(hold) = share.take(peer.ip(), 1) else {
+            tracing::debug!(%peer, "metrics connection refused: its peer holds its share");
+            continue;
+        };
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_TIMEOUT)
+            .max_buf_size(METRICS_BUFFER);
+        let connection = graceful.watch(
+            builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(app.clone())),
+        );
+        tokio::spawn(async move {
+            tokio::select! {
+                result = connection => if let Err(e) = result {
+                    tracing::debug!(%peer, error = %e, "metrics connection ended with an error");
+                },
+                () = hold.revoked() => {}
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(HEADER_TIMEOUT, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::debug!("metrics connections still open at shutdown; closing");
     }
 }
 

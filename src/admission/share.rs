@@ -7,9 +7,16 @@
 //! the number of peers holding some, itself included) takes it from the peer
 //! holding the most, whose newest holdings are revoked: their owners see it and
 //! give up (a connection is closed, a body being read is refused as busy). A peer
-//! at its equal share gets nothing more. So a client on one address has what
-//! nobody else needs, and the apiserver keeps at least an equal share however many
-//! connections or bodies come from elsewhere.
+//! at its equal share gets nothing more, and a peer holding nothing may always
+//! take one unit, however many peers hold some. So a client on one address has
+//! what nobody else needs, and the apiserver keeps at least an equal share however
+//! many connections or bodies come from elsewhere, and from however many
+//! addresses.
+//!
+//! A holding can be protected ([`Hold::protect`]): no peer takes it. berth
+//! protects the connections of clients its door trusts (the apiserver's), which
+//! then count against no share: otherwise a tenant with more addresses than there
+//! are connections could take the apiserver's, one new address at a time.
 //!
 //! A peer is an IPv4 address, or an IPv6 /64: a host is given a whole /64 and can
 //! take as many of its addresses as it likes.
@@ -54,13 +61,27 @@ struct State {
 #[derive(Debug, Default)]
 struct Peer {
     used: u64,
+    /// Of `used`, the units of holdings that are not protected: the peer's share.
+    revocable: u64,
     holdings: BTreeMap<u64, Holding>,
+}
+
+impl Peer {
+    /// The number of the newest holding others may take.
+    fn newest_revocable(&self) -> Option<u64> {
+        self.holdings
+            .iter()
+            .rev()
+            .find(|(_, h)| !h.protected)
+            .map(|(&id, _)| id)
+    }
 }
 
 #[derive(Debug)]
 struct Holding {
     amount: u64,
     revoked: CancellationToken,
+    protected: bool,
 }
 
 /// Units one peer holds, given back when dropped (or when revoked for a peer that
@@ -116,11 +137,13 @@ impl FairShare {
         state.used += amount;
         let mine = state.peers.entry(peer).or_default();
         mine.used += amount;
+        mine.revocable += amount;
         mine.holdings.insert(
             id,
             Holding {
                 amount,
                 revoked: revoked.clone(),
+                protected: false,
             },
         );
         Hold {
@@ -143,32 +166,47 @@ impl FairShare {
         if state.used.saturating_add(more) <= self.capacity {
             return true;
         }
-        let mine = state.peers.get(&peer).map_or(0, |p| p.used);
+        let mine = state.peers.get(&peer).map_or(0, |p| p.revocable);
         let holders =
-            state.peers.values().filter(|p| p.used > 0).count() as u64 + u64::from(mine == 0);
-        let equal = self.capacity / holders.max(1);
+            state.peers.values().filter(|p| p.revocable > 0).count() as u64 + u64::from(mine == 0);
+        // At least one unit: with more peers than units, an equal share rounds
+        // down to nothing, and a peer holding nothing could never get in.
+        let equal = (self.capacity / holders.max(1)).max(1);
         if mine.saturating_add(more) > equal {
             return false;
         }
-        // The others hold more than their equal shares by at least what is
-        // missing (the capacity is at most `holders` equal shares), so revoking
-        // from whoever holds the most always makes the room.
+        let missing = state.used.saturating_add(more) - self.capacity;
+        let others: u64 = state
+            .peers
+            .iter()
+            .filter(|(p, _)| **p != peer)
+            .map(|(_, held)| held.revocable)
+            .sum();
+        if others < missing {
+            return false; // protected holdings fill the rest
+        }
         while state.used.saturating_add(more) > self.capacity {
-            let Some((&victim, _)) = state
+            // The peer holding the most; among equals, the one whose newest
+            // holding is the oldest, so a newcomer's (the apiserver's handshake
+            // among many addresses holding one each) is taken last.
+            let Some((victim, id)) = state
                 .peers
                 .iter()
-                .filter(|(p, held)| **p != peer && held.used > 0)
-                .max_by_key(|(_, held)| held.used)
+                .filter(|(p, held)| **p != peer && held.revocable > 0)
+                .filter_map(|(p, held)| Some((*p, held.revocable, held.newest_revocable()?)))
+                .max_by_key(|&(_, revocable, id)| (revocable, std::cmp::Reverse(id)))
+                .map(|(p, _, id)| (p, id))
             else {
                 return false;
             };
             let Some(held) = state.peers.get_mut(&victim) else {
                 return false;
             };
-            let Some((_, newest)) = held.holdings.pop_last() else {
+            let Some(newest) = held.holdings.remove(&id) else {
                 return false;
             };
             held.used -= newest.amount;
+            held.revocable -= newest.amount;
             if held.holdings.is_empty() {
                 state.peers.remove(&victim);
             }
@@ -199,9 +237,27 @@ impl Hold {
             return false;
         };
         holding.amount += more;
+        if !holding.protected {
+            mine.revocable += more;
+        }
         mine.used += more;
         state.used += more;
         true
+    }
+
+    /// Makes this holding one no peer may take, and that counts against no
+    /// share: for a client berth trusts. Nothing, once revoked.
+    pub fn protect(&self) {
+        let mut state = self.share.lock();
+        let Some(mine) = state.peers.get_mut(&self.peer) else {
+            return;
+        };
+        let Some(holding) = mine.holdings.get_mut(&self.id) else {
+            return;
+        };
+        if !std::mem::replace(&mut holding.protected, true) {
+            mine.revocable -= holding.amount;
+        }
     }
 
     /// [`Hold::grow`], waiting until `until` for units to be given back.
@@ -250,6 +306,9 @@ impl Hold {
             return;
         };
         let amount = std::mem::take(&mut holding.amount);
+        if !holding.protected {
+            mine.revocable -= amount;
+        }
         mine.used -= amount;
         state.used -= amount;
         drop(state);
@@ -273,6 +332,9 @@ impl Drop for Hold {
         let Some(holding) = mine.holdings.remove(&self.id) else {
             return; // revoked: already given back
         };
+        if !holding.protected {
+            mine.revocable -= holding.amount;
+        }
         mine.used -= holding.amount;
         if mine.holdings.is_empty() {
             state.peers.remove(&self.peer);
@@ -399,5 +461,35 @@ mod tests {
         let mapped: IpAddr = "::ffff:127.0.0.2".parse().unwrap();
         let _b = share.take(mapped, 1).unwrap();
         assert!(share.take(peer(1), 1).is_some(), "peer 2 holds two: over 1");
+    }
+
+    #[test]
+    fn a_peer_holding_nothing_gets_one_unit_among_more_peers_than_units() {
+        let share = FairShare::new(4);
+        let tenant: Vec<Hold> = (2..6)
+            .map(|last| share.take(peer(last), 1).unwrap())
+            .collect();
+        let apiserver = share
+            .take(peer(1), 1)
+            .expect("one unit, an equal share rounded up");
+        assert!(tenant[0].is_revoked(), "the oldest of the equals gives way");
+        assert!(tenant[1..].iter().all(|h| !h.is_revoked()));
+        assert!(share.take(peer(1), 1).is_none(), "one unit is its share");
+        apiserver.protect();
+        let more: Vec<Hold> = (6..40)
+            .filter_map(|last| share.take(peer(last), 1))
+            .collect();
+        assert!(
+            !apiserver.is_revoked(),
+            "a protected holding is never taken"
+        );
+        assert_eq!(more.iter().filter(|h| !h.is_revoked()).count(), 3);
+        assert_eq!(share.used(), 4);
+        let second = share
+            .take(peer(1), 1)
+            .expect("protected units count against no share");
+        assert!(!apiserver.is_revoked() && !second.is_revoked());
+        drop((apiserver, second, more, tenant));
+        assert_eq!(share.used(), 0);
     }
 }

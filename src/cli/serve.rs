@@ -288,13 +288,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
         serve_tls(
             webhook,
             tls,
-            router(state, max_in_flight),
+            router(state.clone(), max_in_flight),
             shutdown.clone(),
             Connections::new(
                 max_connections,
                 Duration::from_secs(shutdown_grace_seconds),
                 state_metrics.clone(),
-            ),
+            )
+            .trusting(state.trust.clone()),
         )
         .await;
     }

@@ -275,18 +275,7 @@ pub async fn release_held_pods(
                 } else {
                     "Hold"
                 },
-                format!(
-                    "held by {AVOID_GATE}: a pod it must avoid (policy {policy}, first {}/{}) is still \
-                     being placed; it is released once that pod is bound{}",
-                    behind.namespace,
-                    behind.name,
-                    behind
-                        .unplaced
-                        .as_ref()
-                        .and_then(|(_, why)| why.as_ref())
-                        .map(|why| format!(" (the scheduler cannot place it: {why})"))
-                        .unwrap_or_default()
-                ),
+                behind_note(pod, behind, policy),
             ),
             Hold::NoNodeFree { policy } => (
                 policy,
@@ -581,6 +570,30 @@ pub async fn release_group_pods(
     }
 }
 
+/// What a pod held behind `behind` is told. The Event is in the held pod's
+/// namespace, which its tenant reads: a pod of another namespace (which opts
+/// into the same policy, or any with `anchorNamespaces: All`) is not named, nor
+/// is the scheduler's message about it, which would tell one tenant another's
+/// pod names, resources and nodes. `berth explain pod`, with the reader's own
+/// rights, names it.
+fn behind_note(held: &ExclusionPod, behind: &ExclusionPod, policy: &str) -> String {
+    let same = held.namespace == behind.namespace;
+    let who = if same {
+        format!("first {}/{}", behind.namespace, behind.name)
+    } else {
+        "first a pod of another namespace".to_owned()
+    };
+    let why = match behind.unplaced.as_ref().and_then(|(_, why)| why.as_ref()) {
+        Some(why) if same => format!(" (the scheduler cannot place it: {why})"),
+        Some(_) => " (the scheduler cannot place it)".to_owned(),
+        None => String::new(),
+    };
+    format!(
+        "held by {AVOID_GATE}: a pod it must avoid (policy {policy}, {who}) is still \
+         being placed; it is released once that pod is bound{why}"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -826,6 +839,27 @@ mod tests {
             waiting_for(&names, seen, Some(&none)),
             None,
             "all gone: released"
+        );
+    }
+
+    #[test]
+    fn a_held_pod_is_told_who_it_waits_behind_only_in_its_own_namespace() {
+        let blocker = master("m0", false, Some("2026-11-25T12:00:00Z"), "ReplicaSet");
+        let mut held = master("m1", true, None, "ReplicaSet");
+        let note = behind_note(&held, &blocker, "masters");
+        assert!(
+            note.contains("first db/m0") && note.contains("0/3 nodes are available"),
+            "{note}"
+        );
+        held.namespace = "tenant".into();
+        let note = behind_note(&held, &blocker, "masters");
+        assert!(
+            !note.contains("db/") && !note.contains("m0") && !note.contains("0/3"),
+            "another tenant's pod named: {note}"
+        );
+        assert!(
+            note.contains("a pod of another namespace") && note.contains("cannot place it"),
+            "{note}"
         );
     }
 }
