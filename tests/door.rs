@@ -402,9 +402,11 @@ async fn clients_that_never_send_their_bodies_keep_no_review_waiting() {
     .await;
     creates.assert_all_decided();
     // Answered (refused by their uid) by berth's own deadline, 2 s after they
-    // came, with a second for the machine: never the 20 s they asked for.
+    // came: never the 20 s they asked for. The bound sits halfway between, so
+    // a loaded machine's second does not decide it and the client's deadline
+    // would.
     assert!(flood.answered.load(Ordering::Relaxed) > 0, "{flood}");
-    assert!(flood.longest_ms.load(Ordering::Relaxed) <= 3_000, "{flood}");
+    assert!(flood.longest_ms.load(Ordering::Relaxed) < 10_000, "{flood}");
 }
 
 /// Dozens of connections uploading on every stream: what HTTP/2 buffers is
