@@ -129,9 +129,9 @@ async fn a_pod_that_can_never_be_placed_holds_the_others_only_for_a_bounded_wait
 }
 
 /// A tenant's bare pod of the policy `app`, created first, that no scheduler takes
-/// (`spec` makes it so), and three masters of another team's namespace created
-/// with it: the masters are placed, each on its own node, and the tenant's pod is
-/// told it was set aside.
+/// (`spec` makes it so), released first, and three masters of another team's
+/// namespace created behind it: the masters are placed, each on its own node, and
+/// the tenant's pod is told it was set aside.
 async fn a_tenants_stuck_pod_holds_another_teams_masters_only_for_the_wait(
     app: &str,
     spec: serde_json::Value,
@@ -169,6 +169,22 @@ async fn a_tenants_stuck_pod_holds_another_teams_masters_only_for_the_wait(
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Released before the masters exist, so that it is the one in flight they
+    // wait behind: created together, berth may release the masters first (the
+    // tenant's pod not yet in its cache), and then nothing is held.
+    let tenant_pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(client.clone(), &tenant_ns);
+    eventually("the tenant's pod released", WAIT, || async {
+        let pod = tenant_pods.get("stuck").await.ok()?;
+        let gated = pod
+            .spec?
+            .scheduling_gates
+            .unwrap_or_default()
+            .iter()
+            .any(|g| g.name == berth::names::AVOID_GATE);
+        (!gated).then_some(())
+    })
+    .await;
     let masters = (0..3)
         .map(|i| test_pod(&format!("master-{i}"), json!({"app": app}), json!({})))
         .collect();
@@ -180,8 +196,6 @@ async fn a_tenants_stuck_pod_holds_another_teams_masters_only_for_the_wait(
         3,
         "two masters share a node: {nodes:?}"
     );
-    let tenant_pods: Api<k8s_openapi::api::core::v1::Pod> =
-        Api::namespaced(client.clone(), &tenant_ns);
     let stuck = tenant_pods.get("stuck").await.unwrap();
     let stuck_node = stuck.spec.as_ref().and_then(|s| s.node_name.clone());
     assert!(
