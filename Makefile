@@ -90,6 +90,7 @@ lint: helm
 	for f in tests/cluster/{build,build-helm,build-oracle,build-tekton,build-node,tekton-up,up,down,add-nodes,add-real-node,remove-real-node,load-image,berth-image,component,berth-up,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
 	test -z "$$(gofmt -l tests/cluster/oracle)" || { gofmt -l tests/cluster/oracle; exit 1; }
 	"$$(tests/cluster/build-helm)" lint --strict charts/berth
+	scripts/check-commits   # commit subjects of at most 72 characters
 
 ## helm: build helm once from its Go module (tests/cluster/helm), into ~/.cache/berth
 helm:

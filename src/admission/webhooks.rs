@@ -116,5 +116,5 @@ const VALIDATING_NOTE: &str = "\
 # less round trip per pod: the entry cost 9% of pod creates a second, make
 # bench-admission).
 # berth's /validate still checks pods with the same rules, for an installation
-# that runs without those policies; see the README, \"Security model\".
+# that runs without those policies; see docs/security-model.md.
 ";
