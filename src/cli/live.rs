@@ -54,7 +54,7 @@ pub fn explain_live(kind: Option<Kind>, target: &Target) -> Result<Ending, Strin
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let text = runtime.block_on(async {
-        let client = super::kube_client(target.kubeconfig.as_deref()).await?;
+        let client = super::client::kube_client(target.kubeconfig.as_deref()).await?;
         match kind {
             None => explain_pod(&client, target).await,
             Some(kind) => explain_workload(&client, kind, target).await,
