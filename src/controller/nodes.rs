@@ -17,13 +17,14 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::context::{Context, DEBOUNCE, Pass, Snapshot, leadership_changed, until};
+use super::context::{Context, DEBOUNCE, Pass, Snapshot, leadership_changed};
 use super::daemonsets::daemonset_patch;
 use super::events::Reported;
 use super::missed::Missed;
 use super::queues::{self, QueueClasses};
 use super::status::Findings;
 use super::sweep::Sweeper;
+use super::wishes::until;
 use super::writer::in_sync;
 use super::writes::{Kind, RETRY_FAILED};
 use crate::cluster::{Changed, Stores};

@@ -16,9 +16,11 @@ use tokio_util::sync::CancellationToken;
 
 use kube::runtime::reflector::ObjectRef;
 
-use super::context::{Context, Pass, Snapshot, leadership_changed, until};
+use super::context::{Context, Pass, Snapshot, leadership_changed};
 use super::events::Reported;
+use super::podgroups::PodGroups;
 use super::release::{PolicyLookups, release_held_pods, report_routing_conflicts};
+use super::wishes::until;
 use super::writes::{Kind, RETRY_FAILED};
 use crate::cluster::{Changed, Stores};
 use crate::names::GROUP_GATES;
@@ -40,6 +42,7 @@ const RELEASES_WRITE: [Kind; 2] = [Kind::Release, Kind::Eviction];
 /// The releases loop; see the module.
 pub async fn run(
     context: Context,
+    pod_groups: PodGroups,
     mut leadership: watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) {
@@ -55,7 +58,6 @@ pub async fn run(
     let mut reported = Reported::default();
     let mut released = exclusion::Released::default();
     let mut lookups = PolicyLookups::default();
-    let pod_groups = &context.pod_groups;
     let mut room_cache = RoomCache::default();
     let no_rooms = Rooms::new();
     let mut wake_at: Option<tokio::time::Instant> = None;
