@@ -16,7 +16,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, NodeSelectorTerm, Pod, Toleration};
+use k8s_openapi::api::core::v1::{Namespace, Node, NodeSelectorTerm, Pod, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::Resource;
 use serde::de::IgnoredAny;
@@ -24,7 +24,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 use crate::names::{POOL_TAINT, is_berth_gate, is_owned_node_key};
-use crate::placement::{NodeInfo, bounds};
+use crate::placement::bounds;
 use crate::policy::compile::{Labels, PolicySource};
 use crate::policy::{PlacementPolicy, PlacementPolicySpec};
 
@@ -149,6 +149,32 @@ stands_for!(MetaOnly<K>, K, metadata_api: true, <K: Resource<DynamicType = ()>>)
 pub type NamespaceMeta = MetaOnly<Namespace>;
 /// A Node's metadata: its labels.
 pub type NodeMeta = MetaOnly<Node>;
+
+/// A node as decisions read it: its labels and taints.
+#[derive(Debug, Clone, Default)]
+pub struct NodeInfo {
+    pub labels: Labels,
+    pub taints: Vec<Taint>,
+}
+
+impl NodeInfo {
+    pub fn from_node(node: &Node) -> Self {
+        NodeInfo {
+            labels: node.metadata.labels.clone().unwrap_or_default(),
+            taints: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Known nodes by name. A persistent map: the webhook's cache takes a label
+/// change in O(log n) and hands each review a snapshot that costs a pointer, where
+/// a copy of the whole map per change cost O(n) each time a burst labelled
+/// thousands of nodes.
+pub type NodeIndex = imbl::OrdMap<String, std::sync::Arc<NodeInfo>>;
 
 /// A Node with its taints, for the controller, which writes them.
 ///

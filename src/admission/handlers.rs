@@ -22,7 +22,7 @@ use super::review::{self, AdmissionRequest, AdmissionResponse};
 use super::server::{Caller, Trust};
 use super::service::{self, Snapshot, Verdict};
 use super::state::ClusterView;
-use crate::placement::NamespaceInfo;
+use crate::placement::namespace::NamespaceInfo;
 use crate::placement::warning::bounded;
 use crate::telemetry::{KindLabels, Metrics, PolicyLabels, RequestLabels};
 

@@ -16,7 +16,7 @@ use super::wishes::{DaemonSetWrites, NodeQueue, PodGroupWrites, PolicyWrites, lo
 use super::writes::Writes;
 use crate::cluster::{Cluster, DaemonSets};
 use crate::objects::PolicyObject;
-use crate::placement::NamespaceIndex;
+use crate::placement::namespace::NamespaceIndex;
 use crate::policy::compile::Compiled;
 use crate::telemetry::Metrics;
 

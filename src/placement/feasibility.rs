@@ -17,8 +17,8 @@ use super::selection::{
     term_parses, tolerates,
 };
 use super::warning::bounded;
-use super::{NodeIndex, NodeInfo};
 use crate::names::{POOL_LABEL, POOL_TAINT};
+use crate::objects::{NodeIndex, NodeInfo};
 use crate::policy::{CompiledPolicy, PolicySet};
 
 /// Where a pod may go, as far as [`node_fits`] reads it: its node name, node

@@ -477,8 +477,8 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::objects::{NodeIndex, NodeInfo};
     use crate::placement::opt_in::tests::{Everyone, Only};
-    use crate::placement::{NodeIndex, NodeInfo};
     use crate::policy::test_policies as policies;
 
     fn pod(name: &str, labels: Value, gates: &[&str], extra: Value) -> Arc<PodObject> {

@@ -10,11 +10,11 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Taint};
 use serde_json::{Value, json};
 
-use super::NamespaceInfo;
 use super::canonical::requirement_key;
 use super::daemonset::is_daemonset_pod_of;
 use super::grants::grants_for;
 use super::matching::match_policies;
+use super::namespace::NamespaceInfo;
 use super::opt_in::applied_policies;
 use super::pod::PodView;
 use super::selection::tolerates;

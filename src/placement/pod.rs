@@ -7,11 +7,13 @@
 //! objects and lists the pod has, as sent, for the patch ([`super::patch`]), whose
 //! targeted operations leave every field these types do not know as it was.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{NodeSelectorTerm, PreferredSchedulingTerm, Toleration};
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+use serde_json::Value;
 
 use super::bounds::{
     CONTAINERS, OWNER_REFERENCES, PREFERRED_TERMS, REQUIRED_TERMS, SCHEDULING_GATES, TOLERATIONS,
@@ -735,10 +737,10 @@ impl PodView {
     }
 
     /// The DaemonSet that controls the pod, as its ownerReferences say
-    /// ([`super::daemonset::daemonset_owner`]): any user can write that; see
+    /// ([`daemonset_owner`]): any user can write that; see
     /// [`PodView::is_daemonset_pod`].
     pub fn daemonset_owner(&self) -> Option<&OwnerReference> {
-        super::daemonset::daemonset_owner(&self.fields.metadata.owner_references)
+        daemonset_owner(&self.fields.metadata.owner_references)
     }
 
     /// Whether this is a DaemonSet pod: the DaemonSet controller sends it and its
@@ -943,6 +945,41 @@ pub fn is_wildcard_for(toleration: &Toleration, effect: &str) -> bool {
             .effect
             .as_deref()
             .is_none_or(|e| e.is_empty() || e == effect)
+}
+
+/// A pod as berth decides on it: its [`PodView`], or why it cannot be read.
+pub trait PodSource {
+    fn view(&self) -> Result<Cow<'_, PodView>, String>;
+}
+
+impl PodSource for Value {
+    fn view(&self) -> Result<Cow<'_, PodView>, String> {
+        PodView::read(self).map(Cow::Owned)
+    }
+}
+
+impl PodSource for PodView {
+    fn view(&self) -> Result<Cow<'_, PodView>, String> {
+        Ok(Cow::Borrowed(self))
+    }
+}
+
+/// A pod as the webhook reads it: its view, or why it cannot be read.
+impl PodSource for Result<PodView, String> {
+    fn view(&self) -> Result<Cow<'_, PodView>, String> {
+        self.as_ref().map(Cow::Borrowed).map_err(Clone::clone)
+    }
+}
+
+/// The DaemonSet that controls a pod, as its ownerReferences say: its `apps/v1`
+/// DaemonSet controller ownerReference. Anyone can write one, so on its own it
+/// proves nothing: the webhook also asks who sends the pod
+/// ([`PodView::is_daemonset_pod`]), the controller whether that DaemonSet exists in
+/// the pod's namespace ([`super::daemonset::is_daemonset_pod_of`]).
+pub fn daemonset_owner(owners: &[OwnerReference]) -> Option<&OwnerReference> {
+    owners
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1")
 }
 
 #[cfg(test)]

@@ -10,9 +10,9 @@ use kube::ResourceExt;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::objects::{NodeIndex, NodeInfo};
 use crate::objects::{NodeObject, PodObject};
 use crate::placement::feasibility::{Placement, node_fits};
-use crate::placement::{NodeIndex, NodeInfo};
 
 /// What a node offers a held pod.
 #[derive(Debug, Clone, Default)]
