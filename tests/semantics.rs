@@ -975,7 +975,7 @@ fn admission_policy(name: &str) -> Value {
 
 #[test]
 fn the_bounds_policy_refuses_exactly_the_pods_berth_will_not_read() {
-    use berth::placement::bounds::*;
+    use berth::bounds::*;
     let mut oracle = Oracle::start();
     let policy = admission_policy("berth-limits");
     let namespace = json!({"apiVersion": "v1", "kind": "Namespace",

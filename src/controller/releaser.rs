@@ -28,6 +28,7 @@ use crate::objects::{PodObject, WorkloadObject};
 use crate::placement::exclusion;
 use crate::placement::groups::GangMode;
 use crate::placement::matching::match_policies;
+use crate::placement::pod::PodView;
 use crate::placement::rooms::{RoomCache, Rooms};
 
 /// Changes within this window are handled in one release pass: shorter than the
@@ -215,7 +216,7 @@ fn ranked_workloads<K>(
         let Some(info) = snapshot.namespaces.get(&namespace) else {
             continue;
         };
-        let view = workload.template_pod();
+        let view = PodView::of_workload(workload);
         let matches = match_policies(&view, info, Some(info.config_or_none()), policies);
         let order = matches
             .applied

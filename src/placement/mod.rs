@@ -4,7 +4,6 @@
 //! onto [`decide`] and [`build_patch`].
 
 pub mod avoid;
-pub mod bounds;
 pub mod canonical;
 pub mod coscheduling;
 pub mod daemonset;
@@ -46,7 +45,7 @@ use crate::objects::NodeIndex;
 use crate::policy::PolicySet;
 
 /// Everything one decision looks at. The pod is JSON (`berth explain`, tests) or
-/// berth's view of it as read from an AdmissionReview ([`PodView`]).
+/// berth's view of it as read from an AdmissionReview ([`PodView`](pod::PodView)).
 #[derive(Debug)]
 pub struct Input<'a, P: ?Sized = Value> {
     /// The pod as admitted.

@@ -80,7 +80,8 @@ impl NamespaceInfo {
 }
 
 /// Namespaces by name, as decisions read them. A persistent map, as
-/// [`NodeIndex`] is: a change costs O(log n), a reader's snapshot a pointer.
+/// [`NodeIndex`](crate::objects::NodeIndex) is: a change costs O(log n), a
+/// reader's snapshot a pointer.
 pub type NamespaceIndex = imbl::OrdMap<String, std::sync::Arc<NamespaceInfo>>;
 
 /// The index of these namespaces, each read as decisions read it

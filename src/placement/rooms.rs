@@ -164,7 +164,7 @@ impl Fit {
     /// The fit check's view of a held pod; `None` when it cannot be read.
     pub fn of(pod: &PodObject) -> Option<Fit> {
         Some(Fit {
-            placement: pod.placement()?,
+            placement: Placement::of_object(pod)?,
             requests: pod.requests(),
             predictable: predictable(pod),
         })
@@ -240,7 +240,7 @@ mod tests {
         // A field too large to read is not predicted either.
         let huge = json!({"affinity": {"nodeAffinity": {"x": "y".repeat(crate::objects::PLACEMENT_FIELD_BYTES)}}});
         assert!(!predictable(&pod(huge.clone())));
-        assert!(pod(huge).placement().is_none());
+        assert!(Placement::of_object(&pod(huge)).is_none());
     }
 
     fn node(name: &str, version: &str, zone: &str) -> Arc<NodeObject> {
