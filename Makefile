@@ -82,12 +82,14 @@ fuzz:
 static:
 	scripts/build-static
 
-## lint: formatting, clippy with warnings denied, shell syntax, and `helm lint` of the chart
+## lint: formatting, clippy with warnings denied, shell syntax, no import circles in
+## src/ (scripts/check-circles), and `helm lint` of the chart
 lint: helm
 	cargo fmt --all -- --check   # the fuzz target too: it is in the workspace
 	cargo clippy --locked --all-targets --features e2e,oracle -- -D warnings   # the end-to-end and differential tests too
 	cargo check --locked -p berth-fuzz   # keep the fuzz target compiling
-	for f in tests/cluster/{build,build-helm,build-oracle,build-tekton,build-node,tekton-up,up,down,add-nodes,add-real-node,remove-real-node,load-image,berth-image,component,berth-up,lib.sh} scripts/* .ci/run; do bash -n "$$f"; done
+	for f in tests/cluster/{build,build-helm,build-oracle,build-tekton,build-node,tekton-up,up,down,add-nodes,add-real-node,remove-real-node,load-image,berth-image,component,berth-up,lib.sh} $$(grep -l '^#!.*bash' scripts/*) .ci/run; do bash -n "$$f"; done
+	scripts/check-circles   # no file of src/ uses another that uses it back
 	test -z "$$(gofmt -l tests/cluster/oracle)" || { gofmt -l tests/cluster/oracle; exit 1; }
 	"$$(tests/cluster/build-helm)" lint --strict charts/berth
 	scripts/check-commits   # commit subjects of at most 72 characters

@@ -13,8 +13,10 @@ use axum::body::{Body, Bytes};
 use axum::http::Request;
 use berth::admission::handlers::router;
 use berth::names::IMAGES_ANNOTATION_PREFIX;
+use berth::objects::NodeIndex;
+use berth::placement::namespace::NamespaceInfo;
 use berth::placement::pod::PodView;
-use berth::placement::{Input, NamespaceInfo, NodeIndex, Requester, build_patch, decide};
+use berth::placement::{Input, Requester, build_patch, decide};
 use berth::policy::{PlacementPolicy, PolicySet};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 #[path = "common/fixed_state.rs"]

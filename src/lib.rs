@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod bounds;
 pub mod certs;
 pub mod cli;
 pub mod cluster;

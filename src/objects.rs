@@ -16,15 +16,15 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Node, NodeSelectorTerm, Pod, Toleration};
+use k8s_openapi::api::core::v1::{Namespace, Node, NodeSelectorTerm, Pod, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::Resource;
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
+use crate::bounds;
 use crate::names::{POOL_TAINT, is_berth_gate, is_owned_node_key};
-use crate::placement::{NodeInfo, bounds};
 use crate::policy::compile::{Labels, PolicySource};
 use crate::policy::{PlacementPolicy, PlacementPolicySpec};
 
@@ -149,6 +149,32 @@ stands_for!(MetaOnly<K>, K, metadata_api: true, <K: Resource<DynamicType = ()>>)
 pub type NamespaceMeta = MetaOnly<Namespace>;
 /// A Node's metadata: its labels.
 pub type NodeMeta = MetaOnly<Node>;
+
+/// A node as decisions read it: its labels and taints.
+#[derive(Debug, Clone, Default)]
+pub struct NodeInfo {
+    pub labels: Labels,
+    pub taints: Vec<Taint>,
+}
+
+impl NodeInfo {
+    pub fn from_node(node: &Node) -> Self {
+        NodeInfo {
+            labels: node.metadata.labels.clone().unwrap_or_default(),
+            taints: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Known nodes by name. A persistent map: the webhook's cache takes a label
+/// change in O(log n) and hands each review a snapshot that costs a pointer, where
+/// a copy of the whole map per change cost O(n) each time a burst labelled
+/// thousands of nodes.
+pub type NodeIndex = imbl::OrdMap<String, std::sync::Arc<NodeInfo>>;
 
 /// A Node with its taints, for the controller, which writes them.
 ///
@@ -661,23 +687,6 @@ impl PodObject {
         self.spec.scheduling_group.pod_group_name.as_deref()
     }
 
-    /// Where the pod may go as placement's fit check reads it: its node name, node
-    /// selector, required node affinity and tolerations; `None` when one of them is
-    /// too large to read.
-    pub fn placement(&self) -> Option<crate::placement::feasibility::Placement> {
-        let spec = &self.spec;
-        Some(crate::placement::feasibility::Placement {
-            node_name: spec.node_name.clone(),
-            node_selector: spec.node_selector.read()?.cloned().unwrap_or_default(),
-            required: spec
-                .affinity
-                .read()?
-                .and_then(AffinityView::required_terms)
-                .map(<[_]>::to_vec),
-            tolerations: spec.tolerations.read()?.cloned().unwrap_or_default(),
-        })
-    }
-
     /// The images of its containers, init containers first.
     pub fn images(&self) -> impl Iterator<Item = &str> {
         let spec = &self.spec;
@@ -781,19 +790,6 @@ impl<K> WorkloadObject<K> {
         let observed = self.status.observed_generation.unwrap_or(0);
         observed >= self.metadata.generation.unwrap_or(0)
             && self.status.updated_replicas.unwrap_or(0) >= self.desired()
-    }
-
-    /// The pod template as policy matching reads a pod.
-    pub fn template_pod(&self) -> crate::placement::pod::PodView {
-        let template = &self.spec.template;
-        fn images(list: &[ImageOnly]) -> impl Iterator<Item = (&str, Option<&str>)> {
-            list.iter().map(|c| (c.name.as_str(), c.image.as_deref()))
-        }
-        crate::placement::pod::PodView::of_template(
-            template.metadata.labels.clone().unwrap_or_default(),
-            images(&template.spec.containers),
-            images(&template.spec.init_containers),
-        )
     }
 }
 
@@ -1025,7 +1021,10 @@ mod tests {
             "kept {kept} bytes for a pod of {}",
             huge.len()
         );
-        assert!(object.placement().is_none(), "never released on a guess");
+        assert!(
+            crate::placement::feasibility::Placement::of_object(&object).is_none(),
+            "never released on a guess"
+        );
     }
 
     #[test]

@@ -13,12 +13,13 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use base64::Engine;
 use berth::admission::body::BodyLimits;
-use berth::admission::handlers::{AppState, Trust, router};
+use berth::admission::handlers::{AppState, router};
 use berth::admission::server::Caller;
+use berth::admission::server::Trust;
 use berth::admission::state::BoxFuture;
 use berth::admission::state::{ClusterView, FixedView};
 use berth::names;
-use berth::placement::NamespaceInfo;
+use berth::placement::namespace::NamespaceInfo;
 use berth::policy::{PlacementPolicy, PolicySet};
 use berth::telemetry::Metrics;
 use serde_json::{Value, json};
@@ -749,7 +750,7 @@ fn semantics_view() -> FixedView {
         .iter()
         .map(|n| {
             let node: k8s_openapi::api::core::v1::Node = serde_json::from_value(n.clone()).unwrap();
-            let info = berth::placement::NodeInfo::from_node(&node);
+            let info = berth::objects::NodeInfo::from_node(&node);
             (node.metadata.name.unwrap(), Arc::new(info))
         })
         .collect();
@@ -923,7 +924,7 @@ impl ClusterView for StuckNamespace {
     fn policies(&self) -> Arc<PolicySet> {
         self.0.policies()
     }
-    fn nodes(&self) -> Arc<berth::placement::NodeIndex> {
+    fn nodes(&self) -> Arc<berth::objects::NodeIndex> {
         self.0.nodes()
     }
     fn namespace<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Option<Arc<NamespaceInfo>>> {

@@ -87,7 +87,7 @@ impl Served {
             app,
             shutdown.clone(),
             Connections::new(max_connections, Duration::from_secs(5), metrics.clone()).trusting(
-                berth::admission::handlers::Trust {
+                berth::admission::server::Trust {
                     client_certificate: client_ca.is_some(),
                     addresses: Vec::new(),
                 },
@@ -555,7 +555,8 @@ async fn a_large_body_waiting_unread_does_not_stall_small_requests_on_the_connec
 /// berth's own router behind the real server, with `--client-ca`.
 fn berth_app(require_client_cert: bool) -> Router {
     use berth::admission::body::BodyLimits;
-    use berth::admission::handlers::{AppState, Trust, router};
+    use berth::admission::handlers::{AppState, router};
+    use berth::admission::server::Trust;
     use berth::admission::state::FixedView;
     let state = Arc::new(AppState {
         view: Arc::new(FixedView::default()),

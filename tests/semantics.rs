@@ -19,13 +19,13 @@ use std::sync::Arc;
 
 use berth::admission::cel;
 use berth::names::{self, BERTH_SERVICE_ACCOUNT};
+use berth::objects::{NodeIndex, NodeInfo};
 use berth::placement::entitlement::{Standing, pool_breaches, pool_nodes};
 use berth::placement::feasibility::{Placement, node_fits};
 use berth::placement::matching::opts_in;
+use berth::placement::namespace::NamespaceInfo;
 use berth::placement::pod::PodView;
-use berth::placement::{
-    Decision, Input, NamespaceInfo, NodeIndex, NodeInfo, Requester, build_patch, decide,
-};
+use berth::placement::{Decision, Input, Requester, build_patch, decide};
 use berth::policy::{NamespaceConfig, PlacementPolicy, PolicySet};
 use differential::expect::{Expected, Pools, Tally, canonical_requirement, expect, scoring_pod};
 use differential::oracle::{Oracle, PodAnswer};
@@ -975,7 +975,7 @@ fn admission_policy(name: &str) -> Value {
 
 #[test]
 fn the_bounds_policy_refuses_exactly_the_pods_berth_will_not_read() {
-    use berth::placement::bounds::*;
+    use berth::bounds::*;
     let mut oracle = Oracle::start();
     let policy = admission_policy("berth-limits");
     let namespace = json!({"apiVersion": "v1", "kind": "Namespace",

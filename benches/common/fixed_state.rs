@@ -11,8 +11,9 @@ use std::time::Duration;
 use berth::admission::body::BodyLimits;
 use berth::admission::handlers::AppState;
 use berth::admission::state::FixedView;
+use berth::objects::{NodeIndex, NodeInfo};
 use berth::placement::feasibility::with_pool_state;
-use berth::placement::{NamespaceInfo, NodeIndex, NodeInfo};
+use berth::placement::namespace::NamespaceInfo;
 use berth::policy::{PlacementPolicy, PolicySet};
 
 /// A node cache of `count` nodes with the labels kwok's nodes carry, one of them

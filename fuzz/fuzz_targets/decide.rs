@@ -26,8 +26,10 @@
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
+use berth::objects::{NodeIndex, NodeInfo};
 use berth::placement::explain::explain;
-use berth::placement::{Input, NamespaceInfo, NodeIndex, NodeInfo, Requester, build_patch, decide};
+use berth::placement::namespace::NamespaceInfo;
+use berth::placement::{Input, Requester, build_patch, decide};
 use berth::policy::{PlacementPolicy, PolicySet};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};

@@ -7,7 +7,7 @@
 //! prints them; `manifests/admission-policy.yaml` is that output):
 //!
 //! - `berth-limits`, with no params: a pod's lists stay within
-//!   [`crate::placement::bounds`]. The other policies walk those lists, the pool
+//!   [`crate::bounds`]. The other policies walk those lists, the pool
 //!   policy once per PlacementPolicy, so each first checks the bounds in the same
 //!   expression that would walk them (CEL's `&&` stops at the first false) and
 //!   leaves a pod over them to this one.
@@ -36,14 +36,14 @@
 
 use serde_json::{Value, json};
 
+use crate::bounds::{
+    Bound, CONTAINERS, LABELS, OWNER_REFERENCES, PREFERRED_TERMS, REQUIRED_TERMS, SCHEDULING_GATES,
+    TERM_REQUIREMENTS, TOLERATIONS,
+};
 use crate::names::{
     APPLIED_ANNOTATION, AVOID_GATE, DAEMONSET_CONTROLLER_USERS, GATE_PREFIX, GROUP,
     POD_GROUP_PREFIX, POLICIES_ANNOTATION, POOL_LABEL, POOL_TAINT, QUEUE_CLASS_PREFIX,
     SYSTEM_DAEMONSET_NAMESPACES,
-};
-use crate::placement::bounds::{
-    Bound, CONTAINERS, LABELS, OWNER_REFERENCES, PREFERRED_TERMS, REQUIRED_TERMS, SCHEDULING_GATES,
-    TERM_REQUIREMENTS, TOLERATIONS,
 };
 use crate::policy::exempt::{BERTH_NAMESPACE, Exempt, SYSTEM_NAMESPACES};
 
@@ -131,7 +131,7 @@ fn node_affinity_paths(o: &str) -> (String, String, String) {
     (node_affinity, required, preferred)
 }
 
-/// Whether the pod `o` is within [`crate::placement::bounds`]: every list the
+/// Whether the pod `o` is within [`crate::bounds`]: every list the
 /// policies walk, checked before they walk it (CEL's `&&` stops at the first
 /// false, so a pod over a bound costs a few size checks).
 fn within_bounds(o: &str) -> String {
@@ -161,7 +161,7 @@ fn within_bounds(o: &str) -> String {
     )
 }
 
-/// `berth-limits`: a pod's lists within [`crate::placement::bounds`], with no
+/// `berth-limits`: a pod's lists within [`crate::bounds`], with no
 /// params, so that its cost never grows with the number of policies.
 fn limits(berth_user: &str) -> Value {
     let (node_affinity, required, preferred) = node_affinity_paths("object");

@@ -13,17 +13,16 @@ use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use ipnet::IpNet;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::body::{BodyLimits, Charge, CpuTurn, Held, ReadBody};
 use super::cost;
 use super::review::{self, AdmissionRequest, AdmissionResponse};
-use super::server::Caller;
+use super::server::{Caller, Trust};
 use super::service::{self, Snapshot, Verdict};
 use super::state::ClusterView;
-use crate::placement::NamespaceInfo;
+use crate::placement::namespace::NamespaceInfo;
 use crate::placement::warning::bounded;
 use crate::telemetry::{KindLabels, Metrics, PolicyLabels, RequestLabels};
 
@@ -42,29 +41,6 @@ pub struct AppState {
     /// The apiserver's timeout for berth's webhooks (`--review-timeout-seconds`):
     /// a review's own `?timeout=` may shorten it, never lengthen it.
     pub review_timeout: Duration,
-}
-
-/// Who may send reviews: with `--client-ca`, only a client with a certificate of
-/// that CA; with `--apiserver-cidrs`, only a client from those addresses; with
-/// both, only one that is both; with neither, anyone who reaches the port.
-#[derive(Debug, Clone, Default)]
-pub struct Trust {
-    pub client_certificate: bool,
-    pub addresses: Vec<IpNet>,
-}
-
-impl Trust {
-    /// Whether `caller` may send reviews.
-    pub fn admits(&self, caller: &Caller) -> bool {
-        (!self.client_certificate || caller.certified)
-            && (self.addresses.is_empty()
-                || self.addresses.iter().any(|n| n.contains(&caller.addr)))
-    }
-
-    /// Whether anyone who reaches the port may send reviews.
-    pub fn is_open(&self) -> bool {
-        !self.client_certificate && self.addresses.is_empty()
-    }
 }
 
 /// The webhook's routes, with at most `max_in_flight` admission requests handled

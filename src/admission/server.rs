@@ -13,12 +13,12 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use ipnet::IpNet;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use super::handlers::Trust;
 use super::share::FairShare;
 use crate::telemetry::{KindLabels, Metrics};
 
@@ -55,6 +55,29 @@ const HTTP1_BUFFER: usize = 64 * 1024;
 pub struct Caller {
     pub addr: IpAddr,
     pub certified: bool,
+}
+
+/// Who may send reviews: with `--client-ca`, only a client with a certificate of
+/// that CA; with `--apiserver-cidrs`, only a client from those addresses; with
+/// both, only one that is both; with neither, anyone who reaches the port.
+#[derive(Debug, Clone, Default)]
+pub struct Trust {
+    pub client_certificate: bool,
+    pub addresses: Vec<IpNet>,
+}
+
+impl Trust {
+    /// Whether `caller` may send reviews.
+    pub fn admits(&self, caller: &Caller) -> bool {
+        (!self.client_certificate || caller.certified)
+            && (self.addresses.is_empty()
+                || self.addresses.iter().any(|n| n.contains(&caller.addr)))
+    }
+
+    /// Whether anyone who reaches the port may send reviews.
+    pub fn is_open(&self) -> bool {
+        !self.client_certificate && self.addresses.is_empty()
+    }
 }
 
 /// How the server bounds its connections.

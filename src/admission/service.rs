@@ -10,14 +10,16 @@ use serde_json::Value;
 use super::review::{AdmissionRequest, AdmissionResponse, Object};
 use super::state::GroupState;
 use crate::names::is_owned_node_key;
+use crate::objects::NodeIndex;
 use crate::placement::canonical::{RequirementKey, requirement_key};
 use crate::placement::entitlement::breaches_in_words;
 use crate::placement::groups::GroupContext;
+use crate::placement::namespace::NamespaceInfo;
 use crate::placement::patch::write_patch;
 use crate::placement::pod::PodView;
 use crate::placement::records::{forbidden_changes, unheld_record};
 use crate::placement::warning::bounded;
-use crate::placement::{Decision, Input, NamespaceInfo, NodeIndex, Requester, decide};
+use crate::placement::{Decision, Input, Requester, decide};
 use crate::policy::{CompiledPolicy, NamespaceConfig, PlacementPolicy, PolicySet};
 
 /// What one admission sees of the cluster.

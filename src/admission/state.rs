@@ -9,7 +9,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::cluster::Cluster;
-use crate::placement::{NamespaceInfo, NodeIndex};
+use crate::objects::NodeIndex;
+use crate::placement::namespace::NamespaceInfo;
 use crate::policy::PolicySet;
 
 /// A boxed future, for the one async method of [`ClusterView`].

@@ -11,7 +11,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::workload::Subject;
-use crate::placement::{NamespaceInfo, NodeIndex, NodeInfo};
+use crate::objects::{NodeIndex, NodeInfo};
+use crate::placement::namespace::NamespaceInfo;
 use crate::policy::{PlacementPolicy, PolicySet};
 
 /// Bad input: which file, and what is wrong with it.

@@ -21,13 +21,13 @@ use super::workload::{Kind, Subject};
 use crate::lenient::{Skip, read_json};
 use crate::names::{AVOID_GATE, GROUP_GATES};
 use crate::objects::{MetaOnly, NamespaceMeta, NodeObject, PodObject, PolicyObject};
+use crate::objects::{NodeIndex, NodeInfo};
 use crate::placement::exclusion::{self, ExclusionPod, Hold};
 use crate::placement::explain::explain;
 use crate::placement::interpod::{Bound, Neighbours};
+use crate::placement::namespace::{NamespaceIndex, NamespaceInfo, namespace_index};
 use crate::placement::rooms::{Rooms, node_rooms};
-use crate::placement::{
-    Input, NamespaceIndex, NamespaceInfo, NodeIndex, NodeInfo, Requester, decide, namespace_index,
-};
+use crate::placement::{Input, Requester, decide};
 use crate::policy::compile::{Labels, PolicyCompiler};
 use crate::policy::{OptIn, PolicySet};
 
@@ -54,7 +54,7 @@ pub fn explain_live(kind: Option<Kind>, target: &Target) -> Result<Ending, Strin
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let text = runtime.block_on(async {
-        let client = super::kube_client(target.kubeconfig.as_deref()).await?;
+        let client = super::client::kube_client(target.kubeconfig.as_deref()).await?;
         match kind {
             None => explain_pod(&client, target).await,
             Some(kind) => explain_workload(&client, kind, target).await,
@@ -152,7 +152,7 @@ fn taint(raw: &Value) -> Option<Taint> {
 /// the DaemonSet controller made it.
 async fn requester(client: &Client, pod: &PodObject) -> Requester {
     let namespace = pod.namespace().unwrap_or_default();
-    let Some(owner) = crate::placement::daemonset::daemonset_owner(pod.owner_references()) else {
+    let Some(owner) = crate::placement::pod::daemonset_owner(pod.owner_references()) else {
         return Requester::Other;
     };
     let api: Api<MetaOnly<DaemonSet>> = Api::namespaced(client.clone(), &namespace);

@@ -1,5 +1,6 @@
 //! The command line: one clap struct per subcommand, dispatched from [`run`].
 
+mod client;
 mod input;
 mod live;
 mod offline;
@@ -10,8 +11,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
 
 use offline::{Ending, Output, PlacementFiles};
 
@@ -252,32 +251,4 @@ fn run_certs(service: &str, namespace: &str, out: &std::path::Path, days: i64) -
             ExitCode::from(2)
         }
     }
-}
-
-/// A client from `kubeconfig`, or without one from the in-cluster service account
-/// (or the usual kubeconfig lookup).
-async fn kube_client(kubeconfig: Option<&Path>) -> Result<Client, String> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let file =
-                Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| format!("{}: {e}", path.display()))?
-        }
-        None => Config::infer().await.map_err(|e| e.to_string())?,
-    };
-    Client::try_from(with_read_timeout(config)).map_err(|e| e.to_string())
-}
-
-/// Bounds the wait for every answer from the apiserver: a request on a connection
-/// that went silent fails after this long instead of hanging forever (kube sets no
-/// read timeout). Longer than a watch is kept open, so a quiet watch ends on the
-/// apiserver's side first; counted from each write, not from when a pooled
-/// connection went idle.
-fn with_read_timeout(mut config: Config) -> Config {
-    let watch = u64::from(crate::objects::WATCH_SECONDS);
-    config.read_timeout = Some(std::time::Duration::from_secs(watch + 15));
-    config.reset_reader_on_write = true;
-    config
 }

@@ -10,8 +10,10 @@ use serde_json::Value;
 use super::input::{InputError, read_namespace, read_nodes, read_policies, read_subjects};
 use super::workload::Subject;
 use crate::names::POLICIES_ANNOTATION;
+use crate::objects::NodeIndex;
 use crate::placement::explain::explain;
-use crate::placement::{Decision, Input, NamespaceInfo, NodeIndex, Requester, build_patch, decide};
+use crate::placement::namespace::NamespaceInfo;
+use crate::placement::{Decision, Input, Requester, build_patch, decide};
 use crate::policy::PolicySet;
 
 /// What both offline commands read.

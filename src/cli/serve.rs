@@ -10,8 +10,8 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::body::BodyLimits;
-use crate::admission::handlers::{AppState, Trust, router};
-use crate::admission::server::{Connections, bind, serve_plain, serve_tls};
+use crate::admission::handlers::{AppState, router};
+use crate::admission::server::{Connections, Trust, bind, serve_plain, serve_tls};
 use crate::admission::tls::ReloadingCert;
 use crate::cluster::Cluster;
 use crate::controller::{self, ControllerOptions};
@@ -205,7 +205,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     } = args;
     crate::return_freed_memory_in_background();
     let metrics = Arc::new(Metrics::default());
-    let client = super::kube_client(kubeconfig.as_deref())
+    let client = super::client::kube_client(kubeconfig.as_deref())
         .await
         .map_err(ServeError::Kubeconfig)?;
     let shutdown = CancellationToken::new();

@@ -36,11 +36,12 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource, ResourceExt};
 use tokio::sync::watch as published;
 
+use crate::objects::NodeIndex;
 use crate::objects::{
     DaemonSetObject, DeploymentObject, NamespaceMeta, NodeObject, PodObject, PolicyObject,
     StatefulSetObject, WorkloadObject,
 };
-use crate::placement::{NamespaceIndex, NamespaceInfo, NodeIndex, namespace_index};
+use crate::placement::namespace::{NamespaceIndex, NamespaceInfo, namespace_index};
 use crate::policy::compile::{Compiled, PolicyCompiler};
 use crate::telemetry::Metrics;
 pub use groups::GroupState;

@@ -18,9 +18,9 @@ use kube::runtime::watcher::Event;
 use super::Wakes;
 use super::seen::{Hashes, Seen};
 
+use crate::bounds;
 use crate::names::APPLIED_ANNOTATION;
 use crate::objects::PodObject;
-use crate::placement::bounds;
 use crate::placement::opt_in::applied_policies;
 
 /// What a pod event changes: the index of bound pods, the node the pod is bound

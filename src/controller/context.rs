@@ -1,6 +1,8 @@
 //! What the controller's loops work with: the options, the cluster room, the
-//! metrics and Events, and what one loop learns that the other needs. The bottom
-//! of the controller: every worker imports it, it imports no worker.
+//! metrics and Events, and what one loop learns that the other needs. Every loop
+//! and writer imports it; it imports no loop and no writer, only what they share
+//! below it: the wishes they pass ([`super::wishes`]), the door ([`super::writes`])
+//! and Events.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -9,15 +11,12 @@ use std::time::Duration;
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 
-use super::daemonsets::DaemonSetWrites;
 use super::events::Events;
-use super::node_writer::NodeQueue;
-use super::podgroups::{PodGroupWrites, PodGroups};
-use super::policy_writer::PolicyWrites;
+use super::wishes::{DaemonSetWrites, NodeQueue, PodGroupWrites, PolicyWrites, locked};
 use super::writes::Writes;
 use crate::cluster::{Cluster, DaemonSets};
 use crate::objects::PolicyObject;
-use crate::placement::NamespaceIndex;
+use crate::placement::namespace::NamespaceIndex;
 use crate::policy::compile::Compiled;
 use crate::telemetry::Metrics;
 
@@ -62,8 +61,6 @@ pub struct Context {
     pub policy_writes: Arc<PolicyWrites>,
     pub daemonset_writes: Arc<DaemonSetWrites>,
     pub pod_group_writes: Arc<PodGroupWrites>,
-    /// The PodGroups the writer made sure of, for the releases loop.
-    pub pod_groups: PodGroups,
 }
 
 impl Context {
@@ -90,11 +87,6 @@ pub struct Shared {
     timed_out: Mutex<BTreeMap<String, Vec<String>>>,
 }
 
-/// The value behind `mutex`; a task that panicked holding it left a whole value.
-pub fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Shared {
     pub fn timed_out(&self) -> BTreeMap<String, Vec<String>> {
         locked(&self.timed_out).clone()
@@ -106,14 +98,6 @@ impl Shared {
         let changed = *current != timed_out;
         *current = timed_out;
         changed
-    }
-}
-
-/// Sleeps until `deadline`; without one, forever.
-pub async fn until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -23,21 +23,17 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use super::wishes::{Wishes, Writer};
+use super::wishes::Writer;
 use super::writes::{Error, Kind, Writes};
 use crate::cluster::Cluster;
 use crate::names::FIELD_MANAGER;
 use crate::objects::{DaemonSetObject, NamespaceMeta};
-use crate::placement::NamespaceInfo;
 use crate::placement::daemonset::template_drift;
+use crate::placement::namespace::NamespaceInfo;
 use crate::placement::patch as ops;
 use crate::policy::PolicySet;
 use crate::policy::exempt::Exempt;
 use crate::telemetry::Metrics;
-
-/// The DaemonSets the nodes pass found drifting. A wish carries nothing: the
-/// writer works out the patch from what holds when it writes.
-pub type DaemonSetWrites = Wishes<ObjectRef<DaemonSetObject>, ()>;
 
 /// What the DaemonSet writer works with.
 pub struct DaemonSetWriter {

@@ -1,7 +1,7 @@
 //! The node writer: the one task that writes nodes' berth labels and taints.
 //!
 //! The nodes pass computes what each node should carry and hands it over
-//! ([`Wishes::want`]); this task writes it, [`NodeWriter::CONCURRENCY`] nodes at a
+//! ([`Wishes::want`](super::wishes::Wishes::want)); this task writes it, [`NodeWriter::CONCURRENCY`] nodes at a
 //! time, through the door ([`super::writes`]) at `--node-qps`, as every writer
 //! task does ([`super::wishes`]). So a pass never waits for its writes: a pool over
 //! 5,000 nodes takes its writes seconds, and meanwhile the policies' status,
@@ -15,15 +15,12 @@ use std::sync::Arc;
 use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::wishes::{Wishes, Writer};
+use super::wishes::Writer;
 use super::writer::{Written, in_sync, write_node};
 use super::writes::{Error, RETRY_FAILED, Writes};
 use crate::objects::NodeObject;
 use crate::placement::desired::DesiredNode;
 use crate::telemetry::{KindLabels, Metrics};
-
-/// What the nodes pass wants each node to carry, by name.
-pub type NodeQueue = Wishes<String, DesiredNode>;
 
 /// What the node writer works with.
 pub struct NodeWriter {
@@ -89,6 +86,7 @@ fn count(metrics: &Metrics, node: &str, result: Result<Written, Error>) -> bool 
 mod tests {
     use super::*;
     use crate::controller::mock::{answer, body, mock_apiserver};
+    use crate::controller::wishes::NodeQueue;
     use crate::controller::writes::Rates;
     use crate::names::POOL_LABEL;
     use kube::runtime::watcher::Event;

@@ -10,7 +10,6 @@
 //! bound or deleted costs its node, not the cluster; the status is counted from
 //! every node's last desired state, kept from pass to pass.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use kube::ResourceExt;
@@ -18,18 +17,19 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::context::{Context, DEBOUNCE, Pass, Snapshot, leadership_changed, until};
+use super::context::{Context, DEBOUNCE, Pass, Snapshot, leadership_changed};
 use super::daemonsets::daemonset_patch;
 use super::events::Reported;
 use super::missed::Missed;
 use super::queues::{self, QueueClasses};
 use super::status::Findings;
 use super::sweep::Sweeper;
+use super::wishes::until;
 use super::writer::in_sync;
 use super::writes::{Kind, RETRY_FAILED};
 use crate::cluster::{Changed, Stores};
 use crate::objects::NodeObject;
-use crate::placement::desired::{BoundPod, DesiredNode, desired_node_state};
+use crate::placement::desired::{BoundPod, DesiredNodes, desired_node_state};
 use crate::placement::groups::GangMode;
 use crate::policy::OptIn;
 
@@ -38,10 +38,6 @@ use crate::policy::OptIn;
 /// back): a failed one is retried by another such pass. The missed scan's
 /// evictions have their own rescan, the sweep its resync.
 const RETRIED_BY_EVERYTHING: [Kind; 2] = [Kind::Finalizer, Kind::PriorityClass];
-
-/// Every node's desired state as last computed, by name: what the policies'
-/// status counts.
-pub type DesiredNodes = HashMap<String, DesiredNode>;
 
 /// The nodes loop: a pass on every change that concerns nodes, and at each resync
 /// (which also looks up the gang mode again and sweeps unused objects).

@@ -21,28 +21,16 @@ use kube::runtime::events::EventType;
 use kube::{Client, Resource};
 use serde_json::json;
 
-use super::context::{Pass, Snapshot, locked};
+use super::context::{Pass, Snapshot};
 use super::events::{Events, event};
-use super::wishes::{Wishes, Writer};
+use super::wishes::locked;
+use super::wishes::{GroupKey, GroupWish, Writer};
 use super::writes::{self, Kind, RETRY_FAILED, Writes};
 use crate::names::{FIELD_MANAGER, owned_metadata};
 use crate::objects::PodObject;
 use crate::placement::opt_in::pod_entitlements;
 
 pub use crate::cluster::groups::POD_GROUP_API;
-
-/// A PodGroup, by namespace and name.
-pub type GroupKey = (String, String);
-
-/// What a gang needs of its PodGroup: `minCount`, and the members' priority class.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupWish {
-    pub min_count: u32,
-    pub class: Option<String>,
-}
-
-/// What the releases loop wants of each gang's PodGroup, for the PodGroup writer.
-pub type PodGroupWrites = Wishes<GroupKey, GroupWish>;
 
 /// The PodGroups made sure of since the last resync: each is checked once, not on
 /// every pass; a resync checks them all again. The writer adds to it, the loop
@@ -305,6 +293,7 @@ fn pod_group(name: &str, min_count: u32, class: Option<String>) -> PodGroup {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::wishes::PodGroupWrites;
 
     use crate::controller::mock::{answer, body, mock_apiserver};
     use crate::controller::wishes;

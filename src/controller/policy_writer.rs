@@ -24,38 +24,11 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::wishes::{Wishes, Writer};
+use super::wishes::{Part, PolicyWish, Writer};
 use super::writes::{Error, Kind, RETRY_FAILED, Writes};
 use crate::names::{FIELD_MANAGER, POLICY_FINALIZER};
 use crate::objects::PolicyObject;
 use crate::policy::crd::PlacementPolicyStatus;
-
-/// The part of a policy a wish is for: the two are written apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Part {
-    Finalizer,
-    Status,
-}
-
-/// What a policy should be.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PolicyWish {
-    /// Let the deleted policy go: its nodes are clean.
-    RemoveFinalizer,
-    Status(Box<PlacementPolicyStatus>),
-}
-
-impl PolicyWish {
-    pub fn part(&self) -> Part {
-        match self {
-            PolicyWish::RemoveFinalizer => Part::Finalizer,
-            PolicyWish::Status(_) => Part::Status,
-        }
-    }
-}
-
-/// What the nodes pass wants of each policy, by name and part.
-pub type PolicyWrites = Wishes<(String, Part), PolicyWish>;
 
 /// `policy`'s status as berth writes it, if it has one berth can read.
 pub fn current_status(policy: &PolicyObject) -> Option<PlacementPolicyStatus> {
@@ -173,6 +146,7 @@ fn finalizers_patch(policy: &PolicyObject, finalizers: Vec<String>) -> serde_jso
 mod tests {
     use super::*;
     use crate::controller::mock::{answer, body, mock_apiserver};
+    use crate::controller::wishes::PolicyWrites;
     use crate::controller::writes::Rates;
     use crate::controller::{wishes, writes::RETRY_FAILED};
     use kube::runtime::watcher::Event;

@@ -16,9 +16,11 @@ use tokio_util::sync::CancellationToken;
 
 use kube::runtime::reflector::ObjectRef;
 
-use super::context::{Context, Pass, Snapshot, leadership_changed, until};
+use super::context::{Context, Pass, Snapshot, leadership_changed};
 use super::events::Reported;
+use super::podgroups::PodGroups;
 use super::release::{PolicyLookups, release_held_pods, report_routing_conflicts};
+use super::wishes::until;
 use super::writes::{Kind, RETRY_FAILED};
 use crate::cluster::{Changed, Stores};
 use crate::names::GROUP_GATES;
@@ -26,6 +28,7 @@ use crate::objects::{PodObject, WorkloadObject};
 use crate::placement::exclusion;
 use crate::placement::groups::GangMode;
 use crate::placement::matching::match_policies;
+use crate::placement::pod::PodView;
 use crate::placement::rooms::{RoomCache, Rooms};
 
 /// Changes within this window are handled in one release pass: shorter than the
@@ -40,6 +43,7 @@ const RELEASES_WRITE: [Kind; 2] = [Kind::Release, Kind::Eviction];
 /// The releases loop; see the module.
 pub async fn run(
     context: Context,
+    pod_groups: PodGroups,
     mut leadership: watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) {
@@ -55,7 +59,6 @@ pub async fn run(
     let mut reported = Reported::default();
     let mut released = exclusion::Released::default();
     let mut lookups = PolicyLookups::default();
-    let pod_groups = &context.pod_groups;
     let mut room_cache = RoomCache::default();
     let no_rooms = Rooms::new();
     let mut wake_at: Option<tokio::time::Instant> = None;
@@ -213,7 +216,7 @@ fn ranked_workloads<K>(
         let Some(info) = snapshot.namespaces.get(&namespace) else {
             continue;
         };
-        let view = workload.template_pod();
+        let view = PodView::of_workload(workload);
         let matches = match_policies(&view, info, Some(info.config_or_none()), policies);
         let order = matches
             .applied

@@ -27,7 +27,7 @@ use super::context::{Context, ControllerOptions, Shared};
 use super::daemonsets::DaemonSetWriter;
 use super::events::Events;
 use super::node_writer::NodeWriter;
-use super::podgroups::PodGroupWriter;
+use super::podgroups::{PodGroupWriter, PodGroups};
 use super::policy_writer::PolicyWriter;
 use super::wishes;
 use super::writes::Writes;
@@ -76,6 +76,8 @@ pub async fn run(
     }
     tracing::info!("controller caches synced");
     let (leadership, lease_task) = manager.watch().await;
+    // The PodGroups the PodGroup writer made sure of, for the releases loop.
+    let pod_groups = PodGroups::default();
     let writes = Writes::new(metrics.clone(), leadership.clone(), options.write_rates);
     let context = Context {
         client: client.clone(),
@@ -89,7 +91,6 @@ pub async fn run(
         policy_writes: Arc::default(),
         daemonset_writes: Arc::default(),
         pod_group_writes: Arc::default(),
-        pod_groups: Default::default(),
     };
     // The writers stop with the nodes loop, whatever stopped it (leader election
     // may stop without a shutdown): no write is made once no loop looks after the
@@ -106,11 +107,11 @@ pub async fn run(
         client: client.clone(),
         policies: cluster.stores.policies.clone(),
     };
-    let pod_groups = PodGroupWriter {
+    let pod_group_writer = PodGroupWriter {
         writes: writes.clone(),
         client: client.clone(),
         events: context.events.clone(),
-        known: context.pod_groups.clone(),
+        known: pod_groups.clone(),
     };
     let daemonsets = DaemonSetWriter {
         writes,
@@ -143,7 +144,7 @@ pub async fn run(
             writers_stop.clone(),
         )),
         tokio::spawn(wishes::run(
-            pod_groups,
+            pod_group_writer,
             context.pod_group_writes.clone(),
             move |_: &_| on_pod_group.wakes.releases.notify_one(),
             writers_stop.clone(),
@@ -151,6 +152,7 @@ pub async fn run(
     ];
     let releases = tokio::spawn(super::releaser::run(
         context.clone(),
+        pod_groups,
         leadership.clone(),
         shutdown.clone(),
     ));

@@ -12,12 +12,12 @@ use kube::{Resource, ResourceExt};
 use super::context::Pass;
 use super::context::Snapshot;
 use super::events::{Reported, event};
-use super::nodes::DesiredNodes;
-use super::policy_writer::{self, Part, PolicyWish};
+use super::policy_writer;
+use super::wishes::{Part, PolicyWish};
 use crate::cluster::Stores;
 use crate::names::{POOL_LABEL, POOL_TAINT, policy_of_node_label};
 use crate::objects::{NodeObject, PolicyObject};
-use crate::placement::desired::DesiredNode;
+use crate::placement::desired::{DesiredNode, DesiredNodes};
 use crate::policy::CompiledPolicy;
 use crate::policy::crd::PlacementPolicyStatus;
 

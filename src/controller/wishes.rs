@@ -19,11 +19,14 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use kube::runtime::reflector::ObjectRef;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::context::{locked, until};
 use super::writes::RETRY_FAILED;
+use crate::objects::DaemonSetObject;
+use crate::placement::desired::DesiredNode;
+use crate::policy::crd::PlacementPolicyStatus;
 
 /// What a loop wants written and the writer has not finished; shared by the two.
 #[derive(Debug)]
@@ -175,6 +178,68 @@ pub async fn run<T: Writer>(
                 }
             }
         }
+    }
+}
+
+// The wishes of each kind: what a loop and its writer agree on, below both.
+
+/// What the nodes pass wants each node to carry, by name.
+pub type NodeQueue = Wishes<String, DesiredNode>;
+
+/// The part of a policy a wish is for: the two are written apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Part {
+    Finalizer,
+    Status,
+}
+
+/// What a policy should be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PolicyWish {
+    /// Let the deleted policy go: its nodes are clean.
+    RemoveFinalizer,
+    Status(Box<PlacementPolicyStatus>),
+}
+
+impl PolicyWish {
+    pub fn part(&self) -> Part {
+        match self {
+            PolicyWish::RemoveFinalizer => Part::Finalizer,
+            PolicyWish::Status(_) => Part::Status,
+        }
+    }
+}
+
+/// What the nodes pass wants of each policy, by name and part.
+pub type PolicyWrites = Wishes<(String, Part), PolicyWish>;
+
+/// The DaemonSets the nodes pass found drifting. A wish carries nothing: the
+/// writer works out the patch from what holds when it writes.
+pub type DaemonSetWrites = Wishes<ObjectRef<DaemonSetObject>, ()>;
+
+/// A PodGroup, by namespace and name.
+pub type GroupKey = (String, String);
+
+/// What a gang needs of its PodGroup: `minCount`, and the members' priority class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupWish {
+    pub min_count: u32,
+    pub class: Option<String>,
+}
+
+/// What the releases loop wants of each gang's PodGroup, for the PodGroup writer.
+pub type PodGroupWrites = Wishes<GroupKey, GroupWish>;
+
+/// The value behind `mutex`; a task that panicked holding it left a whole value.
+pub fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sleeps until `deadline`; without one, forever.
+pub async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -21,9 +21,11 @@
 use std::collections::BTreeSet;
 
 use super::grants::{Grants, requirement};
+use super::matching;
+use super::namespace::NamespaceInfo;
 use super::pod::PodView;
-use super::{NamespaceInfo, NodeIndex, matching};
 use crate::names::{AVOID_GATE, anchor_label, placed_label};
+use crate::objects::NodeIndex;
 use crate::policy::crd::AnchorNamespaces;
 use crate::policy::{NamespaceConfig, PolicySet};
 

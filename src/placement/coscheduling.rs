@@ -6,9 +6,10 @@
 //! alone, with a required pod affinity, is told at admission that the pods it must
 //! sit beside may run elsewhere (contract, "Co-scheduled pods").
 
+use super::Grants;
+use super::matching::Applied;
 use super::pod::PodView;
 use super::warning::bounded;
-use super::{Applied, Grants};
 use crate::names::POOL_LABEL;
 
 /// The warning for a pod that berth routes to a pool by its image while its own

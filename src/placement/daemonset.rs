@@ -21,23 +21,14 @@ use super::entitlement::{
     in_pool, in_pool_words, is_owned_toleration, refused_pool, wildcard_exclusion,
 };
 use super::grants::{Grants, pool_toleration};
-use super::pod::{PodView, is_wildcard_for};
+use super::matching::PassedOver;
+use super::namespace::NamespaceInfo;
+use super::pod::{PodView, daemonset_owner, is_wildcard_for};
 use super::selection::{is_empty_term, tolerates};
-use super::{NamespaceInfo, NodeIndex, PassedOver};
 use crate::names::POOL_LABEL;
+use crate::objects::NodeIndex;
 use crate::policy::crd::DaemonSets;
 use crate::policy::{CompiledPolicy, NamespaceConfig, PolicySet};
-
-/// The DaemonSet that controls a pod, as its ownerReferences say: its `apps/v1`
-/// DaemonSet controller ownerReference. Anyone can write one, so on its own it
-/// proves nothing: the webhook also asks who sends the pod
-/// ([`PodView::is_daemonset_pod`]), the controller whether that DaemonSet exists in
-/// the pod's namespace ([`is_daemonset_pod_of`]).
-pub fn daemonset_owner(owners: &[OwnerReference]) -> Option<&OwnerReference> {
-    owners
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1")
-}
 
 /// Whether a pod in `namespace` with `owners` is a DaemonSet's, as the controller
 /// can tell: its DaemonSet owner exists in that namespace (`daemonsets` holds the

@@ -78,6 +78,10 @@ pub struct DesiredNode {
     pub clashes: Vec<Clash>,
 }
 
+/// Desired states by node name: the controller keeps the last one of every node
+/// and counts the policies' status from them.
+pub type DesiredNodes = std::collections::HashMap<String, DesiredNode>;
+
 /// Two pods on one node that an `avoid` policy keeps apart: one of the policy's
 /// own (`subject`) and one it avoids (`target`), each as namespace/name.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

@@ -12,11 +12,11 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Toleration};
 
-use super::NodeIndex;
 use super::grants::requirement;
 use super::pod::{PodView, is_wildcard_for};
 use super::warning::bounded;
 use crate::names::{POOL_LABEL, POOL_TAINT};
+use crate::objects::NodeIndex;
 use crate::policy::{CompiledPolicy, PolicySet};
 
 /// Whether berth owns a toleration: its key is the pool taint key.

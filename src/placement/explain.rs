@@ -89,7 +89,7 @@ fn explain_nodes(
     out: &mut String,
     input: &Input,
     decision: &Decision,
-    nodes: &super::NodeIndex,
+    nodes: &crate::objects::NodeIndex,
     neighbours: Option<&Neighbours>,
 ) {
     let Ok(pod) = PodView::read(input.pod) else {

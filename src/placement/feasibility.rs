@@ -17,8 +17,8 @@ use super::selection::{
     term_parses, tolerates,
 };
 use super::warning::bounded;
-use super::{NodeIndex, NodeInfo};
 use crate::names::{POOL_LABEL, POOL_TAINT};
+use crate::objects::{AffinityView, NodeIndex, NodeInfo, PodObject};
 use crate::policy::{CompiledPolicy, PolicySet};
 
 /// Where a pod may go, as far as [`node_fits`] reads it: its node name, node
@@ -42,6 +42,22 @@ impl Placement {
             required: pod.required_affinity().map(<[_]>::to_vec),
             tolerations: pod.tolerations().to_vec(),
         }
+    }
+
+    /// A pod as the cache holds it: its node name, node selector, required node
+    /// affinity and tolerations; `None` when one of them is too large to read.
+    pub fn of_object(pod: &PodObject) -> Option<Placement> {
+        let spec = &pod.spec;
+        Some(Placement {
+            node_name: spec.node_name.clone(),
+            node_selector: spec.node_selector.read()?.cloned().unwrap_or_default(),
+            required: spec
+                .affinity
+                .read()?
+                .and_then(AffinityView::required_terms)
+                .map(<[_]>::to_vec),
+            tolerations: spec.tolerations.read()?.cloned().unwrap_or_default(),
+        })
     }
 
     /// The pod as berth's patch for `grants` leaves it ([`super::patch`] builds

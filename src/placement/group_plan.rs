@@ -23,7 +23,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::names::{GANG_GATE, RANK_GATE};
 use crate::objects::PodObject;
-use crate::placement::feasibility::node_fits;
+use crate::placement::feasibility::{Placement, node_fits};
 use crate::placement::opt_in::{anchors, pod_entitlements};
 use crate::placement::rooms::Rooms;
 use crate::policy::compile::Labels;
@@ -413,7 +413,7 @@ fn fit(
             .unwrap_or(std::cmp::Ordering::Equal)
     });
     for (pod, requests) in order {
-        let Some(view) = pod.placement() else {
+        let Some(view) = Placement::of_object(pod) else {
             return Err(format!("pod {} is too large for berth to read", name(pod)));
         };
         // Why not, from the nodes the pod may use at all when there are some: that
@@ -477,8 +477,8 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::objects::{NodeIndex, NodeInfo};
     use crate::placement::opt_in::tests::{Everyone, Only};
-    use crate::placement::{NodeIndex, NodeInfo};
     use crate::policy::test_policies as policies;
 
     fn pod(name: &str, labels: Value, gates: &[&str], extra: Value) -> Arc<PodObject> {

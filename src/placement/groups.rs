@@ -169,7 +169,7 @@ fn ignored<'p>(
 /// policy `berth-queues` refuses the same with berth down.
 pub fn foreign_queue_class(
     pod: &PodView,
-    namespace: &super::NamespaceInfo,
+    namespace: &super::namespace::NamespaceInfo,
     config: Option<&crate::policy::NamespaceConfig>,
     policies: &crate::policy::PolicySet,
 ) -> Option<String> {

@@ -4,11 +4,27 @@
 //! every pod), AND the pod matches `podSelector`; or, in a namespace that opts in,
 //! the pod matches `coscheduled` (it goes with its group, whatever its images).
 
+use super::namespace::NamespaceInfo;
 use super::pod::PodView;
 use super::warning::bounded;
-use super::{Applied, NamespaceInfo, PassedOver};
 use crate::names::{IMAGES_ANNOTATION_PREFIX, POLICIES_ANNOTATION};
 use crate::policy::{CompiledPolicy, ImagePatterns, NamespaceConfig, PolicySet};
+
+/// A policy that applies to the pod, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    pub policy: String,
+    pub why: Vec<String>,
+    /// Whether it applies through `coscheduled` (the pod goes with its group).
+    pub with_group: bool,
+}
+
+/// A policy the namespace opts into that does not apply to this pod, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PassedOver {
+    pub policy: String,
+    pub why: String,
+}
 
 /// The outcome of matching every policy against one pod.
 #[derive(Debug, Default)]

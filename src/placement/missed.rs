@@ -10,11 +10,12 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Taint};
 use serde_json::{Value, json};
 
-use super::NamespaceInfo;
 use super::canonical::requirement_key;
 use super::daemonset::is_daemonset_pod_of;
+use super::feasibility::Placement;
 use super::grants::grants_for;
 use super::matching::match_policies;
+use super::namespace::NamespaceInfo;
 use super::opt_in::applied_policies;
 use super::pod::PodView;
 use super::selection::tolerates;
@@ -88,7 +89,7 @@ fn matching_view(pod: &PodObject) -> Option<PodView> {
 /// placed ([`PodSpec::keep_berths_marks`](crate::objects::PodSpec::keep_berths_marks)).
 /// A pod whose placement is too large to keep carries nothing.
 fn carries(pod: &PodObject, policy: &CompiledPolicy) -> bool {
-    let Some(placement) = pod.placement() else {
+    let Some(placement) = Placement::of_object(pod) else {
         return false;
     };
     let grants = grants_for(&[policy]);

@@ -4,7 +4,6 @@
 //! onto [`decide`] and [`build_patch`].
 
 pub mod avoid;
-pub mod bounds;
 pub mod canonical;
 pub mod coscheduling;
 pub mod daemonset;
@@ -19,6 +18,7 @@ pub mod groups;
 pub mod interpod;
 pub mod matching;
 pub mod missed;
+pub mod namespace;
 pub mod opt_in;
 pub mod patch;
 pub mod pod;
@@ -28,164 +28,24 @@ pub mod scheduler;
 pub mod selection;
 pub mod warning;
 
-use std::borrow::Cow;
 use std::collections::BTreeSet;
-use std::sync::OnceLock;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Taint, Toleration};
+use k8s_openapi::api::core::v1::Toleration;
 use serde_json::Value;
 
 pub use grants::Grants;
+use matching::{Applied, PassedOver};
+use namespace::NamespaceInfo;
 pub use patch::build_patch;
-use pod::PodView;
+use pod::PodSource;
 pub use pod::Requester;
 use warning::bounded;
 
-use crate::policy::compile::Labels;
-use crate::policy::{AnnotationError, NamespaceConfig, PolicySet};
-
-/// The namespace of the pod: its name, labels and annotations.
-#[derive(Debug, Default)]
-pub struct NamespaceInfo {
-    pub name: String,
-    pub labels: Labels,
-    pub annotations: Labels,
-    /// The berth annotations, read on first use and kept: the webhook's copy of a
-    /// namespace lives until the namespace changes, so its image globs are compiled
-    /// once per change rather than once per pod. Change the annotations before the
-    /// first use, or on a clone.
-    config: OnceLock<Result<NamespaceConfig, AnnotationError>>,
-}
-
-/// A copy reads its annotations again: it is made to be changed.
-impl Clone for NamespaceInfo {
-    fn clone(&self) -> Self {
-        NamespaceInfo::with(&self.name, self.labels.clone(), self.annotations.clone())
-    }
-}
-
-use crate::names::NAMESPACE_NAME_LABEL;
-
-impl NamespaceInfo {
-    /// A namespace with no annotations and only the name label the apiserver
-    /// gives every namespace.
-    pub fn new(name: &str) -> Self {
-        let labels = Labels::from([(NAMESPACE_NAME_LABEL.to_owned(), name.to_owned())]);
-        NamespaceInfo::with(name, labels, Labels::new())
-    }
-
-    /// A namespace with exactly these labels and annotations.
-    pub fn with(name: &str, labels: Labels, annotations: Labels) -> Self {
-        NamespaceInfo {
-            name: name.to_owned(),
-            labels,
-            annotations,
-            config: OnceLock::new(),
-        }
-    }
-
-    pub fn from_namespace(namespace: &Namespace) -> Self {
-        Self::from_meta(&namespace.metadata)
-    }
-
-    /// From a namespace's metadata, all berth reads of it. A namespace read from
-    /// a file may lack the name label; the apiserver would have set it.
-    pub fn from_meta(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Self {
-        let name = meta.name.clone().unwrap_or_default();
-        let mut labels = meta.labels.clone().unwrap_or_default();
-        labels
-            .entry(NAMESPACE_NAME_LABEL.to_owned())
-            .or_insert_with(|| name.clone());
-        let annotations = meta.annotations.clone().unwrap_or_default();
-        NamespaceInfo::with(&name, labels, annotations)
-    }
-
-    /// What its berth annotations say, or why they cannot be read.
-    pub fn config(&self) -> Result<&NamespaceConfig, &AnnotationError> {
-        self.config
-            .get_or_init(|| NamespaceConfig::parse(&self.annotations))
-            .as_ref()
-    }
-
-    /// Its berth annotations, or none when they cannot be read: what the
-    /// controller trusts of a namespace whose annotations are broken.
-    pub fn config_or_none(&self) -> &NamespaceConfig {
-        static NONE: std::sync::LazyLock<NamespaceConfig> =
-            std::sync::LazyLock::new(NamespaceConfig::default);
-        self.config().unwrap_or(&NONE)
-    }
-}
-
-/// What placement knows about a node.
-#[derive(Debug, Clone, Default)]
-pub struct NodeInfo {
-    pub labels: Labels,
-    pub taints: Vec<Taint>,
-}
-
-impl NodeInfo {
-    pub fn from_node(node: &Node) -> Self {
-        NodeInfo {
-            labels: node.metadata.labels.clone().unwrap_or_default(),
-            taints: node
-                .spec
-                .as_ref()
-                .and_then(|s| s.taints.clone())
-                .unwrap_or_default(),
-        }
-    }
-}
-
-/// Known nodes by name. A persistent map: the webhook's cache takes a label
-/// change in O(log n) and hands each review a snapshot that costs a pointer, where
-/// a copy of the whole map per change cost O(n) each time a burst labelled
-/// thousands of nodes.
-pub type NodeIndex = imbl::OrdMap<String, std::sync::Arc<NodeInfo>>;
-
-/// Namespaces by name, as decisions read them. A persistent map, as
-/// [`NodeIndex`] is: a change costs O(log n), a reader's snapshot a pointer.
-pub type NamespaceIndex = imbl::OrdMap<String, std::sync::Arc<NamespaceInfo>>;
-
-/// The index of these namespaces, each read as decisions read it
-/// ([`NamespaceInfo::from_meta`]).
-pub fn namespace_index<'a>(
-    namespaces: impl IntoIterator<Item = &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
-) -> NamespaceIndex {
-    namespaces
-        .into_iter()
-        .map(|meta| {
-            let info = NamespaceInfo::from_meta(meta);
-            (info.name.clone(), std::sync::Arc::new(info))
-        })
-        .collect()
-}
-
-/// The namespaces as the controller asks of them: each namespace's berth
-/// annotations are read once per change of the namespace (and kept in its
-/// [`NamespaceInfo`]), not on every pass. Annotations that do not parse opt the
-/// namespace into nothing by annotation; its labels may still be selected.
-impl crate::policy::OptIn for NamespaceIndex {
-    fn opts_in(&self, policy: &crate::policy::CompiledPolicy, namespace: &str) -> bool {
-        self.get(namespace)
-            .is_some_and(|ns| policy.namespace_opts_in(ns.config_or_none(), &ns.labels))
-    }
-
-    fn takes_daemonsets(&self, policy: &crate::policy::CompiledPolicy, namespace: &str) -> bool {
-        self.get(namespace).is_some_and(|ns| {
-            let opts_in = policy.namespace_opts_in(ns.config_or_none(), &ns.labels);
-            policy.takes_daemonsets_from(&ns.labels, opts_in)
-        })
-    }
-
-    fn named(&self, namespace: &str) -> &[String] {
-        self.get(namespace)
-            .map(|ns| ns.config_or_none().policies.as_slice())
-            .unwrap_or_default()
-    }
-}
+use crate::objects::NodeIndex;
+use crate::policy::PolicySet;
 
 /// Everything one decision looks at. The pod is JSON (`berth explain`, tests) or
-/// berth's view of it as read from an AdmissionReview ([`PodView`]).
+/// berth's view of it as read from an AdmissionReview ([`PodView`](pod::PodView)).
 #[derive(Debug)]
 pub struct Input<'a, P: ?Sized = Value> {
     /// The pod as admitted.
@@ -207,46 +67,6 @@ impl<P: ?Sized> Clone for Input<'_, P> {
 }
 
 impl<P: ?Sized> Copy for Input<'_, P> {}
-
-/// A pod as berth decides on it: its [`PodView`], or why it cannot be read.
-pub trait PodSource {
-    fn view(&self) -> Result<Cow<'_, PodView>, String>;
-}
-
-impl PodSource for Value {
-    fn view(&self) -> Result<Cow<'_, PodView>, String> {
-        PodView::read(self).map(Cow::Owned)
-    }
-}
-
-impl PodSource for PodView {
-    fn view(&self) -> Result<Cow<'_, PodView>, String> {
-        Ok(Cow::Borrowed(self))
-    }
-}
-
-/// A pod as the webhook reads it: its view, or why it cannot be read.
-impl PodSource for Result<PodView, String> {
-    fn view(&self) -> Result<Cow<'_, PodView>, String> {
-        self.as_ref().map(Cow::Borrowed).map_err(Clone::clone)
-    }
-}
-
-/// A policy that applies to the pod, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Applied {
-    pub policy: String,
-    pub why: Vec<String>,
-    /// Whether it applies through `coscheduled` (the pod goes with its group).
-    pub with_group: bool,
-}
-
-/// A policy the namespace opts into that does not apply to this pod, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PassedOver {
-    pub policy: String,
-    pub why: String,
-}
 
 /// The outcome of one admission.
 #[derive(Debug, Clone, Default)]

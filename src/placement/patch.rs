@@ -37,11 +37,11 @@ use serde_json::Value;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PreferredSchedulingTerm, Toleration};
 
-use super::PodSource;
 use super::canonical::{
     PreferredKey, TolerationKey, preferred_key, requirement_key, toleration_key,
 };
 use super::grants::{Grants, QueuePriority};
+use super::pod::PodSource;
 use super::pod::{Part, PodView};
 use super::selection::is_empty_term;
 use crate::names::{APPLIED_ANNOTATION, POOL_TAINT, is_berth_gate, is_owned_node_key};

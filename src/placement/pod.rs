@@ -7,17 +7,20 @@
 //! objects and lists the pod has, as sent, for the patch ([`super::patch`]), whose
 //! targeted operations leave every field these types do not know as it was.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{NodeSelectorTerm, PreferredSchedulingTerm, Toleration};
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+use serde_json::Value;
 
-use super::bounds::{
+use crate::bounds::{
     CONTAINERS, OWNER_REFERENCES, PREFERRED_TERMS, REQUIRED_TERMS, SCHEDULING_GATES, TOLERATIONS,
 };
 use crate::lenient::Key;
 use crate::names::{APPLIED_ANNOTATION, is_daemonset_controller};
+use crate::objects::{ImageOnly, WorkloadObject};
 use crate::policy::ImageRef;
 use crate::policy::compile::Labels;
 use crate::policy::groups::QosClass;
@@ -79,7 +82,7 @@ impl<T> std::ops::Deref for Present<T> {
 }
 
 /// A list of which berth keeps at most `MOST` items, its bound
-/// ([`super::bounds`]): the rest are stepped over and only counted, so that a list
+/// ([`crate::bounds`]): the rest are stepped over and only counted, so that a list
 /// over its bound costs no more to read than one at it, and is refused by its
 /// length.
 #[derive(Debug, Clone, Default)]
@@ -520,7 +523,7 @@ pub struct ContainerImage {
 impl PodView {
     /// Reads the fields berth needs from `raw`; the error says which field has the
     /// wrong shape.
-    /// A pod over one of the [`super::bounds`] is refused with the bound it breaks.
+    /// A pod over one of the [`crate::bounds`] is refused with the bound it breaks.
     pub fn read(raw: &serde_json::Value) -> Result<PodView, String> {
         let fields = Fields::deserialize(raw).map_err(|e| format!("not a readable Pod: {e}"))?;
         PodView::checked(fields)
@@ -532,39 +535,37 @@ impl PodView {
             return Err(format!("expected a Pod, got kind {kind}"));
         }
         let view = PodView { fields };
-        match super::bounds::over(&view.counts()) {
+        match crate::bounds::over(&view.counts()) {
             Some(reason) => Err(reason),
             None => Ok(view),
         }
     }
 
-    /// A pod template as policy matching reads it, its labels and its containers'
-    /// (name, image), init containers apart: built directly, without a JSON pod to
-    /// read again.
-    pub fn of_template<'a>(
-        labels: Labels,
-        containers: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
-        init_containers: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
-    ) -> PodView {
-        let list = |items: &mut dyn Iterator<Item = (&'a str, Option<&'a str>)>| {
+    /// A workload's pod template as policy matching reads it: its labels and its
+    /// containers' (name, image), init containers apart; built directly, without a
+    /// JSON pod to read again.
+    pub fn of_workload<K>(workload: &WorkloadObject<K>) -> PodView {
+        let template = &workload.spec.template;
+        let list = |items: &[ImageOnly]| {
             items
-                .map(|(name, image)| Container {
-                    name: name.to_owned(),
-                    image: image.map(str::to_owned),
+                .iter()
+                .map(|c| Container {
+                    name: c.name.clone(),
+                    image: c.image.clone(),
                     ..Container::default()
                 })
                 .collect()
         };
         let mut fields = Fields::default();
-        fields.metadata.value.labels = labels;
-        fields.spec.value.containers = Bounded::all(list(&mut containers.into_iter()));
-        fields.spec.value.init_containers = Bounded::all(list(&mut init_containers.into_iter()));
+        fields.metadata.value.labels = template.metadata.labels.clone().unwrap_or_default();
+        fields.spec.value.containers = Bounded::all(list(&template.spec.containers));
+        fields.spec.value.init_containers = Bounded::all(list(&template.spec.init_containers));
         PodView { fields }
     }
 
-    /// The length of each list [`super::bounds`] bounds.
-    fn counts(&self) -> Vec<(super::bounds::Bound, usize)> {
-        use super::bounds::*;
+    /// The length of each list [`crate::bounds`] bounds.
+    fn counts(&self) -> Vec<(crate::bounds::Bound, usize)> {
+        use crate::bounds::*;
         let spec = &self.fields.spec;
         let node_affinity = &spec.affinity.node_affinity;
         let terms = node_affinity
@@ -735,10 +736,10 @@ impl PodView {
     }
 
     /// The DaemonSet that controls the pod, as its ownerReferences say
-    /// ([`super::daemonset::daemonset_owner`]): any user can write that; see
+    /// ([`daemonset_owner`]): any user can write that; see
     /// [`PodView::is_daemonset_pod`].
     pub fn daemonset_owner(&self) -> Option<&OwnerReference> {
-        super::daemonset::daemonset_owner(&self.fields.metadata.owner_references)
+        daemonset_owner(&self.fields.metadata.owner_references)
     }
 
     /// Whether this is a DaemonSet pod: the DaemonSet controller sends it and its
@@ -943,6 +944,41 @@ pub fn is_wildcard_for(toleration: &Toleration, effect: &str) -> bool {
             .effect
             .as_deref()
             .is_none_or(|e| e.is_empty() || e == effect)
+}
+
+/// A pod as berth decides on it: its [`PodView`], or why it cannot be read.
+pub trait PodSource {
+    fn view(&self) -> Result<Cow<'_, PodView>, String>;
+}
+
+impl PodSource for Value {
+    fn view(&self) -> Result<Cow<'_, PodView>, String> {
+        PodView::read(self).map(Cow::Owned)
+    }
+}
+
+impl PodSource for PodView {
+    fn view(&self) -> Result<Cow<'_, PodView>, String> {
+        Ok(Cow::Borrowed(self))
+    }
+}
+
+/// A pod as the webhook reads it: its view, or why it cannot be read.
+impl PodSource for Result<PodView, String> {
+    fn view(&self) -> Result<Cow<'_, PodView>, String> {
+        self.as_ref().map(Cow::Borrowed).map_err(Clone::clone)
+    }
+}
+
+/// The DaemonSet that controls a pod, as its ownerReferences say: its `apps/v1`
+/// DaemonSet controller ownerReference. Anyone can write one, so on its own it
+/// proves nothing: the webhook also asks who sends the pod
+/// ([`PodView::is_daemonset_pod`]), the controller whether that DaemonSet exists in
+/// the pod's namespace ([`super::daemonset::is_daemonset_pod_of`]).
+pub fn daemonset_owner(owners: &[OwnerReference]) -> Option<&OwnerReference> {
+    owners
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "DaemonSet" && o.api_version == "apps/v1")
 }
 
 #[cfg(test)]

@@ -10,9 +10,9 @@ use kube::ResourceExt;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::objects::{NodeIndex, NodeInfo};
 use crate::objects::{NodeObject, PodObject};
 use crate::placement::feasibility::{Placement, node_fits};
-use crate::placement::{NodeIndex, NodeInfo};
 
 /// What a node offers a held pod.
 #[derive(Debug, Clone, Default)]
@@ -164,7 +164,7 @@ impl Fit {
     /// The fit check's view of a held pod; `None` when it cannot be read.
     pub fn of(pod: &PodObject) -> Option<Fit> {
         Some(Fit {
-            placement: pod.placement()?,
+            placement: Placement::of_object(pod)?,
             requests: pod.requests(),
             predictable: predictable(pod),
         })
@@ -240,7 +240,7 @@ mod tests {
         // A field too large to read is not predicted either.
         let huge = json!({"affinity": {"nodeAffinity": {"x": "y".repeat(crate::objects::PLACEMENT_FIELD_BYTES)}}});
         assert!(!predictable(&pod(huge.clone())));
-        assert!(pod(huge).placement().is_none());
+        assert!(Placement::of_object(&pod(huge)).is_none());
     }
 
     fn node(name: &str, version: &str, zone: &str) -> Arc<NodeObject> {

@@ -2,8 +2,11 @@
 
 use serde_json::{Value, json};
 
+use super::namespace::NamespaceIndex;
+use super::pod::PodView;
 use super::*;
-use crate::policy::PlacementPolicy;
+use crate::objects::NodeInfo;
+use crate::policy::{NamespaceConfig, PlacementPolicy};
 
 fn mk_policy(name: &str, spec: Value) -> PlacementPolicy {
     serde_json::from_value(json!({

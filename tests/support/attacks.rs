@@ -29,7 +29,7 @@ pub fn many_tolerations(count: usize) -> Value {
 /// short of the bound because berth adds its pool exclusion to each term), so that
 /// `berth-pools` walks all of it once per PlacementPolicy. About 1 MB.
 pub fn worst_within_bounds() -> Value {
-    use berth::placement::bounds::{REQUIRED_TERMS, TERM_REQUIREMENTS, TOLERATIONS};
+    use berth::bounds::{REQUIRED_TERMS, TERM_REQUIREMENTS, TOLERATIONS};
     let mut tolerations = vec![json!({"operator": "Exists"})];
     tolerations.extend(
         (1..TOLERATIONS.most).map(|i| json!({"key": format!("k{i}"), "operator": "Exists"})),
