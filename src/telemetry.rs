@@ -14,11 +14,31 @@ use std::sync::atomic::AtomicU64;
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // try_init also routes the `log` crate's records (rustls') into it.
+    let _ = tracing_subscriber::util::SubscriberInitExt::try_init(log_format(
+        filter,
+        ansi,
+        std::io::stderr,
+    ));
+}
+
+/// berth's log lines: each prefixed by the spans it happened in (a review with
+/// its uid, a controller pass, a write with its kind), so that one review or one
+/// pass can be followed by its span. Public so that tests read the same lines.
+pub fn log_format<W>(
+    filter: tracing_subscriber::EnvFilter,
+    ansi: bool,
+    writer: W,
+) -> impl tracing::Subscriber + Send + Sync + 'static
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_ansi(ansi)
+        .with_writer(writer)
+        .finish()
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -180,6 +180,7 @@ pub async fn run(
 /// and the DaemonSets that predate a pool; `desired` holds every node's desired
 /// state from pass to pass. What differs from what it should be goes to its
 /// writer.
+#[tracing::instrument(name = "nodes pass", skip_all, fields(everything = changed == Changed::Everything))]
 pub async fn reconcile(
     pass: &Pass<'_>,
     stores: &Stores,

@@ -178,6 +178,7 @@ fn waiting_for<'n>(
 
 /// Releases the held pods that may go now and tells the others, with an Event,
 /// which pod they wait for.
+#[tracing::instrument(name = "release pass", skip_all, fields(pods = pods.len()))]
 pub async fn release_held_pods(
     pass: &Pass<'_>,
     snapshot: &Snapshot,

@@ -160,6 +160,7 @@ fn update_rooms(cache: &mut RoomCache, changed: Changed, stores: &Stores) {
 /// Releases the pods held by `berth.io/rank` and `berth.io/gang` that may go (see
 /// [`crate::placement::group_plan`]); returns the gangs held past their timeout, by policy,
 /// and how soon time alone changes what may go.
+#[tracing::instrument(name = "group release pass", skip_all)]
 async fn release_groups(
     pass: &Pass<'_>,
     stores: &Stores,

@@ -161,6 +161,9 @@ impl Writes {
     }
 
     /// Makes the write `call` of `kind` if this replica leads; see the module.
+    /// Each write is a span of its own (inside the pass or the writer that asked
+    /// for it), ending with its outcome at debug level.
+    #[tracing::instrument(name = "write", skip_all, fields(kind = kind.as_str()))]
     pub async fn make<T>(
         &self,
         kind: Kind,
@@ -201,6 +204,7 @@ impl Writes {
                 outcome: outcome.into(),
             })
             .inc();
+        tracing::debug!(outcome, "written");
         result
     }
 
@@ -218,6 +222,7 @@ impl Writes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracing::Instrument;
 
     fn sample(metrics: &Metrics, kind: &str, outcome: &str) -> u64 {
         metrics
@@ -271,6 +276,54 @@ mod tests {
             "nothing sent without the Lease"
         );
         assert_eq!(sample(&metrics, "eviction", "not_leader"), 1);
+    }
+
+    /// A log line's buffer that a test can read back.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn each_write_is_a_span_with_its_kind_and_outcome() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let format = crate::telemetry::log_format(
+            tracing_subscriber::EnvFilter::new("berth=debug"),
+            false,
+            move || writer.clone(),
+        );
+        let _logs = tracing::subscriber::set_default(format);
+        let (_leading, receiver) = watch::channel(true);
+        let writes = Writes::new(Arc::default(), receiver, Rates::all(100));
+        let pass = tracing::info_span!("release pass");
+        writes
+            .make(Kind::Release, async { Ok(()) })
+            .instrument(pass)
+            .await
+            .unwrap();
+        let _ = writes
+            .make(Kind::Node, async { Err::<(), _>(api_error(409)) })
+            .await;
+        let logged = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            logged.contains("release pass:write{kind=\"release\"}: berth::controller::writes: written outcome=\"ok\""),
+            "{logged}"
+        );
+        assert!(
+            logged.contains(
+                "write{kind=\"node\"}: berth::controller::writes: written outcome=\"conflict\""
+            ),
+            "{logged}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
