@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use berth::names;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use support::fixtures::{self, policy};
@@ -207,18 +208,48 @@ async fn the_scheduler_takes_queued_pods_in_berths_order_and_never_preempts() {
         pods.create(&PostParams::default(), &own).await.ok()
     })
     .await;
+    let preemptor = created.metadata.uid.clone().expect("uid");
     let spec = created.spec.expect("spec");
     assert_eq!(spec.priority_class_name.as_deref(), Some("preempting"));
     assert_eq!(spec.priority, Some(1_000_000_000));
-    let victim = eventually("a pod preempted for own-class", WAIT, || async {
-        let all = pods.list(&ListParams::default()).await.ok()?.items;
-        let gone = want.iter().find(|n| {
-            all.iter()
-                .find(|p| p.metadata.name.as_deref() == Some(n.as_str()))
-                .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
-        });
-        gone.cloned()
+    // The scheduler's own record: a Preempted Event on each pod it preempts, whose
+    // note names the pod it made room for by uid.
+    let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+    let preempted = eventually("the scheduler's Preempted Event", WAIT, || async {
+        let list = events
+            .list(&ListParams::default().fields("reason=Preempted"))
+            .await
+            .ok()?;
+        let seen: Vec<(String, String)> = list
+            .items
+            .into_iter()
+            .map(|e| {
+                let victim = e.regarding.and_then(|r| r.name).unwrap_or_default();
+                (victim, e.note.unwrap_or_default())
+            })
+            .collect();
+        (!seen.is_empty()).then_some(seen)
     })
     .await;
-    assert!(want.contains(&victim));
+    // One victim, made room for own-class: none ever for a pod of berth's classes,
+    // the urgent one included.
+    let [(victim, note)] = &preempted[..] else {
+        panic!("one pod preempted, for own-class: {preempted:?}");
+    };
+    assert!(
+        note.contains(&preemptor) && note.ends_with("on node qnode1"),
+        "{victim} preempted for another pod than own-class ({preemptor}): {note}"
+    );
+    assert!(
+        want.contains(victim),
+        "{victim} was not bound: {preempted:?}"
+    );
+    // The scheduler ranks the bound pods by berth's classes too: it keeps the
+    // three first in the queue and preempts the fourth.
+    assert_eq!(victim, order[ROOM - 1].0, "{preempted:?}");
+    let gone = pods.get_opt(victim).await.expect("read the victim");
+    assert!(
+        gone.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+        "{victim} preempted but not deleted"
+    );
 }

@@ -13,7 +13,7 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use support::fixtures;
-use support::{Berth, Nodes, fresh_namespace, kubectl_with_input};
+use support::{Berth, Nodes, fresh_namespace, kubectl_with_input, samples};
 
 const NODES: Nodes = Nodes {
     count: 4,
@@ -153,26 +153,42 @@ async fn kubectl_prints_berths_warnings() {
 async fn kube_system_and_berths_own_namespace_are_never_sent_to_it() {
     let berth = berth();
     let client = berth.cluster.client().await;
-    for ns in ["kube-system", "berth-system"] {
-        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-        let pod = fixtures::pod("forged")
+    let forged = |ns: &str| {
+        fixtures::pod("forged")
             .image("nginx")
             .metadata(json!({"namespace": ns}))
             .spec(
                 json!({"tolerations": [{"key": names::POOL_TAINT, "operator": "Equal",
                 "value": "cdn", "effect": "NoSchedule"}]}),
             )
-            .build();
+            .build()
+    };
+    let keeps_toleration = |pod: Pod| {
+        let tolerations = pod.spec.unwrap().tolerations.unwrap_or_default();
+        tolerations
+            .iter()
+            .any(|t| t.key.as_deref() == Some(names::POOL_TAINT))
+    };
+    // The control: a namespace that is sent to berth (and does not opt in, like
+    // the two below) gets the forged toleration removed, so one kept below is a
+    // pod berth never saw.
+    let sent = fresh_namespace(&client, "sent").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &sent);
+    let created = pods
+        .create(&PostParams::default(), &forged(&sent))
+        .await
+        .expect("created");
+    assert!(
+        !keeps_toleration(created),
+        "berth kept a forged toleration in {sent}"
+    );
+    for ns in ["kube-system", "berth-system"] {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
         let created = pods
-            .create(&PostParams::default(), &pod)
+            .create(&PostParams::default(), &forged(ns))
             .await
             .expect("created");
-        let kept = created.spec.unwrap().tolerations.unwrap_or_default();
-        assert!(
-            kept.iter()
-                .any(|t| t.key.as_deref() == Some(names::POOL_TAINT)),
-            "a pod in {ns} reached berth"
-        );
+        assert!(keeps_toleration(created), "a pod in {ns} reached berth");
     }
 }
 
@@ -186,6 +202,17 @@ fn served_serial(berth: &Berth) -> String {
         .args(["-c", &script])
         .output()
         .unwrap();
+    text(&out.stdout).trim().to_owned()
+}
+
+/// The serial number of the certificate in `certs`' `tls.crt`.
+fn file_serial(certs: &std::path::Path) -> String {
+    let out = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-serial", "-in"])
+        .arg(certs.join("tls.crt"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
     text(&out.stdout).trim().to_owned()
 }
 
@@ -281,10 +308,17 @@ async fn a_certificate_rotated_during_a_request_stream_loses_no_request() {
         "every worker got answers: {counts:?}"
     );
 
+    // berth serves the pair `berth certs` wrote last (a failed connection reads
+    // as no serial at all).
     let last_serial = served_serial(berth);
     assert_ne!(
         first_serial, last_serial,
         "the served certificate did not change"
+    );
+    assert_eq!(
+        last_serial,
+        file_serial(&certs),
+        "the newest pair is served"
     );
 }
 
@@ -307,7 +341,17 @@ async fn metrics_count_decisions_latency_and_certificate_expiry() {
             .find_map(|l| l.strip_prefix("berth_decisions_total{policy=\"counted\"} "))
             .map(|v| v.trim().parse::<f64>().unwrap())
     };
-    let before = decided(&berth.metrics()).expect("the probes were counted");
+    // Every answer to a pod berth patched, timed on /mutate.
+    let patched = |metrics: &str| {
+        samples(metrics).find_map(|(sample, value)| {
+            (sample
+                == r#"berth_admission_duration_seconds_count{path="/mutate",outcome="patched"}"#)
+                .then_some(value)
+        })
+    };
+    let first = berth.metrics();
+    let before = decided(&first).expect("the probes were counted");
+    let patched_before = patched(&first).expect("the probes were timed");
     for i in 0..3 {
         let out = kubectl_with_input(
             &berth.cluster.dir,
@@ -321,15 +365,26 @@ async fn metrics_count_decisions_latency_and_certificate_expiry() {
     }
     let metrics = berth.metrics();
     assert_eq!(decided(&metrics), Some(before + 3.0), "{metrics}");
-    for expected in [
-        "berth_admission_duration_seconds_bucket{",
-        "path=\"/mutate\"",
-        "outcome=\"patched\"",
-        "berth_certificate_expiry_seconds ",
-    ] {
-        assert!(
-            metrics.contains(expected),
-            "missing {expected} in:\n{metrics}"
-        );
-    }
+    // At least these three: the other tests of this file send pods too.
+    let timed = patched(&metrics).expect("patched answers timed");
+    assert!(
+        timed >= patched_before + 3.0,
+        "{timed} after {patched_before}"
+    );
+    let bucket =
+        r#"berth_admission_duration_seconds_bucket{le="+Inf",path="/mutate",outcome="patched"}"#;
+    assert!(
+        samples(&metrics).any(|(sample, _)| sample == bucket),
+        "missing {bucket} in:\n{metrics}"
+    );
+    // The served pair is berth-up's or a renewal's: `berth certs` makes it valid
+    // for 365 days, and none is a day old.
+    let day = 86_400.0;
+    let expiry = samples(&metrics)
+        .find_map(|(sample, value)| (sample == "berth_certificate_expiry_seconds").then_some(value))
+        .expect("berth_certificate_expiry_seconds");
+    assert!(
+        (364.0 * day..=365.0 * day).contains(&expiry),
+        "expires in {expiry} s"
+    );
 }

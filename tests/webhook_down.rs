@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::fixtures;
-use support::{Berth, Nodes, fresh_namespace};
+use support::{Berth, Nodes, TestCluster, fresh_namespace, samples};
 
 const NODES: Nodes = Nodes {
     count: 2,
@@ -59,16 +59,20 @@ async fn with_berth_stopped_pods_are_still_created_everywhere() {
         "{log}"
     );
 
-    for ns in [
-        "kube-system",
-        "berth-system",
-        plain.as_str(),
-        opted_in.as_str(),
+    // The system namespaces are never sent to berth; the others are, and the
+    // apiserver, finding berth gone, lets the pod through (failurePolicy Ignore)
+    // and counts it.
+    for (ns, sent) in [
+        ("kube-system", false),
+        ("berth-system", false),
+        (plain.as_str(), true),
+        (opted_in.as_str(), true),
     ] {
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
         let pod = fixtures::pod("while-berth-is-down")
             .image("example/cdn-uploader:1")
             .build();
+        let before = failed_open(berth.cluster);
         let started = Instant::now();
         pods.create(&PostParams::default(), &pod)
             .await
@@ -78,5 +82,22 @@ async fn with_berth_stopped_pods_are_still_created_everywhere() {
             "creating in {ns} took {:?}",
             started.elapsed()
         );
+        assert_eq!(
+            failed_open(berth.cluster) - before,
+            if sent { 1.0 } else { 0.0 },
+            "the apiserver's count of pods let past berth, for one in {ns}"
+        );
     }
+}
+
+/// The apiserver's own count of requests it let through berth's pod webhook
+/// unanswered (`failurePolicy: Ignore`).
+fn failed_open(cluster: &TestCluster) -> f64 {
+    let metrics = cluster.kubectl_ok(&["get", "--raw", "/metrics"]);
+    let sample =
+        r#"apiserver_admission_webhook_fail_open_count{name="pods.mutate.berth.io",type="admit"}"#;
+    // The apiserver prints a counter only once it has counted something.
+    samples(&metrics)
+        .find_map(|(name, value)| (name == sample).then_some(value))
+        .unwrap_or(0.0)
 }
