@@ -1,5 +1,5 @@
 #![cfg(feature = "e2e")]
-//! The cluster room against the real apiserver: what berth reads of a policy is
+//! The cluster model against the real apiserver: what berth reads of a policy is
 //! its spec and finalizers, so a status write (berth's own, every pass) wakes
 //! nothing, while a spec change costs one compile and one node pass. One test in
 //! this binary, with a berth of its own, so nothing else moves its counters.

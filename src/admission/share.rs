@@ -412,7 +412,7 @@ mod tests {
         assert_eq!(body.amount(), 0);
         assert!(!body.grow(1), "a revoked holding is refused");
         assert_eq!(share.used(), 30);
-        assert!(other.grow(70), "the room the revoked holding gave back");
+        assert!(other.grow(70), "the share the revoked holding gave back");
         let again = share.take(peer(2), 50).expect("an equal share of 50");
         assert!(other.is_revoked(), "its only holding gives way, whole");
         assert_eq!(share.used(), 50);

@@ -1,4 +1,4 @@
-//! The cluster as this process knows it: one room that owns every watch. `berth
+//! The cluster as this process knows it: one model that owns every watch. `berth
 //! serve` runs the webhook and the controller side by side, and both read this
 //! one model, so they can never disagree about the policy in force.
 //!
@@ -106,7 +106,7 @@ impl Stores {
     }
 }
 
-/// What the room works out from the stores and publishes.
+/// What the model works out from the stores and publishes.
 struct Published {
     in_force: RwLock<Arc<Compiled>>,
     /// Node labels, for the webhook's decisions.
@@ -161,7 +161,7 @@ impl Published {
     }
 }
 
-/// The cluster room; see the module.
+/// The cluster model; see the module.
 pub struct Cluster {
     client: Client,
     pub stores: Stores,
@@ -361,7 +361,7 @@ fn policy_changes(
             tracing::warn!(%error, last_good_kept = invalid.kept, "policy does not compile");
         }
         metrics.policy_compiles.inc();
-        let _turn = wakes.turn();
+        let _publishing = wakes.publishing();
         write(&published.in_force, Arc::new(compiled));
         published.policies_synced.send_replace(true);
         wakes.all();
@@ -378,7 +378,7 @@ fn namespace_changes(
     let mut hashes = Hashes::new(seen::namespace::<NamespaceMeta>);
     let info = |ns: &NamespaceMeta| Arc::new(NamespaceInfo::from_meta(&ns.metadata));
     move |store, event| {
-        let _turn = wakes.turn();
+        let _publishing = wakes.publishing();
         match hashes.changed(event) {
             Seen::Nothing => return,
             Seen::Object(name) => {
@@ -471,7 +471,7 @@ fn daemonset_changes(
                 .iter()
                 .filter_map(|d| Some((d.namespace()?, d.uid()?)))
                 .collect();
-            let _turn = wakes.turn();
+            let _publishing = wakes.publishing();
             write(&published.daemonsets, Arc::new(daemonsets));
             wakes.everything();
         }

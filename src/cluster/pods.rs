@@ -1,4 +1,4 @@
-//! Pods as the cluster room keeps them: stripped to what berth reads, indexed by
+//! Pods as the cluster model keeps them: stripped to what berth reads, indexed by
 //! the node they are bound to, with the pods berth holds indexed by the policies
 //! they name.
 //!

@@ -66,18 +66,18 @@ pub struct Wakes {
     for_rooms: Changes,
     /// Something only the policies' status reports changed.
     status: AtomicBool,
-    /// See [`Wakes::turn`].
-    turn: Mutex<()>,
+    /// See [`Wakes::publishing`].
+    publishing: Mutex<()>,
 }
 
 impl Wakes {
-    /// Held while the room publishes what every node depends on (the policies in
+    /// Held while the model publishes what every node depends on (the policies in
     /// force, the namespaces, the DaemonSets) and wakes the loops for it, and while
     /// the nodes loop takes what changed and reads that state: so a pass that reads
     /// a change has also taken its wake, and no second pass follows for a change
     /// already seen. Never held across an await.
-    pub fn turn(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.turn.lock().unwrap_or_else(|e| e.into_inner())
+    pub fn publishing(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.publishing.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The node `name` changed, or a pod bound to it did: wakes the nodes loop.

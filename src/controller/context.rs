@@ -1,7 +1,7 @@
-//! What the controller's loops work with: the options, the cluster room, the
+//! What the controller's loops work with: the options, the cluster model, the
 //! metrics and Events, and what one loop learns that the other needs. Every loop
 //! and writer imports it; it imports no loop and no writer, only what they share
-//! below it: the wishes they pass ([`super::wishes`]), the door ([`super::writes`])
+//! below it: the wishes they pass ([`super::wishes`]), the one way to write ([`super::writes`])
 //! and Events.
 
 use std::collections::BTreeMap;
@@ -54,7 +54,7 @@ pub struct Context {
     pub cluster: Arc<Cluster>,
     pub options: ControllerOptions,
     pub shared: Arc<Shared>,
-    /// The door every write goes through.
+    /// The one way every write goes (rate, Lease, timeout, count).
     pub writes: Writes,
     /// What the nodes pass wants written, for the writer of each kind.
     pub node_writes: Arc<NodeQueue>,
@@ -120,7 +120,7 @@ pub struct Pass<'a> {
     pub pod_group_writes: &'a PodGroupWrites,
 }
 
-/// Policies and namespaces as the cluster room holds them at one instant.
+/// Policies and namespaces as the cluster model holds them at one instant.
 pub struct Snapshot {
     /// Every cached policy object, deleted ones included (the finalizer needs them).
     pub objects: Vec<Arc<PolicyObject>>,

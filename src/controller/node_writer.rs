@@ -2,7 +2,7 @@
 //!
 //! The nodes pass computes what each node should carry and hands it over
 //! ([`Wishes::want`](super::wishes::Wishes::want)); this task writes it, [`NodeWriter::CONCURRENCY`] nodes at a
-//! time, through the door ([`super::writes`]) at `--node-qps`, as every writer
+//! time, through [`super::writes`] at `--node-qps`, as every writer
 //! task does ([`super::wishes`]). So a pass never waits for its writes: a pool over
 //! 5,000 nodes takes its writes seconds, and meanwhile the policies' status,
 //! DaemonSet templates and the passes for other nodes go on (a deleted policy's
@@ -26,7 +26,7 @@ use crate::telemetry::{KindLabels, Metrics};
 pub struct NodeWriter {
     pub writes: Writes,
     pub client: Client,
-    /// The cluster room's nodes: each write starts from the node as held there.
+    /// The cluster model's nodes: each write starts from the node as held there.
     pub nodes: Store<NodeObject>,
     pub metrics: Arc<Metrics>,
 }

@@ -110,17 +110,17 @@ pub async fn run(
             continue;
         }
         let started = std::time::Instant::now();
-        // What changed and the state it changed are taken in one turn of the room:
+        // What changed and the state it changed are taken in one look at the model:
         // a change published after this is in the next pass, one published before
         // is in this one and leaves no wake behind.
-        let turn = wakes.turn();
+        let publishing = wakes.publishing();
         let changed = wakes.take();
         let status = wakes.take_status();
         if changed.is_nothing() && !status && !scan && !sweep {
             continue;
         }
         let snapshot = Snapshot::take(cluster);
-        drop(turn);
+        drop(publishing);
         let failures = context.writes.failures(&RETRIED_BY_EVERYTHING);
         let pass = context.pass();
         let wanted_classes = queues::wanted(&snapshot.compiled.set);

@@ -47,7 +47,7 @@ pub fn finalized(policy: &PolicyObject) -> bool {
 pub struct PolicyWriter {
     pub writes: Writes,
     pub client: Client,
-    /// The cluster room's policies: each write starts from the policy as held there.
+    /// The cluster model's policies: each write starts from the policy as held there.
     pub policies: Store<PolicyObject>,
 }
 

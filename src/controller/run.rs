@@ -1,4 +1,4 @@
-//! The controller. The cluster room ([`crate::cluster`]) keeps the caches; two loops,
+//! The controller. The cluster model ([`crate::cluster`]) keeps the caches; two loops,
 //! each woken by the changes that concern it and by a periodic resync, act on
 //! them while this replica holds the Lease, and only once every cache holds a
 //! full list:

@@ -1,6 +1,6 @@
 //! The shape of every writer task: a loop computes what an object should be and
 //! hands it over as a wish ([`Wishes::want`]); the object's writer task makes the
-//! writes, a few at a time, through the door ([`super::writes`]). So a loop never
+//! writes, a few at a time, through [`super::writes`]. So a loop never
 //! waits for its writes, and a slow or failing kind of write holds back no other.
 //!
 //! - The latest wish for an object wins: one asked for again before it is written

@@ -132,7 +132,7 @@ impl Rates {
     }
 }
 
-/// The controller's door to the apiserver; cheap to clone.
+/// The one way the controller writes to the apiserver; cheap to clone.
 #[derive(Clone)]
 pub struct Writes {
     metrics: Arc<Metrics>,

@@ -6,7 +6,7 @@
 
 use super::compile::CompiledPolicy;
 
-/// What the controller asks of namespaces. The namespaces the cluster room
+/// What the controller asks of namespaces. The namespaces the cluster model
 /// keeps (`placement::NamespaceIndex`, each read once per change) answer it.
 pub trait OptIn {
     /// Whether `namespace` opts into `policy`.
