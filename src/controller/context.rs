@@ -20,9 +20,6 @@ use crate::placement::namespace::NamespaceIndex;
 use crate::policy::compile::Compiled;
 use crate::telemetry::Metrics;
 
-/// Changes within this window are handled in one pass.
-pub const DEBOUNCE: Duration = Duration::from_millis(100);
-
 /// How the controller runs.
 #[derive(Debug, Clone)]
 pub struct ControllerOptions {

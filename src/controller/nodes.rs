@@ -11,13 +11,14 @@
 //! every node's last desired state, kept from pass to pass.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::context::{Context, DEBOUNCE, Pass, Snapshot, leadership_changed};
+use super::context::{Context, Pass, Snapshot, leadership_changed};
 use super::daemonsets::daemonset_patch;
 use super::events::Reported;
 use super::missed::Missed;
@@ -32,6 +33,10 @@ use crate::objects::NodeObject;
 use crate::placement::desired::{BoundPod, DesiredNodes, desired_node_state};
 use crate::placement::groups::GangMode;
 use crate::policy::OptIn;
+
+/// Changes within this window are handled in one nodes pass (or twice the last
+/// pass, if that was longer).
+const NODES_BATCH: Duration = Duration::from_millis(100);
 
 /// What a pass over everything writes itself (nodes, policies' status, a deleted
 /// policy's finalizer and DaemonSets are their writers', which hand a failed one
@@ -60,7 +65,7 @@ pub async fn run(
     let mut sweeper = Sweeper::default();
     let mut sweep = false;
     let mut queue_classes = QueueClasses::default();
-    let mut pause = DEBOUNCE;
+    let mut pause = NODES_BATCH;
     let mut desired = DesiredNodes::new();
     let mut retry: Option<tokio::time::Instant> = None;
     // Pods the policies missed are looked for on full passes, and again soon
@@ -172,7 +177,7 @@ pub async fn run(
         reported.end_pass();
         // Passes over a large cluster under heavy churn take a third of the time
         // at most, leaving the cores to the releases and the apiserver.
-        pause = (started.elapsed() * 2).max(DEBOUNCE);
+        pause = (started.elapsed() * 2).max(NODES_BATCH);
     }
 }
 

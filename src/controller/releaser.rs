@@ -34,7 +34,7 @@ use crate::placement::rooms::{RoomCache, Rooms};
 /// Changes within this window are handled in one release pass: shorter than the
 /// nodes loop's, since a held pod waits for it, and a pass with nothing held is
 /// only a look at each pod.
-const DEBOUNCE: Duration = Duration::from_millis(25);
+const RELEASES_BATCH: Duration = Duration::from_millis(25);
 
 /// What this loop writes: a failure of one, and of nothing the nodes loop
 /// writes, is retried by its next pass.
@@ -71,7 +71,7 @@ pub async fn run(
                 }
                 context.pod_group_writes.clear();
             }
-            () = wakes.releases.notified() => tokio::time::sleep(DEBOUNCE).await,
+            () = wakes.releases.notified() => tokio::time::sleep(RELEASES_BATCH).await,
             // A held gang reaches its timeoutSeconds (reported on time), or a
             // ranked pod has waited long enough for lower ranks to show.
             () = until(wake_at) => wake_at = None,
