@@ -40,11 +40,12 @@ use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PreferredSchedulingTer
 use super::canonical::{
     PreferredKey, TolerationKey, preferred_key, requirement_key, toleration_key,
 };
+use super::entitlement::is_owned_toleration;
 use super::grants::{Grants, QueuePriority};
 use super::pod::PodSource;
 use super::pod::{Part, PodView};
 use super::selection::is_empty_term;
-use crate::names::{APPLIED_ANNOTATION, POOL_TAINT, is_berth_gate, is_owned_node_key};
+use crate::names::{APPLIED_ANNOTATION, is_berth_gate, is_owned_node_key};
 
 const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
 
@@ -356,10 +357,6 @@ pub fn test(tokens: &[&str], value: Value) -> PatchOperation {
         path: pointer(tokens),
         value,
     })
-}
-
-fn is_owned_toleration(t: &Toleration) -> bool {
-    t.key.as_deref() == Some(POOL_TAINT)
 }
 
 fn is_owned_preferred(term: &PreferredSchedulingTerm) -> bool {
