@@ -3,12 +3,20 @@
 //! of every node when something they all depend on did, and hands the differences
 //! to the node writer ([`super::node_writer`]); then it works out the policies'
 //! status and which deleted ones may go, for the policy writer
-//! ([`super::policy_writer`]), and the DaemonSet templates that predate a pool,
-//! for the DaemonSet writer ([`super::daemonsets`]). Each writer writes on its
-//! own, so a pass waits for none of those writes; the one write it makes itself
-//! is a new policy's finalizer, which the policy's node work waits for. A pod
-//! bound or deleted costs its node, not the cluster; the status is counted from
-//! every node's last desired state, kept from pass to pass.
+//! ([`super::policy_writer`]), and, on passes over everything, the DaemonSet
+//! templates that predate a pool, for the DaemonSet writer
+//! ([`super::daemonsets`]), and the queue PriorityClasses to make, for the
+//! PriorityClass writer ([`super::queues`]); at each resync the sweep hands the
+//! objects berth no longer needs to the sweep writer ([`super::sweep`]). Each
+//! writer writes on its own, so a pass waits for none of those writes.
+//!
+//! A pass makes two kinds of write itself, because what it does next depends on
+//! how they end: a new policy's finalizer, which the policy's node work waits for
+//! ([`super::policy_writer`]), and the missed scan's evictions, whose probe of each
+//! owner must know that its one pod went before the others may
+//! ([`super::missed`]). A pod bound or deleted costs its node, not the cluster;
+//! the status is counted from every node's last desired state, kept from pass to
+//! pass.
 
 use std::sync::Arc;
 
@@ -33,16 +41,18 @@ use crate::placement::desired::{BoundPod, DesiredNodes, desired_node_state};
 use crate::placement::groups::GangMode;
 use crate::policy::OptIn;
 
-/// What a pass over everything writes itself (nodes, policies' status, a deleted
-/// policy's finalizer and DaemonSets are their writers', which hand a failed one
-/// back): a failed one is retried by another such pass. The missed scan's
-/// evictions have their own rescan, the sweep its resync.
-const RETRIED_BY_EVERYTHING: [Kind; 2] = [Kind::Finalizer, Kind::PriorityClass];
+/// What a pass writes itself: a new policy's finalizer (every other kind is its
+/// writer's, which hands a failed one back, but for the missed scan's evictions,
+/// which have their own rescan). A failed one is retried by a pass over
+/// everything.
+const RETRIED_BY_EVERYTHING: [Kind; 1] = [Kind::Finalizer];
 
 /// The nodes loop: a pass on every change that concerns nodes, and at each resync
 /// (which also looks up the gang mode again and sweeps unused objects).
+/// `queue_classes` is shared with the PriorityClass writer.
 pub async fn run(
     context: Context,
+    queue_classes: QueueClasses,
     mut leadership: watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) {
@@ -59,7 +69,6 @@ pub async fn run(
     let mut reported = Reported::default();
     let mut sweeper = Sweeper::default();
     let mut sweep = false;
-    let mut queue_classes = QueueClasses::default();
     let mut pause = DEBOUNCE;
     let mut desired = DesiredNodes::new();
     let mut retry: Option<tokio::time::Instant> = None;
@@ -81,19 +90,21 @@ pub async fn run(
                 // What a sweep found unused before a gap in leadership is stale,
                 // and so is what this replica last knew of each node.
                 sweeper = Sweeper::default();
-                queue_classes = QueueClasses::default();
+                queue_classes.forget();
                 missed = Missed::default();
                 context.node_writes.clear();
                 context.policy_writes.clear();
                 context.daemonset_writes.clear();
+                context.class_writes.clear();
+                context.sweep_writes.clear();
                 wakes.everything();
                 tracing::info!(leading, identity = %options.identity, "controller leadership changed");
             }
             () = wakes.nodes.notified() => tokio::time::sleep(pause).await,
             () = until(retry) => {
                 retry = None;
-                // A finalizer could not be added, or a PriorityClass made:
-                // looked at on passes over everything.
+                // A finalizer could not be added: looked at on passes over
+                // everything.
                 wakes.everything();
             }
             () = until(rescan) => {
@@ -125,9 +136,7 @@ pub async fn run(
         let pass = context.pass();
         let wanted_classes = queues::wanted(&snapshot.compiled.set);
         if matches!(changed, Changed::Everything) {
-            queue_classes
-                .keep(&context.writes, client, &wanted_classes)
-                .await;
+            queue_classes.keep(pass.class_writes, &wanted_classes);
         }
         if std::mem::take(&mut scan) || matches!(changed, Changed::Everything) {
             let again = missed.scan(&pass, stores, &snapshot).await;
@@ -159,7 +168,7 @@ pub async fn run(
             );
             sweeper
                 .sweep(
-                    &context.writes,
+                    pass.sweep_writes,
                     client,
                     &stores.pods.state(),
                     pod_groups,
