@@ -15,8 +15,9 @@
 //! ([`super::policy_writer`]), and the missed scan's evictions, whose probe of each
 //! owner must know that its one pod went before the others may
 //! ([`super::missed`]). A pod bound or deleted costs its node, not the cluster;
-//! the status is counted from every node's last desired state, kept from pass to
-//! pass.
+//! and the policies' status is worked out again only for the policies that node
+//! concerns, each from its own nodes' last desired state, kept from pass to pass
+//! ([`super::status::Statuses`]).
 
 use std::sync::Arc;
 
@@ -27,10 +28,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::context::{Context, DEBOUNCE, Pass, Snapshot, leadership_changed};
 use super::daemonsets::daemonset_patch;
-use super::events::Reported;
 use super::missed::Missed;
 use super::queues::{self, QueueClasses};
-use super::status::Findings;
+use super::status::{Findings, Statuses};
 use super::sweep::Sweeper;
 use super::wishes::until;
 use super::writer::in_sync;
@@ -66,7 +66,7 @@ pub async fn run(
     } = &context;
     let stores = &cluster.stores;
     let mut resync = tokio::time::interval(options.resync);
-    let mut reported = Reported::default();
+    let mut statuses = Statuses::default();
     let mut sweeper = Sweeper::default();
     let mut sweep = false;
     let mut pause = DEBOUNCE;
@@ -147,12 +147,16 @@ pub async fn run(
             timed_out: shared.timed_out(),
             missed: missed.by_policy.clone(),
         };
+        if status {
+            // A gang timed out, or a status write failed.
+            statuses.all();
+        }
         reconcile(
             &pass,
             stores,
             &snapshot,
             &groups,
-            &mut reported,
+            &mut statuses,
             changed,
             &mut desired,
         )
@@ -177,8 +181,6 @@ pub async fn run(
                 )
                 .await;
         }
-        // Every cause of an Event was looked at in this pass, whatever failed.
-        reported.end_pass();
         // Passes over a large cluster under heavy churn take a third of the time
         // at most, leaving the cores to the releases and the apiserver.
         pause = (started.elapsed() * 2).max(DEBOUNCE);
@@ -194,7 +196,7 @@ pub async fn reconcile(
     stores: &Stores,
     snapshot: &Snapshot,
     groups: &Findings,
-    reported: &mut Reported,
+    statuses: &mut Statuses,
     changed: Changed,
     desired: &mut DesiredNodes,
 ) {
@@ -209,6 +211,7 @@ pub async fn reconcile(
         Changed::Everything => {
             let nodes = stores.nodes.state();
             desired.clear();
+            statuses.everything();
             nodes
         }
         Changed::Nodes(names) => names
@@ -216,7 +219,7 @@ pub async fn reconcile(
             .filter_map(|name| {
                 let node = stores.nodes.get(&ObjectRef::new(&name));
                 if node.is_none() {
-                    desired.remove(&name);
+                    statuses.node(&name, desired.remove(&name).as_ref(), None);
                     pass.node_writes.settled(&name);
                 }
                 node
@@ -247,10 +250,11 @@ pub async fn reconcile(
         } else {
             pass.node_writes.want(name.clone(), state.clone());
         }
+        statuses.node(&name, desired.get(&name), Some(&state));
         desired.insert(name, state);
     }
 
-    super::status::update_statuses(pass, snapshot, desired, groups, reported);
+    statuses.update(pass, snapshot, desired, groups);
     super::status::release_deleted(pass, snapshot, stores);
     if templates {
         bring_daemonsets_in_line(pass, stores, snapshot);

@@ -224,6 +224,9 @@ mod tests {
             json!({"apiVersion": "scheduling.k8s.io/v1",
             "kind": "PriorityClass", "metadata": {"name": "berth-queue-jobs-2"}, "value": 2}),
         ));
+        while !known.knows("berth-queue-jobs-2") {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
         shutdown.cancel();
         task.await.unwrap();
         let counted = |outcome: &str| {
