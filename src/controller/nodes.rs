@@ -41,10 +41,10 @@ use crate::placement::desired::{BoundPod, DesiredNodes, desired_node_state};
 use crate::placement::groups::GangMode;
 use crate::policy::OptIn;
 
-/// What a pass writes itself: a new policy's finalizer (every other kind is its
-/// writer's, which hands a failed one back, but for the missed scan's evictions,
-/// which have their own rescan). A failed one is retried by a pass over
-/// everything.
+/// What a pass writes itself and retries: a new policy's finalizer, by a pass over
+/// everything. (The missed scan's evictions have their own rescan; every other
+/// kind is a writer's, which hands a failed write back, or for the sweep's
+/// deletes leaves it to the next sweep.)
 const RETRIED_BY_EVERYTHING: [Kind; 1] = [Kind::Finalizer];
 
 /// The nodes loop: a pass on every change that concerns nodes, and at each resync
