@@ -12,7 +12,9 @@ use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 
 use super::events::Events;
-use super::wishes::{DaemonSetWrites, NodeQueue, PodGroupWrites, PolicyWrites, locked};
+use super::wishes::{
+    ClassWrites, DaemonSetWrites, NodeQueue, PodGroupWrites, PolicyWrites, SweepWrites, locked,
+};
 use super::writes::Writes;
 use crate::cluster::{Cluster, DaemonSets};
 use crate::objects::PolicyObject;
@@ -57,6 +59,9 @@ pub struct Context {
     pub node_writes: Arc<NodeQueue>,
     pub policy_writes: Arc<PolicyWrites>,
     pub daemonset_writes: Arc<DaemonSetWrites>,
+    pub class_writes: Arc<ClassWrites>,
+    pub sweep_writes: Arc<SweepWrites>,
+    /// What the releases pass wants of gangs' PodGroups.
     pub pod_group_writes: Arc<PodGroupWrites>,
 }
 
@@ -71,6 +76,8 @@ impl Context {
             node_writes: &self.node_writes,
             policy_writes: &self.policy_writes,
             daemonset_writes: &self.daemonset_writes,
+            class_writes: &self.class_writes,
+            sweep_writes: &self.sweep_writes,
             pod_group_writes: &self.pod_group_writes,
         }
     }
@@ -114,6 +121,8 @@ pub struct Pass<'a> {
     pub node_writes: &'a NodeQueue,
     pub policy_writes: &'a PolicyWrites,
     pub daemonset_writes: &'a DaemonSetWrites,
+    pub class_writes: &'a ClassWrites,
+    pub sweep_writes: &'a SweepWrites,
     pub pod_group_writes: &'a PodGroupWrites,
 }
 

@@ -21,6 +21,15 @@
 //! probing again: an owner with a pod on its way out is waiting for a
 //! replacement, and one with a pod that came back with the decision lately is
 //! known to be seen by the webhook.
+//!
+//! The scan makes its evictions itself, not through a writer task: a probe is
+//! one pod that *went* (an eviction refused by a PodDisruptionBudget is no probe,
+//! and the scan tries the owner's next pod), and the owner's state, the
+//! replacement told apart from the pods it had then, and the budget of
+//! [`EVICTIONS_PER_SCAN`] all hang on that answer. Handed to a queue where the
+//! latest wish wins, a refused probe would look like one under way and put its
+//! owner off for [`PROBE_TIMEOUT`] and then [`BACKOFF`]. They go through the door
+//! ([`super::writes`]) and are counted as `eviction`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};

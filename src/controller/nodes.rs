@@ -3,12 +3,21 @@
 //! of every node when something they all depend on did, and hands the differences
 //! to the node writer ([`super::node_writer`]); then it works out the policies'
 //! status and which deleted ones may go, for the policy writer
-//! ([`super::policy_writer`]), and the DaemonSet templates that predate a pool,
-//! for the DaemonSet writer ([`super::daemonsets`]). Each writer writes on its
-//! own, so a pass waits for none of those writes; the one write it makes itself
-//! is a new policy's finalizer, which the policy's node work waits for. A pod
-//! bound or deleted costs its node, not the cluster; the status is counted from
-//! every node's last desired state, kept from pass to pass.
+//! ([`super::policy_writer`]), and, on passes over everything, the DaemonSet
+//! templates that predate a pool, for the DaemonSet writer
+//! ([`super::daemonsets`]), and the queue PriorityClasses to make, for the
+//! PriorityClass writer ([`super::queues`]); at each resync the sweep hands the
+//! objects berth no longer needs to the sweep writer ([`super::sweep`]). Each
+//! writer writes on its own, so a pass waits for none of those writes.
+//!
+//! A pass makes two kinds of write itself, because what it does next depends on
+//! how they end: a new policy's finalizer, which the policy's node work waits for
+//! ([`super::policy_writer`]), and the missed scan's evictions, whose probe of each
+//! owner must know that its one pod went before the others may
+//! ([`super::missed`]). A pod bound or deleted costs its node, not the cluster;
+//! and the policies' status is worked out again only for the policies that node
+//! concerns, each from its own nodes' last desired state, kept from pass to pass
+//! ([`super::status::Statuses`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,10 +29,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::context::{Context, Pass, Snapshot, leadership_changed};
 use super::daemonsets::daemonset_patch;
-use super::events::Reported;
 use super::missed::Missed;
 use super::queues::{self, QueueClasses};
-use super::status::Findings;
+use super::status::{Findings, Statuses};
 use super::sweep::Sweeper;
 use super::wishes::until;
 use super::writer::in_sync;
@@ -38,16 +46,18 @@ use crate::policy::OptIn;
 /// pass, if that was longer).
 const NODES_BATCH: Duration = Duration::from_millis(100);
 
-/// What a pass over everything writes itself (nodes, policies' status, a deleted
-/// policy's finalizer and DaemonSets are their writers', which hand a failed one
-/// back): a failed one is retried by another such pass. The missed scan's
-/// evictions have their own rescan, the sweep its resync.
-const RETRIED_BY_EVERYTHING: [Kind; 2] = [Kind::Finalizer, Kind::PriorityClass];
+/// What a pass writes itself and retries: a new policy's finalizer, by a pass over
+/// everything. (The missed scan's evictions have their own rescan; every other
+/// kind is a writer's, which hands a failed write back, or for the sweep's
+/// deletes leaves it to the next sweep.)
+const RETRIED_BY_EVERYTHING: [Kind; 1] = [Kind::Finalizer];
 
 /// The nodes loop: a pass on every change that concerns nodes, and at each resync
 /// (which also looks up the gang mode again and sweeps unused objects).
+/// `queue_classes` is shared with the PriorityClass writer.
 pub async fn run(
     context: Context,
+    queue_classes: QueueClasses,
     mut leadership: watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) {
@@ -61,10 +71,9 @@ pub async fn run(
     } = &context;
     let stores = &cluster.stores;
     let mut resync = tokio::time::interval(options.resync);
-    let mut reported = Reported::default();
+    let mut statuses = Statuses::default();
     let mut sweeper = Sweeper::default();
     let mut sweep = false;
-    let mut queue_classes = QueueClasses::default();
     let mut pause = NODES_BATCH;
     let mut desired = DesiredNodes::new();
     let mut retry: Option<tokio::time::Instant> = None;
@@ -86,19 +95,21 @@ pub async fn run(
                 // What a sweep found unused before a gap in leadership is stale,
                 // and so is what this replica last knew of each node.
                 sweeper = Sweeper::default();
-                queue_classes = QueueClasses::default();
+                queue_classes.forget();
                 missed = Missed::default();
                 context.node_writes.clear();
                 context.policy_writes.clear();
                 context.daemonset_writes.clear();
+                context.class_writes.clear();
+                context.sweep_writes.clear();
                 wakes.everything();
                 tracing::info!(leading, identity = %options.identity, "controller leadership changed");
             }
             () = wakes.nodes.notified() => tokio::time::sleep(pause).await,
             () = until(retry) => {
                 retry = None;
-                // A finalizer could not be added, or a PriorityClass made:
-                // looked at on passes over everything.
+                // A finalizer could not be added: looked at on passes over
+                // everything.
                 wakes.everything();
             }
             () = until(rescan) => {
@@ -130,9 +141,7 @@ pub async fn run(
         let pass = context.pass();
         let wanted_classes = queues::wanted(&snapshot.compiled.set);
         if matches!(changed, Changed::Everything) {
-            queue_classes
-                .keep(&context.writes, client, &wanted_classes)
-                .await;
+            queue_classes.keep(pass.class_writes, &wanted_classes);
         }
         if std::mem::take(&mut scan) || matches!(changed, Changed::Everything) {
             let again = missed.scan(&pass, stores, &snapshot).await;
@@ -143,12 +152,16 @@ pub async fn run(
             timed_out: shared.timed_out(),
             missed: missed.by_policy.clone(),
         };
+        if status {
+            // A gang timed out, or a status write failed.
+            statuses.all();
+        }
         reconcile(
             &pass,
             stores,
             &snapshot,
             &groups,
-            &mut reported,
+            &mut statuses,
             changed,
             &mut desired,
         )
@@ -164,7 +177,7 @@ pub async fn run(
             );
             sweeper
                 .sweep(
-                    &context.writes,
+                    pass.sweep_writes,
                     client,
                     &stores.pods.state(),
                     pod_groups,
@@ -173,8 +186,6 @@ pub async fn run(
                 )
                 .await;
         }
-        // Every cause of an Event was looked at in this pass, whatever failed.
-        reported.end_pass();
         // Passes over a large cluster under heavy churn take a third of the time
         // at most, leaving the cores to the releases and the apiserver.
         pause = (started.elapsed() * 2).max(NODES_BATCH);
@@ -191,7 +202,7 @@ pub async fn reconcile(
     stores: &Stores,
     snapshot: &Snapshot,
     groups: &Findings,
-    reported: &mut Reported,
+    statuses: &mut Statuses,
     changed: Changed,
     desired: &mut DesiredNodes,
 ) {
@@ -206,6 +217,7 @@ pub async fn reconcile(
         Changed::Everything => {
             let nodes = stores.nodes.state();
             desired.clear();
+            statuses.everything();
             nodes
         }
         Changed::Nodes(names) => names
@@ -213,7 +225,7 @@ pub async fn reconcile(
             .filter_map(|name| {
                 let node = stores.nodes.get(&ObjectRef::new(&name));
                 if node.is_none() {
-                    desired.remove(&name);
+                    statuses.node(&name, desired.remove(&name).as_ref(), None);
                     pass.node_writes.settled(&name);
                 }
                 node
@@ -244,10 +256,11 @@ pub async fn reconcile(
         } else {
             pass.node_writes.want(name.clone(), state.clone());
         }
+        statuses.node(&name, desired.get(&name), Some(&state));
         desired.insert(name, state);
     }
 
-    super::status::update_statuses(pass, snapshot, desired, groups, reported);
+    statuses.update(pass, snapshot, desired, groups);
     super::status::release_deleted(pass, snapshot, stores);
     if templates {
         bring_daemonsets_in_line(pass, stores, snapshot);

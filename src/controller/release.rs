@@ -195,10 +195,8 @@ pub async fn release_held_pods(
         pass.metrics.set_held(AVOID_GATE, std::iter::empty(), now);
         return;
     }
-    let mut all: Vec<ExclusionPod> = pods
-        .iter()
-        .filter_map(|p| ExclusionPod::from_pod(p))
-        .collect();
+    let policies = &snapshot.compiled.set;
+    let mut all = exclusion::pods_to_plan(pods, policies, &*snapshot.namespaces);
     released.overlay(&mut all);
     released.note_unplaceable(
         &mut all,
@@ -212,7 +210,6 @@ pub async fn release_held_pods(
         );
         report_set_aside(pass, &all, reported);
     }
-    let policies = &snapshot.compiled.set;
     let plan = exclusion::plan(&all, policies, &*snapshot.namespaces, unseen, rooms);
     // Held now: gated and not released in this pass. (In a block: a set of
     // pointers is not Send, and must be gone before the next await.)

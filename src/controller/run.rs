@@ -6,16 +6,26 @@
 //! - the **releases** ([`super::releaser`]): held pods that may go now, for
 //!   exclusion ([`crate::placement::exclusion`]) and groups ([`crate::placement::group_plan`]);
 //! - the **nodes** ([`super::nodes`]): every node's berth labels and taints, the
-//!   policies' status and finalizers, DaemonSet templates, and the sweep of unused
+//!   policies' status and finalizers, DaemonSet templates, the queue
+//!   PriorityClasses, the pods the policies missed, and the sweep of unused
 //!   objects;
 //!
-//! and a writer task for each kind of write the nodes loop wants
-//! ([`super::wishes`]): nodes ([`super::node_writer`]), policies' status and
-//! deleted policies' finalizers ([`super::policy_writer`]), DaemonSet templates
-//! ([`super::daemonsets`]), and one for the PodGroups the releases loop wants
-//! ([`super::podgroups`]). They run side by side, so that node writes (a new
-//! pool over a thousand nodes takes seconds at the write rate) delay neither a
-//! release nor a policy's status, and a burst of releases never delays a node.
+//! and a writer task for each kind of write a loop hands over ([`super::wishes`]):
+//! nodes ([`super::node_writer`]), policies' status and deleted policies'
+//! finalizers ([`super::policy_writer`]), DaemonSet templates
+//! ([`super::daemonsets`]), queue PriorityClasses ([`super::queues`]) and the
+//! sweep's deletes ([`super::sweep`]) for the nodes loop, and the PodGroups
+//! ([`super::podgroups`]) for the releases loop. They run side by side, so that
+//! node writes (a new pool over a thousand nodes takes seconds at the write rate)
+//! delay neither a release nor a policy's status, and a burst of releases never
+//! delays a node.
+//!
+//! The loops still make three kinds of write themselves, each because what the
+//! loop does next depends on how that write ended: a new policy's finalizer
+//! ([`super::policy_writer`] says why), the missed scan's evictions
+//! ([`super::missed`]), and releases with the evictions of the pods that block
+//! them ([`super::releaser`]). Every write, a writer's or a loop's, goes through
+//! the door ([`super::writes`]) and is counted there by kind.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +39,8 @@ use super::events::Events;
 use super::node_writer::NodeWriter;
 use super::podgroups::{PodGroupWriter, PodGroups};
 use super::policy_writer::PolicyWriter;
+use super::queues::{ClassWriter, QueueClasses};
+use super::sweep::SweepWriter;
 use super::wishes;
 use super::writes::Writes;
 use crate::cluster::Cluster;
@@ -90,6 +102,8 @@ pub async fn run(
         node_writes: Arc::default(),
         policy_writes: Arc::default(),
         daemonset_writes: Arc::default(),
+        class_writes: Arc::default(),
+        sweep_writes: Arc::default(),
         pod_group_writes: Arc::default(),
     };
     // The writers stop with the nodes loop, whatever stopped it (leader election
@@ -113,6 +127,18 @@ pub async fn run(
         events: context.events.clone(),
         known: pod_groups.clone(),
     };
+    // The queue PriorityClasses the PriorityClass writer made sure of, for the
+    // nodes loop.
+    let queue_classes = QueueClasses::default();
+    let classes = ClassWriter {
+        writes: writes.clone(),
+        client: client.clone(),
+        known: queue_classes.clone(),
+    };
+    let sweeps = SweepWriter {
+        writes: writes.clone(),
+        client: client.clone(),
+    };
     let daemonsets = DaemonSetWriter {
         writes,
         client,
@@ -122,6 +148,7 @@ pub async fn run(
     };
     let (on_node, on_policy) = (cluster.clone(), cluster.clone());
     let (on_daemonset, on_pod_group) = (cluster.clone(), cluster.clone());
+    let on_class = cluster.clone();
     let writers = [
         tokio::spawn(wishes::run(
             nodes,
@@ -144,6 +171,20 @@ pub async fn run(
             writers_stop.clone(),
         )),
         tokio::spawn(wishes::run(
+            classes,
+            context.class_writes.clone(),
+            // Classes are looked at on passes over everything.
+            move |_: &_| on_class.wakes.everything(),
+            writers_stop.clone(),
+        )),
+        tokio::spawn(wishes::run(
+            sweeps,
+            context.sweep_writes.clone(),
+            // The next sweep, at the next resync, looks again.
+            |_: &_| {},
+            writers_stop.clone(),
+        )),
+        tokio::spawn(wishes::run(
             pod_group_writer,
             context.pod_group_writes.clone(),
             move |_: &_| on_pod_group.wakes.releases.notify_one(),
@@ -156,7 +197,7 @@ pub async fn run(
         leadership.clone(),
         shutdown.clone(),
     ));
-    super::nodes::run(context, leadership, shutdown).await;
+    super::nodes::run(context, queue_classes, leadership, shutdown).await;
     writers_stop.cancel();
     // Both loops and the writers have dropped their receivers: the lease task
     // releases the Lease.

@@ -2,7 +2,7 @@
 //! deleted policy's nodes, and `status` (nodes, conditions), handed to the policy
 //! writer ([`super::policy_writer`]); and Events for new problems.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -247,7 +247,7 @@ fn self_set_condition(
 
 /// What the group planning and the scan for missed pods tell the policies'
 /// status.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Findings {
     pub gang_mode: crate::placement::groups::GangMode,
     /// Gangs held past their timeout, by policy (`namespace/group`).
@@ -256,73 +256,208 @@ pub struct Findings {
     pub missed: BTreeMap<String, Vec<String>>,
 }
 
-/// Hands each live policy's status to the policy writer when it changed; Events
-/// for new conflicts and pods without entitlement.
-pub fn update_statuses(
-    pass: &Pass<'_>,
-    snapshot: &Snapshot,
-    desired: &DesiredNodes,
-    groups: &Findings,
-    reported: &mut Reported,
-) {
-    let mut owned: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for (node, desired) in desired {
-        if let Some(pool) = desired.labels.get(POOL_LABEL) {
-            owned.entry(pool).or_default().push(node.clone());
+/// The policies' status, worked out again only for the policies that something
+/// changed for: the policy itself (a pass over everything), one of its nodes or
+/// the pods on them, or what the group planning and the missed scan found of it.
+/// A policy's status is counted from the nodes that concern it alone (an index
+/// kept from pass to pass), so one node's change costs the policies it concerns,
+/// each its own nodes, not every policy times every node.
+#[derive(Debug, Default)]
+pub struct Statuses {
+    /// The nodes whose desired state concerns each policy ([`concerns`]).
+    nodes_of: HashMap<String, BTreeSet<String>>,
+    /// Every policy's status is due (at first, and after a pass over everything).
+    all_due: bool,
+    /// The policies whose status is due at the next update.
+    due: BTreeSet<String>,
+    /// What the last update was told by the group planning and the missed scan.
+    findings: Findings,
+    /// Each policy's Events, remembered while their causes last.
+    reported: HashMap<String, Reported>,
+    /// The gauges' values, by policy (a clash count only for `avoid` policies).
+    unentitled: BTreeMap<String, i64>,
+    clashes: BTreeMap<String, i64>,
+}
+
+/// The policies whose status `desired` counts in: its pool, the claims it loses
+/// or refuses, and the `avoid` policies whose pods clash on it.
+fn concerns(desired: &DesiredNode) -> BTreeSet<&str> {
+    let pool = desired.labels.get(POOL_LABEL).map(String::as_str);
+    let claims = desired.losing_claims.iter().chain(&desired.refused_claims);
+    let clashes = desired.clashes.iter().map(|c| &c.policy);
+    pool.into_iter()
+        .chain(claims.chain(clashes).map(String::as_str))
+        .collect()
+}
+
+impl Statuses {
+    /// Everything changed: every node's desired state is worked out again, and
+    /// every policy's status.
+    pub fn everything(&mut self) {
+        self.nodes_of.clear();
+        self.all_due = true;
+    }
+
+    /// Every policy's status is due (something it reports changed for all, or a
+    /// status write failed), the nodes kept.
+    pub fn all(&mut self) {
+        self.all_due = true;
+    }
+
+    /// Node `name`'s desired state went from `before` to `after` (`None`: none,
+    /// the node is gone or new): the status of each policy either concerns is due,
+    /// unless the two are the same.
+    pub fn node(&mut self, name: &str, before: Option<&DesiredNode>, after: Option<&DesiredNode>) {
+        // A pod event that changed nothing the node should carry or report.
+        if before == after {
+            return;
+        }
+        let before = before.map(concerns).unwrap_or_default();
+        let after = after.map(concerns).unwrap_or_default();
+        for policy in before.difference(&after) {
+            if let Some(nodes) = self.nodes_of.get_mut(*policy) {
+                nodes.remove(name);
+                if nodes.is_empty() {
+                    self.nodes_of.remove(*policy);
+                }
+            }
+        }
+        for policy in &after {
+            let nodes = self.nodes_of.entry((*policy).to_owned()).or_default();
+            nodes.insert(name.to_owned());
+        }
+        if !self.all_due {
+            self.due
+                .extend(before.union(&after).map(|p| (*p).to_owned()));
         }
     }
-    let mut unentitled_counts = BTreeMap::new();
-    let mut clash_counts = BTreeMap::new();
-    // Each pair once, whichever of the two is the policy's own.
-    let mut clashes: BTreeMap<&str, BTreeSet<(String, String, String)>> = BTreeMap::new();
-    for clash in desired.values().flat_map(|d| &d.clashes) {
-        let (a, b) = if clash.subject <= clash.target {
-            (&clash.subject, &clash.target)
+
+    /// The live policies whose status is due now, given what the group planning
+    /// and the missed scan found; taken once.
+    fn take_due<'s>(
+        &mut self,
+        snapshot: &'s Snapshot,
+        findings: &Findings,
+    ) -> Vec<&'s PolicyObject> {
+        if findings.gang_mode != self.findings.gang_mode {
+            self.all_due = true;
+        }
+        if !self.all_due {
+            let (old, new) = (&self.findings, findings);
+            for (before, now) in [(&old.timed_out, &new.timed_out), (&old.missed, &new.missed)] {
+                let names = before.keys().chain(now.keys());
+                let changed = names.filter(|p| before.get(*p) != now.get(*p));
+                self.due.extend(changed.cloned());
+            }
+        }
+        if self.findings != *findings {
+            self.findings = findings.clone();
+        }
+        let live = snapshot
+            .objects
+            .iter()
+            .filter(|p| p.meta().deletion_timestamp.is_none());
+        let due: Vec<&PolicyObject> = if std::mem::take(&mut self.all_due) {
+            let live: Vec<&PolicyObject> = live.map(AsRef::as_ref).collect();
+            // Policies gone (or deleted) are forgotten.
+            let names: BTreeSet<String> = live.iter().map(|p| p.name_any()).collect();
+            self.reported.retain(|p, _| names.contains(p));
+            self.unentitled.retain(|p, _| names.contains(p));
+            self.clashes.retain(|p, _| names.contains(p));
+            live
         } else {
-            (&clash.target, &clash.subject)
+            live.filter(|p| self.due.contains(&p.name_any()))
+                .map(AsRef::as_ref)
+                .collect()
         };
-        clashes.entry(clash.policy.as_str()).or_default().insert((
-            clash.node.clone(),
-            a.clone(),
-            b.clone(),
-        ));
+        self.due.clear();
+        due
     }
-    for policy in snapshot
-        .objects
-        .iter()
-        .filter(|p| p.meta().deletion_timestamp.is_none())
-    {
+
+    /// Hands the status of each policy due to the policy writer when it changed;
+    /// Events for new conflicts and pods without entitlement. Returns how many
+    /// policies' status it worked out.
+    pub fn update(
+        &mut self,
+        pass: &Pass<'_>,
+        snapshot: &Snapshot,
+        desired: &DesiredNodes,
+        findings: &Findings,
+    ) -> usize {
+        let due = self.take_due(snapshot, findings);
+        for policy in &due {
+            self.update_one(pass, snapshot, desired, policy);
+        }
+        if !due.is_empty() {
+            pass.metrics.unentitled_pods.set_all(&self.unentitled);
+            pass.metrics.exclusion_clashes.set_all(&self.clashes);
+        }
+        due.len()
+    }
+
+    /// Works out `policy`'s status from the nodes that concern it.
+    fn update_one(
+        &mut self,
+        pass: &Pass<'_>,
+        snapshot: &Snapshot,
+        desired: &DesiredNodes,
+        policy: &PolicyObject,
+    ) {
+        let groups = &self.findings;
         let name = policy.name_any();
-        let mut node_names = owned.get(name.as_str()).cloned().unwrap_or_default();
-        node_names.sort();
-        let mut lost: Vec<String> = desired
-            .iter()
-            .filter(|(_, d)| d.losing_claims.contains(&name))
-            .map(|(n, _)| n.clone())
+        let nodes: Vec<(&String, &DesiredNode)> = self
+            .nodes_of
+            .get(&name)
+            .into_iter()
+            .flatten()
+            .filter_map(|node| desired.get_key_value(node))
             .collect();
-        lost.sort();
-        let mut refused: Vec<String> = desired
+        let pooled = |d: &DesiredNode| d.labels.get(POOL_LABEL) == Some(&name);
+        let named = |test: &dyn Fn(&DesiredNode) -> bool| -> Vec<String> {
+            let mut names: Vec<String> = nodes
+                .iter()
+                .filter(|(_, d)| test(d))
+                .map(|(n, _)| (*n).clone())
+                .collect();
+            names.sort();
+            names
+        };
+        let node_names = named(&pooled);
+        let lost = named(&|d| d.losing_claims.contains(&name));
+        let refused = named(&|d| d.refused_claims.contains(&name));
+        let mut unentitled: Vec<&(String, String, String)> = nodes
             .iter()
-            .filter(|(_, d)| d.refused_claims.contains(&name))
-            .map(|(n, _)| n.clone())
-            .collect();
-        refused.sort();
-        let mut unentitled: Vec<&(String, String, String)> = desired
-            .iter()
-            .filter(|(_, d)| d.labels.get(POOL_LABEL) == Some(&name))
+            .filter(|(_, d)| pooled(d))
             .flat_map(|(_, d)| d.unentitled.iter())
             .collect();
         unentitled.sort();
-        unentitled_counts.insert(name.clone(), unentitled.len() as i64);
+        self.unentitled
+            .insert(name.clone(), unentitled.len() as i64);
+        // Each pair once, whichever of the two is the policy's own.
+        let clashing: BTreeSet<(String, String, String)> = nodes
+            .iter()
+            .flat_map(|(_, d)| &d.clashes)
+            .filter(|clash| clash.policy == name)
+            .map(|clash| {
+                let (a, b) = if clash.subject <= clash.target {
+                    (&clash.subject, &clash.target)
+                } else {
+                    (&clash.target, &clash.subject)
+                };
+                (clash.node.clone(), a.clone(), b.clone())
+            })
+            .collect();
         let apart = snapshot
             .compiled
             .set
             .get(&name)
             .is_some_and(|p| p.spec.avoid.is_some());
-        let clashing = clashes.get(name.as_str()).cloned().unwrap_or_default();
         if apart {
-            clash_counts.insert(name.clone(), clashing.len() as i64);
+            self.clashes.insert(name.clone(), clashing.len() as i64);
+        } else {
+            self.clashes.remove(&name);
         }
+        let reported = self.reported.entry(name.clone()).or_default();
 
         let current = policy_writer::current_status(policy);
         let previous = current
@@ -450,7 +585,7 @@ pub fn update_statuses(
                 "SelfSetLabels",
                 format!(
                     "node {node} matches this pool's nodeSelector only by labels it can set on \
-                     itself; it is not taken in"
+                 itself; it is not taken in"
                 ),
             ));
         }
@@ -477,7 +612,7 @@ pub fn update_statuses(
                 "ExclusionBroken",
                 format!(
                     "pods {a} and {b} share node {node}, which policy {name} keeps apart \
-                     (one got there past berth); move one"
+                 (one got there past berth); move one"
                 ),
             ));
         }
@@ -485,15 +620,87 @@ pub fn update_statuses(
             let event = event(type_, reason, "Reconcile", note);
             reported.publish(pass.events, key, event, &reference);
         }
+        reported.end_pass();
     }
-    pass.metrics.unentitled_pods.set_all(&unentitled_counts);
-    pass.metrics.exclusion_clashes.set_all(&clash_counts);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::names::ANCHOR_LABEL_PREFIX;
+
+    fn pooled(pool: &str) -> DesiredNode {
+        DesiredNode {
+            labels: [(POOL_LABEL.to_string(), pool.to_string())].into(),
+            ..DesiredNode::default()
+        }
+    }
+
+    #[test]
+    fn a_changed_node_makes_due_only_the_status_of_the_policies_it_concerns() {
+        let policy = |name: &str| -> Arc<PolicyObject> {
+            Arc::new(
+                serde_json::from_value(json!({"apiVersion": "berth.io/v1alpha1",
+                    "kind": "PlacementPolicy", "metadata": {"name": name},
+                    "spec": {"pool": {"nodeNames": ["n1"]}}}))
+                .unwrap(),
+            )
+        };
+        let snapshot = Snapshot {
+            objects: ["a", "b", "c", "d"].map(policy).to_vec(),
+            compiled: Arc::default(),
+            namespaces: Arc::default(),
+            daemonsets: Arc::default(),
+        };
+        let findings = Findings::default();
+        let mut statuses = Statuses::default();
+        let due = |statuses: &mut Statuses, findings: &Findings| -> Vec<String> {
+            let due = statuses.take_due(&snapshot, findings);
+            due.iter().map(|p| p.name_any()).collect()
+        };
+        // A pass over everything: every policy, whatever the nodes.
+        statuses.everything();
+        let mut n3 = pooled("c");
+        n3.losing_claims = vec!["b".into()];
+        statuses.node("n1", None, Some(&pooled("a")));
+        statuses.node("n2", None, Some(&pooled("b")));
+        statuses.node("n3", None, Some(&n3));
+        assert_eq!(due(&mut statuses, &findings), ["a", "b", "c", "d"]);
+        assert!(due(&mut statuses, &findings).is_empty(), "taken once");
+
+        // A pod on n1 changed what n1 reports: a's status, no other.
+        let mut unentitled = pooled("a");
+        unentitled.unentitled = vec![("ns".into(), "p".into(), "u".into())];
+        statuses.node("n1", Some(&pooled("a")), Some(&unentitled));
+        assert_eq!(due(&mut statuses, &findings), ["a"]);
+        // A pod event that changed nothing of the node: nothing.
+        statuses.node("n1", Some(&unentitled), Some(&unentitled));
+        assert!(due(&mut statuses, &findings).is_empty());
+        // n3 gone: the pool it was in and the claim it lost.
+        statuses.node("n3", Some(&n3), None);
+        assert_eq!(due(&mut statuses, &findings), ["b", "c"]);
+        assert_eq!(
+            statuses.nodes_of["b"],
+            BTreeSet::from(["n2".to_string()]),
+            "b's status is counted from n2 alone now"
+        );
+        assert!(!statuses.nodes_of.contains_key("c"), "c concerns no node");
+        // A node that concerns no policy, and one that moves from a to d.
+        statuses.node("n4", None, Some(&DesiredNode::default()));
+        assert!(due(&mut statuses, &findings).is_empty());
+        statuses.node("n1", Some(&unentitled), Some(&pooled("d")));
+        assert_eq!(due(&mut statuses, &findings), ["a", "d"]);
+
+        // The missed scan found something of b: b's status.
+        let missed = Findings {
+            missed: [("b".to_string(), vec!["ns/p".to_string()])].into(),
+            ..Findings::default()
+        };
+        assert_eq!(due(&mut statuses, &missed), ["b"]);
+        assert!(due(&mut statuses, &missed).is_empty(), "found once");
+        assert_eq!(due(&mut statuses, &findings), ["b"], "and gone");
+    }
+
     use k8s_openapi::api::core::v1::Taint;
     use serde_json::json;
 

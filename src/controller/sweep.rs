@@ -9,9 +9,13 @@
 //! An object goes only when it is older than [`GRACE`] and no live pod used it at
 //! this sweep or the one before: a class the webhook just made, or a group whose
 //! pods are being replaced, survives.
+//!
+//! The nodes loop sweeps at each resync: it lists berth's objects and decides, and
+//! hands what may go to the sweep writer ([`SweepWriter`]), which deletes it. A
+//! delete that fails is left to the next sweep.
 
-use super::writes::{Kind, Writes};
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +25,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, Resource, ResourceExt};
 
+use super::wishes::{SweepWrites, Unused, Writer};
+use super::writes::{Error, Kind, Writes};
 use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL, QUEUE_CLASS_PREFIX, queue_class_parts};
 use crate::objects::PodObject;
 use crate::policy::{OptIn, PolicySet};
@@ -37,12 +43,12 @@ pub struct Sweeper {
 }
 
 impl Sweeper {
-    /// Deletes the queue PriorityClasses no policy allows (not in `wanted`) that
-    /// no live pod of a namespace opting into their policy names, and with
-    /// `pod_groups`, the PodGroups no live pod joins.
+    /// Hands to the sweep writer the queue PriorityClasses no policy allows (not in
+    /// `wanted`) that no live pod of a namespace opting into their policy names,
+    /// and with `pod_groups`, the PodGroups no live pod joins.
     pub async fn sweep(
         &mut self,
-        writes: &Writes,
+        deletes: &SweepWrites,
         client: &Client,
         pods: &[Arc<PodObject>],
         pod_groups: bool,
@@ -66,10 +72,10 @@ impl Sweeper {
             let name = c.name_any();
             name.starts_with(QUEUE_CLASS_PREFIX) && !wanted.contains_key(&name)
         });
-        let api_for = |_: &PriorityClass| api.clone();
         let name = |c: &PriorityClass| c.name_any();
+        let unused = |c: &PriorityClass| Unused::Class(c.name_any());
         self.unused_classes =
-            delete_unused(writes, found, &classes, &self.unused_classes, name, api_for).await;
+            delete_unused(deletes, found, &classes, &self.unused_classes, name, unused);
 
         if !pod_groups {
             self.unused_groups.clear();
@@ -86,10 +92,10 @@ impl Sweeper {
             .collect();
         let found = list_ours(&Api::<PodGroup>::all(client.clone())).await;
         let namespace = |g: &PodGroup| g.namespace().unwrap_or_default();
-        let api_for = |g: &PodGroup| Api::namespaced(client.clone(), &namespace(g));
         let key = |g: &PodGroup| format!("{}/{}", namespace(g), g.name_any());
+        let unused = |g: &PodGroup| Unused::PodGroup((namespace(g), g.name_any()));
         self.unused_groups =
-            delete_unused(writes, found, &groups, &self.unused_groups, key, api_for).await;
+            delete_unused(deletes, found, &groups, &self.unused_groups, key, unused);
     }
 }
 
@@ -108,19 +114,18 @@ where
     }
 }
 
-/// Deletes the objects [`unused`] picks, each through `api_for` it; returns the
-/// keys unused now. Each delete is bound to the object's uid, so a namesake made in
-/// the meantime stays.
-async fn delete_unused<K>(
-    writes: &Writes,
+/// Hands the objects [`unused`] picks to the sweep writer, each as `unused_as`
+/// names it, with its uid; returns the keys unused now.
+fn delete_unused<K>(
+    deletes: &SweepWrites,
     found: impl IntoIterator<Item = K>,
     used: &BTreeSet<String>,
     unused_before: &BTreeSet<String>,
     key: impl Fn(&K) -> String,
-    api_for: impl Fn(&K) -> Api<K>,
+    unused_as: impl Fn(&K) -> Unused,
 ) -> BTreeSet<String>
 where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: Resource,
 {
     let found: Vec<(String, K)> = found.into_iter().map(|o| (key(&o), o)).collect();
     let created = |o: &K| o.meta().creation_timestamp.as_ref().map(|t| t.0);
@@ -130,27 +135,68 @@ where
         unused_before,
         k8s_openapi::jiff::Timestamp::now(),
     );
-    for (key, object) in found.iter().filter(|(k, _)| doomed.contains(k)) {
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: object.meta().uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match writes
-            .make(
-                Kind::Sweep,
-                api_for(object).delete(&object.name_any(), &params),
-            )
-            .await
-        {
-            Ok(_) => tracing::info!(object = %key, "deleted, unused"),
-            Err(e) if matches!(e.status(), Some(404 | 409)) => {}
-            Err(e) => tracing::warn!(object = %key, error = %e, "cannot delete an unused object"),
-        }
+    for (_, object) in found.iter().filter(|(k, _)| doomed.contains(k)) {
+        deletes.want(unused_as(object), object.meta().uid.clone());
     }
     unused_now
+}
+
+/// What the sweep writer works with.
+pub struct SweepWriter {
+    pub writes: Writes,
+    pub client: Client,
+}
+
+impl Writer for SweepWriter {
+    type Key = Unused;
+    type Wish = Option<String>;
+
+    /// Deletes are rare and small.
+    const CONCURRENCY: usize = 2;
+
+    /// Deletes the object, bound to its uid: a namesake made in the meantime stays.
+    fn write(
+        &self,
+        unused: &Unused,
+        uid: Option<String>,
+    ) -> Option<impl Future<Output = bool> + Send + 'static> {
+        let (writes, client, unused) = (self.writes.clone(), self.client.clone(), unused.clone());
+        Some(async move {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid,
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            let deleted = match &unused {
+                Unused::Class(name) => {
+                    let api: Api<PriorityClass> = Api::all(client);
+                    writes
+                        .make(Kind::Sweep, api.delete(name, &params))
+                        .await
+                        .map(drop)
+                }
+                Unused::PodGroup((namespace, name)) => {
+                    let api: Api<PodGroup> = Api::namespaced(client, namespace);
+                    writes
+                        .make(Kind::Sweep, api.delete(name, &params))
+                        .await
+                        .map(drop)
+                }
+            };
+            match deleted {
+                Ok(()) => tracing::info!(object = ?unused, "deleted, unused"),
+                Err(e) if matches!(e.status(), Some(404 | 409)) => {}
+                Err(Error::NotLeader) => {}
+                Err(e) => {
+                    tracing::warn!(object = ?unused, error = %e, "cannot delete an unused object; trying at the next sweep")
+                }
+            }
+            // Not handed back: the next sweep looks again.
+            false
+        })
+    }
 }
 
 /// Of the objects `found` (key, creation time): which to delete, and the keys
@@ -178,6 +224,74 @@ fn unused<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::mock::{answer, body, mock_apiserver};
+    use crate::controller::wishes;
+    use crate::controller::writes::Rates;
+    use serde_json::json;
+    use tokio_util::sync::CancellationToken;
+
+    #[tokio::test]
+    async fn the_writer_deletes_what_the_sweep_hands_over_bound_to_its_uid() {
+        let (client, mut apiserver) = mock_apiserver();
+        let (_leading, leader) = tokio::sync::watch::channel(true);
+        let metrics = Arc::new(crate::telemetry::Metrics::default());
+        let deletes = Arc::new(SweepWrites::default());
+        let writer = SweepWriter {
+            writes: Writes::new(metrics.clone(), leader, Rates::all(100)),
+            client,
+        };
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(wishes::run(
+            writer,
+            deletes.clone(),
+            |_: &Unused| panic!("a failed delete waits for the next sweep"),
+            shutdown.clone(),
+        ));
+        deletes.want(Unused::Class("berth-queue-old-1".into()), Some("u1".into()));
+        deletes.want(
+            Unused::PodGroup(("ns".into(), "gang".into())),
+            Some("u2".into()),
+        );
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            let (request, send) = apiserver.next_request().await.expect("a delete");
+            assert_eq!(request.method(), "DELETE");
+            let path = request.uri().path().to_owned();
+            let params = body(request).await;
+            send.send_response(answer(
+                500,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 500}),
+            ));
+            seen.push((path, params["preconditions"]["uid"].clone()));
+        }
+        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            seen,
+            [
+                (
+                    "/apis/scheduling.k8s.io/v1/priorityclasses/berth-queue-old-1".to_string(),
+                    json!("u1")
+                ),
+                (
+                    "/apis/scheduling.k8s.io/v1beta1/namespaces/ns/podgroups/gang".to_string(),
+                    json!("u2")
+                ),
+            ]
+        );
+        while deletes.writing_any(|_| true) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        shutdown.cancel();
+        task.await.unwrap();
+        let failed = metrics
+            .controller_writes
+            .get_or_create(&crate::telemetry::WriteLabels {
+                kind: "sweep".into(),
+                outcome: "error".into(),
+            })
+            .get();
+        assert_eq!(failed, 2, "each delete counted as a sweep write");
+    }
 
     #[test]
     fn only_objects_unused_twice_and_past_the_grace_go() {

@@ -230,6 +230,22 @@ pub struct GroupWish {
 /// What the releases loop wants of each gang's PodGroup, for the PodGroup writer.
 pub type PodGroupWrites = Wishes<GroupKey, GroupWish>;
 
+/// The queue PriorityClasses the nodes pass wants made, by name: each one's value.
+pub type ClassWrites = Wishes<String, i32>;
+
+/// An object berth made for groups and no longer needs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unused {
+    /// A queue PriorityClass, by name.
+    Class(String),
+    /// A gang's PodGroup, by namespace and name.
+    PodGroup(GroupKey),
+}
+
+/// What the sweep wants deleted, each object with the uid it was found with (a
+/// namesake made since stays).
+pub type SweepWrites = Wishes<Unused, Option<String>>;
+
 /// The value behind `mutex`; a task that panicked holding it left a whole value.
 pub fn locked<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())

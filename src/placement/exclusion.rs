@@ -178,6 +178,57 @@ impl ExclusionPod {
     }
 }
 
+/// The pods a plan must see to release the pods held now, as exclusion sees them:
+/// every pod held by the gate, every unbound one (a released pod in flight holds
+/// a set of nodes that sizes everyone's, and is dated while no scheduler places
+/// it), and the bound pods of the `avoid` policies that concern a held pod (those
+/// it names, and those whose selector matches it), as their own pods or as pods
+/// they avoid. A bound pod no such policy concerns holds no held pod back
+/// ([`conflict`] goes through one of those policies), so it is not read: a pass
+/// with one pod held costs the pods of its policies, not every pod's affinity.
+pub fn pods_to_plan(
+    pods: &[Arc<PodObject>],
+    policies: &PolicySet,
+    opt_in: &dyn OptIn,
+) -> Vec<ExclusionPod> {
+    static NONE: Labels = Labels::new();
+    fn labels(pod: &PodObject) -> &Labels {
+        pod.metadata.labels.as_ref().unwrap_or(&NONE)
+    }
+    let namespace = |pod: &PodObject| pod.metadata.namespace.clone().unwrap_or_default();
+    let avoiding: Vec<&CompiledPolicy> =
+        policies.iter().filter(|p| p.spec.avoid.is_some()).collect();
+    let held = |pod: &PodObject| pod.gate(AVOID_GATE).is_some();
+    // The policies that concern a held pod: a superset of those that may (a pod
+    // is entitled only to policies its record names).
+    let mut concerned: Vec<&CompiledPolicy> = Vec::new();
+    for pod in pods.iter().filter(|p| held(p)) {
+        let named = applied_policies(pod.metadata.annotations.as_ref());
+        let (labels, namespace) = (labels(pod), namespace(pod));
+        for policy in &avoiding {
+            let concerns =
+                named.contains(&policy.name) || anchors(policy, labels, &namespace, opt_in);
+            if concerns && !concerned.iter().any(|p| p.name == policy.name) {
+                concerned.push(policy);
+            }
+        }
+    }
+    let read = |pod: &PodObject| {
+        if held(pod) || pod.spec.node_name.is_none() {
+            return true;
+        }
+        let named = applied_policies(pod.metadata.annotations.as_ref());
+        let namespace = namespace(pod);
+        concerned.iter().any(|policy| {
+            named.contains(&policy.name) || anchors(policy, labels(pod), &namespace, opt_in)
+        })
+    };
+    pods.iter()
+        .filter(|p| read(p))
+        .filter_map(|p| ExclusionPod::from_pod(p))
+        .collect()
+}
+
 /// The hostnames required nodeSelectorTerms confine a pod to: the union over its
 /// terms (they are ORed) of each term's `kubernetes.io/hostname In` values
 /// (intersected, they are ANDed). `None` when some term does not confine it.
@@ -826,6 +877,72 @@ mod tests {
 
     fn names<'a>(releases: &[Release<'a>]) -> Vec<&'a str> {
         releases.iter().map(|r| r.pod.name.as_str()).collect()
+    }
+
+    #[test]
+    fn a_plan_reads_only_the_pods_of_the_policies_that_concern_a_held_pod() {
+        let set = policies(&[
+            (
+                "masters",
+                json!({"podSelector": {"matchLabels": {"role": "master"}}, "avoid": {"matchLabels": {"role": "replica"}}}),
+            ),
+            (
+                "spares",
+                json!({"podSelector": {"matchLabels": {"role": "spare"}}, "avoid": {"matchLabels": {"role": "master"}}}),
+            ),
+            (
+                "caches",
+                json!({"podSelector": {"matchLabels": {"role": "cache"}}, "avoid": {"matchLabels": {"role": "cache"}}}),
+            ),
+        ]);
+        let object = |name: &str, role: &str, applied: &str, gated: bool, node: Option<&str>| {
+            let gates = if gated {
+                json!([{"name": AVOID_GATE}])
+            } else {
+                json!([])
+            };
+            let pod: PodObject = serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "db", "labels": {"role": role},
+                    "annotations": {"berth.io/applied": applied}},
+                "spec": {"nodeName": node, "schedulingGates": gates}}))
+            .unwrap();
+            Arc::new(pod)
+        };
+        let pods = [
+            object("m1", "master", "masters", true, None),
+            // What a held master avoids, its own, and a policy that avoids it.
+            object("r1", "replica", "", false, Some("n1")),
+            object("m0", "master", "masters", false, Some("n2")),
+            object("s1", "spare", "spares", false, Some("n3")),
+            // Another policy's pods, and a pod no policy concerns, bound.
+            object("c1", "cache", "caches", false, Some("n4")),
+            object("web", "web", "", false, Some("n5")),
+            // Unbound: in flight, or waiting for the scheduler.
+            object("c2", "cache", "caches", false, None),
+        ];
+        let read = |pods: &[Arc<PodObject>]| -> Vec<String> {
+            pods_to_plan(pods, &set, &Everyone)
+                .into_iter()
+                .map(|p| p.name)
+                .collect()
+        };
+        assert_eq!(read(&pods), ["m1", "r1", "m0", "s1", "c2"]);
+        // The same plan as over every pod.
+        let every: Vec<ExclusionPod> = pods
+            .iter()
+            .filter_map(|p| ExclusionPod::from_pod(p))
+            .collect();
+        let some = pods_to_plan(&pods, &set, &Everyone);
+        let names = |plan: Plan| -> (Vec<String>, usize) {
+            let released = plan.release.iter().map(|r| r.pod.name.clone()).collect();
+            (released, plan.waiting.len())
+        };
+        assert_eq!(
+            names(plan(&some, &set, &Everyone, &none(), &no_labels())),
+            names(plan(&every, &set, &Everyone, &none(), &no_labels()))
+        );
+        // Nothing held: only the unbound pods.
+        assert_eq!(read(&pods[1..]), ["c2"]);
     }
 
     #[test]
