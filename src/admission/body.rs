@@ -20,23 +20,24 @@ use axum::body::{Body, Bytes};
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::review::READ_COST;
 use super::share::{FairShare, Hold};
 
 /// How much of an unread body is kept to find the uid in.
 const PREFIX: usize = 64 * 1024;
-/// A request whose body and JSON cost up to this much (most pods: a few kB of body,
-/// some tens of kB read) is charged to a share of the budget that large requests
-/// never use, so a flood of large ones never makes an ordinary pod wait for room;
-/// a costlier one is charged whole to the large share.
-const FREE: usize = 256 * 1024;
+/// A request whose body and its read cost up to this much (most pods: a few kB of
+/// body, [`READ_COST`] times that read) is charged to a share of the budget that
+/// large requests never use, so a flood of large ones never makes an ordinary pod
+/// wait for room; a costlier one is charged whole to the large share.
+const FREE: usize = 1024 * 1024;
 /// The least the small share holds: room for many ordinary requests at once,
 /// whatever the budget.
 const SMALL_LEAST: usize = 16 * FREE;
 /// The budget is counted in KiB.
 const UNIT: usize = 1024;
 /// While a body arrives, it holds this many times its size: the bytes, and a first
-/// share of the JSON read from them. Once it is whole, it holds what reading it
-/// costs ([`BodyLimits::charge`]).
+/// share of what reading them holds. Once it is whole, it holds [`READ_COST`] times
+/// its size ([`BodyLimits::charge`]).
 const COST: usize = 2;
 /// The part of the budget kept for the first [`FREE`] of each request's cost.
 const SMALL_PART: usize = 4;
@@ -90,12 +91,6 @@ impl BodyLimits {
     /// worker, rather than in a CPU slot.
     pub fn is_small(length: usize) -> bool {
         length <= INLINE
-    }
-
-    /// What reading a body of `length` bytes may build and still take nothing from
-    /// the budget (see [`super::review::read_within`]).
-    pub fn free_allowance(length: usize) -> usize {
-        FREE.saturating_sub(length)
     }
 
     /// The turn on a core in which a review of `length` bytes is read and decided,
@@ -269,8 +264,8 @@ pub enum Charge {
     Held,
     /// Other requests hold the budget, and did for the whole wait.
     Busy,
-    /// It needs more than the whole budget, which is this many bytes.
-    Never(usize),
+    /// It needs `cost` bytes, more than the whole budget, `most` bytes.
+    Never { cost: usize, most: usize },
 }
 
 /// A body as read.
@@ -354,14 +349,18 @@ impl BodyLimits {
         }
     }
 
-    /// Holds at least `cost` bytes of the budget for a body read whole (its bytes and
-    /// what reading it costs, [`super::cost::parse_cost`]), waiting at most
+    /// Holds what reading a body of `length` bytes, read whole, holds at most
+    /// ([`READ_COST`] times its length, the bytes included), waiting at most
     /// `budget_wait`, and not past `answer_by`, for room. The body is whole by
     /// then, so waiting holds no connection's window.
-    pub async fn charge(&self, held: &mut Held, cost: usize, answer_by: Instant) -> Charge {
+    pub async fn charge(&self, held: &mut Held, length: usize, answer_by: Instant) -> Charge {
+        let cost = length.saturating_mul(READ_COST);
         let (_, large) = Held::units(cost);
         if large > self.large.capacity() {
-            return Charge::Never(self.large.capacity() as usize * UNIT);
+            return Charge::Never {
+                cost,
+                most: self.large.capacity() as usize * UNIT,
+            };
         }
         let until = answer_by.min(Instant::now() + self.budget_wait);
         if held.cover_until(cost, Some(until)).await {
@@ -452,10 +451,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_spent_budget_refuses_large_bodies_but_never_small_ones() {
-        let mut limits = BodyLimits::new(400_000, 0, Duration::from_secs(5));
+        let mut limits = BodyLimits::new(1_000_000, 0, Duration::from_secs(5));
         limits.budget_wait = Duration::from_millis(50);
         let ReadBody::Whole(_, held) = limits
-            .read(Body::from(vec![b'x'; 400_000]), peer(1), later())
+            .read(Body::from(vec![b'x'; 1_000_000]), peer(1), later())
             .await
         else {
             panic!("read");
@@ -464,7 +463,7 @@ mod tests {
         // now, and is given up at once rather than left half read, but its first
         // bytes are kept, to answer by its uid.
         let second = limits
-            .read(Body::from(vec![b'y'; 200_000]), peer(1), later())
+            .read(Body::from(vec![b'y'; 600_000]), peer(1), later())
             .await;
         let ReadBody::Busy(prefix) = second else {
             panic!("the second body is read while the budget is spent");
@@ -478,27 +477,27 @@ mod tests {
             panic!("an ordinary pod waits");
         };
         assert_eq!(
-            limits.charge(&mut free, 40_000, later()).await,
+            limits.charge(&mut free, 40_000 / READ_COST, later()).await,
             Charge::Held
         );
         // What reading a body costs is charged once it is whole: more than is left
         // waits and is refused as busy, more than there is at all is refused.
         assert_eq!(
-            limits.charge(&mut free, FREE + 300_000, later()).await,
+            limits.charge(&mut free, (FREE + 300_000) / READ_COST, later()).await,
             Charge::Busy
         );
         assert!(matches!(
             limits.charge(&mut free, 10 << 20, later()).await,
-            Charge::Never(_)
+            Charge::Never { .. }
         ));
         drop(held);
         assert_eq!(
-            limits.charge(&mut free, FREE + 300_000, later()).await,
+            limits.charge(&mut free, (FREE + 300_000) / READ_COST, later()).await,
             Charge::Held
         );
         drop(free);
         let third = limits
-            .read(Body::from(vec![b'y'; 200_000]), peer(1), later())
+            .read(Body::from(vec![b'y'; 600_000]), peer(1), later())
             .await;
         assert!(matches!(third, ReadBody::Whole(..)));
     }
@@ -533,10 +532,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_peer_holding_less_takes_the_budget_from_a_body_still_arriving() {
-        let limits = BodyLimits::new(400_000, 0, Duration::from_secs(5));
+        let limits = BodyLimits::new(1_000_000, 0, Duration::from_secs(5));
         // Another peer's body has taken the whole large share and sends no more.
         let (sender, body) = channel();
-        sender.send(Bytes::from(vec![b'x'; 400_000])).await.unwrap();
+        sender.send(Bytes::from(vec![b'x'; 1_000_000])).await.unwrap();
         let slow = tokio::spawn({
             let limits = limits.clone();
             async move { limits.read(body, peer(2), later()).await }
@@ -547,7 +546,7 @@ mod tests {
         // The apiserver's large review, from a peer that holds nothing, takes its
         // equal share: the slow body is refused as busy, not the review.
         let review = limits
-            .read(Body::from(vec![b'y'; 150_000]), peer(1), later())
+            .read(Body::from(vec![b'y'; 600_000]), peer(1), later())
             .await;
         assert!(
             matches!(review, ReadBody::Whole(..)),
