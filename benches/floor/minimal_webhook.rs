@@ -20,7 +20,6 @@ use std::sync::Arc;
 use axum::Json;
 use axum::body::Bytes;
 use axum::routing::post;
-use berth::admission::body::BodyLimits;
 use berth::admission::handlers::router;
 use berth::admission::review::parse;
 use rustls::pki_types::pem::PemObject;

@@ -20,7 +20,7 @@ use axum::body::{Body, Bytes};
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::review::READ_COST;
+use super::review::{READ_COST, read_cost};
 use super::share::{FairShare, Hold};
 
 /// How much of an unread body is kept to find the uid in.
@@ -350,11 +350,11 @@ impl BodyLimits {
     }
 
     /// Holds what reading a body of `length` bytes, read whole, holds at most
-    /// ([`READ_COST`] times its length, the bytes included), waiting at most
+    /// ([`read_cost`]: [`READ_COST`] times its length, the bytes included), waiting at most
     /// `budget_wait`, and not past `answer_by`, for room. The body is whole by
     /// then, so waiting holds no connection's window.
     pub async fn charge(&self, held: &mut Held, length: usize, answer_by: Instant) -> Charge {
-        let cost = length.saturating_mul(READ_COST);
+        let cost = read_cost(length);
         let (_, large) = Held::units(cost);
         if large > self.large.capacity() {
             return Charge::Never {
@@ -532,10 +532,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_peer_holding_less_takes_the_budget_from_a_body_still_arriving() {
-        let limits = BodyLimits::new(1_000_000, 0, Duration::from_secs(5));
+        let limits = BodyLimits::new(2_000_000, 0, Duration::from_secs(5));
         // Another peer's body has taken the whole large share and sends no more.
         let (sender, body) = channel();
-        sender.send(Bytes::from(vec![b'x'; 1_000_000])).await.unwrap();
+        sender.send(Bytes::from(vec![b'x'; 2_000_000])).await.unwrap();
         let slow = tokio::spawn({
             let limits = limits.clone();
             async move { limits.read(body, peer(2), later()).await }

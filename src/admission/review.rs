@@ -28,13 +28,24 @@ use crate::policy::{PlacementPolicy, PlacementPolicySpec};
 const API_VERSION: &str = "admission.k8s.io/v1";
 
 /// What reading a review holds in memory, at most, per byte of its body (the body
-/// included): the memory budget charges a review its length times this
-/// ([`super::body::BodyLimits::charge`]). The test
-/// `the_worst_reviews_hold_at_most_read_cost_per_byte` pins it: each shape that
-/// costs most per byte within berth's bounds (lists of `{}` just past a power of
-/// two, one-letter strings, many short keys), counted by the allocator while it is
-/// read. No other count is kept: a review is charged before it is read.
+/// included): the memory budget charges a review [`read_cost`] of its length
+/// before it is read ([`super::body::BodyLimits::charge`]), and keeps no other
+/// count. The test `the_worst_reviews_hold_at_most_their_read_cost` pins it: the
+/// shapes that hold most per byte within berth's bounds (lists of `{}` one past a
+/// power of two, empty strings, many short keys), counted by the allocator while
+/// they are read. Lists of structs large and unbounded, or any JSON value kept
+/// whole, would break it: read within a bound ([`crate::placement::pod`]).
 pub const READ_COST: usize = 48;
+
+/// The least length a review is charged for: a short one may still fill every
+/// bounded list (128 containers of `{}` take 400 bytes and hold 30 kB), which costs
+/// at most this many bytes times [`READ_COST`] whatever its length.
+pub const LEAST_CHARGED: usize = 4 * 1024;
+
+/// What reading a body of `length` bytes holds at most, the body included.
+pub fn read_cost(length: usize) -> usize {
+    length.max(LEAST_CHARGED).saturating_mul(READ_COST)
+}
 
 /// What the apiserver asks about one object.
 #[derive(Debug, Clone)]
@@ -604,3 +615,465 @@ pub struct Review {
     response: AdmissionResponse,
 }
 
+
+#[cfg(test)]
+mod tests {
+    use std::alloc::{GlobalAlloc, Layout};
+    use std::cell::Cell;
+
+    use super::*;
+
+    /// berth's allocator, counting on each thread the bytes it holds and the most
+    /// it held: berth's unit tests run with it (see `lib.rs`), so that what a read
+    /// holds is measured, not estimated. A `realloc` counts as the new block taken
+    /// before the old one is given back, as when it moves.
+    struct Counting;
+
+    thread_local! {
+        static HELD: Cell<usize> = const { Cell::new(0) };
+        static PEAK: Cell<usize> = const { Cell::new(0) };
+    }
+
+    fn count(taken: usize, given_back: usize) {
+        let _ = HELD.try_with(|held| {
+            let most = held.get() + taken;
+            let _ = PEAK.try_with(|peak| peak.set(peak.get().max(most)));
+            // A block freed here may have been taken on another thread.
+            held.set(most.saturating_sub(given_back));
+        });
+    }
+
+    // SAFETY: every call is passed on to jemalloc as it came.
+    #[allow(unsafe_code)]
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            count(layout.size(), 0);
+            unsafe { tikv_jemallocator::Jemalloc.alloc(layout) }
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            count(layout.size(), 0);
+            unsafe { tikv_jemallocator::Jemalloc.alloc_zeroed(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            count(0, layout.size());
+            unsafe { tikv_jemallocator::Jemalloc.dealloc(ptr, layout) }
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            count(new_size, layout.size());
+            unsafe { tikv_jemallocator::Jemalloc.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: Counting = Counting;
+
+    /// The most this thread held beyond what it held before while `body` was
+    /// read, its request included.
+    fn held_reading(body: &str) -> usize {
+        let before = HELD.with(Cell::get);
+        PEAK.with(|peak| peak.set(before));
+        let request = parse(body.as_bytes());
+        let most = PEAK.with(Cell::get);
+        assert!(request.is_ok(), "{request:?}");
+        drop(request);
+        most - before
+    }
+
+    fn review(object: &str) -> String {
+        format!(
+            r#"{{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{{"uid":"u-1",
+            "kind":{{"group":"","version":"v1","kind":"Pod"}},"operation":"CREATE",
+            "userInfo":{{"username":"tenant","groups":["system:authenticated"]}},"object":{object}}}}}"#
+        )
+    }
+
+    /// A review of `object` as an object of `group` and `kind`.
+    fn review_of(group: &str, kind: &str, object: &str) -> String {
+        review(object).replace(
+            r#"{"group":"","version":"v1","kind":"Pod"}"#,
+            &format!(r#"{{"group":"{group}","version":"v1","kind":"{kind}"}}"#),
+        )
+    }
+
+    #[test]
+    fn managed_fields_of_any_depth_and_status_are_skipped_unread() {
+        let deep = format!("{}1{}", "[".repeat(100_000), "]".repeat(100_000));
+        let object = format!(
+            r#"{{"kind":"Pod","metadata":{{"name":"p","managedFields":[{{"time":"9999-12-31T23:59:59Z","fieldsV1":{deep}}}]}},
+            "spec":{{"nodeName":"node2"}},"status":{deep}}}"#
+        );
+        let request = parse(review(&object).as_bytes()).expect("readable");
+        assert_eq!(request.uid, "u-1");
+        assert_eq!(request.user_info.username, "tenant");
+        assert!(request.unreadable.is_none());
+        let pod = request.object.unwrap().pod().cloned().unwrap().unwrap();
+        assert_eq!(pod.node_name(), Some("node2"));
+    }
+
+    /// A pod as a Deployment makes it, with what berth reads and patches and what
+    /// it does neither with.
+    fn deployment_pod() -> Value {
+        let container = |name: &str| {
+            json!({"name": name, "image": format!("example/{name}:1"),
+                   "env": [{"name": "A", "value": "b"}], "args": ["--x"],
+                   "readinessProbe": {"httpGet": {"path": "/", "port": 80}},
+                   "resources": {"requests": {"cpu": "100m"}}})
+        };
+        json!({"kind": "Pod", "metadata": {"name": "p", "annotations": {"a": "b"}},
+               "spec": {"initContainers": [container("init")], "containers": [container("app"), container("proxy")],
+                        "volumes": [{"name": "v", "emptyDir": {}}],
+                        "tolerations": [{"key": "k", "operator": "Exists"}],
+                        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                            {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}}})
+    }
+
+    #[test]
+    fn keys_written_with_escapes_are_read_as_what_they_spell() {
+        let object = r#"{"kind":"Pod","spec":{"t\u006flerations":[],"v\u006flumes":[1],
+            "containers":[{"n\u0061me":"c","im\u0061ge":"x","\u0065nv":[1]}]}}"#;
+        let request = parse(review(object).as_bytes()).expect("readable");
+        let pod = request.object.unwrap().pod().cloned().unwrap().unwrap();
+        assert_eq!(pod.toleration_list(), Some(&[][..]));
+        let images = pod.images();
+        let [image] = images.as_slice() else {
+            panic!("{images:?}")
+        };
+        assert_eq!(
+            (image.container.as_str(), image.image.written.as_str()),
+            ("c", "x")
+        );
+    }
+
+    /// Every part of the patch compares what the pod has before it writes: the lean
+    /// pod must have it too, or berth would write what is already there.
+    #[test]
+    fn the_lean_pod_gets_the_patch_the_whole_pod_gets() {
+        use crate::placement::grants::{Grants, QueuePriority};
+        use crate::placement::patch::build_patch;
+        use k8s_openapi::api::core::v1::{
+            NodeSelectorRequirement, NodeSelectorTerm, PreferredSchedulingTerm, Toleration,
+        };
+
+        let pool = NodeSelectorRequirement {
+            key: "berth.io/pool".into(),
+            operator: "In".into(),
+            values: Some(vec!["cdn".into()]),
+        };
+        let grants = Grants {
+            tolerations: vec![Toleration {
+                key: Some("berth.io/pool".into()),
+                operator: Some("Equal".into()),
+                value: Some("cdn".into()),
+                effect: Some("NoSchedule".into()),
+                ..Toleration::default()
+            }],
+            required: vec![pool.clone()],
+            preferred: vec![PreferredSchedulingTerm {
+                weight: 10,
+                preference: NodeSelectorTerm {
+                    match_expressions: Some(vec![pool]),
+                    ..NodeSelectorTerm::default()
+                },
+            }],
+            scheduler_name: Some("berth-scheduler".into()),
+            scheduling_gates: vec!["berth.io/avoid".into()],
+            applied: vec!["cdn".into()],
+            pod_group: Some("g".into()),
+            priority: Some(QueuePriority {
+                class: "berth-queue-jobs-3".into(),
+                value: 3,
+            }),
+            pinned_to: Some("node2".into()),
+        };
+        // As written by a user, and with everything the patch sets already set.
+        let mut settled = deployment_pod();
+        for (field, value) in [
+            ("schedulerName", json!("berth-scheduler")),
+            ("schedulingGroup", json!({"podGroupName": "g"})),
+            ("priorityClassName", json!("berth-queue-jobs-3")),
+            ("priority", json!(3)),
+            ("preemptionPolicy", json!("Never")),
+            ("schedulingGates", json!([{"name": "berth.io/avoid"}])),
+            ("nodeName", json!("node2")),
+        ] {
+            settled["spec"][field] = value;
+        }
+        for whole in [deployment_pod(), settled] {
+            let body = review(&whole.to_string());
+            let patch = build_patch(&whole, &grants);
+            assert!(!patch.0.is_empty());
+            let request = parse(body.as_bytes()).unwrap();
+            let lean = request.object.unwrap().pod().cloned().unwrap();
+            assert_eq!(build_patch(&lean, &grants), patch, "{whole}");
+            // And the patch applies to the whole pod as sent.
+            let mut patched = whole.clone();
+            json_patch::patch(&mut patched, &patch).expect("applies");
+            assert_eq!(patched["spec"]["containers"], whole["spec"]["containers"]);
+        }
+    }
+
+    #[test]
+    fn odd_container_lists_are_kept_null_or_refused_with_the_reason() {
+        let request = parse(review(r#"{"kind":"Pod","spec":{"containers":null}}"#).as_bytes());
+        let pod = request.unwrap().object.unwrap().pod().cloned().unwrap();
+        assert!(pod.unwrap().images().is_empty());
+        for (containers, why) in [
+            (r#"["app"]"#, "expected struct Container"),
+            ("{}", "expected a sequence"),
+        ] {
+            let object = format!(r#"{{"kind":"Pod","spec":{{"containers":{containers}}}}}"#);
+            let request = parse(review(&object).as_bytes()).unwrap();
+            assert!(request.unreadable.is_none());
+            let pod = request.object.unwrap().pod().cloned().unwrap();
+            let reason = pod.unwrap_err();
+            assert!(reason.starts_with("not a readable Pod"), "{reason}");
+            assert!(reason.contains(why), "{reason}");
+        }
+    }
+
+    #[test]
+    fn a_daemonset_is_read_as_the_pod_its_template_makes() {
+        use crate::placement::NamespaceInfo;
+        let daemonset = json!({"kind": "DaemonSet", "spec": {"template": {
+            "metadata": {"labels": {"app": "agent"}},
+            "spec": {"containers": [{"name": "agent", "image": "example/cdn-agent:1",
+                "env": [{"name": "A", "value": "b"}]}]}}},
+            "status": {"x": [1]}});
+        let body = review_of("apps", "DaemonSet", &daemonset.to_string());
+        let request = parse(body.as_bytes()).unwrap();
+        let Some(Object::DaemonSet(Some(pod))) = &request.object else {
+            panic!("{:?}", request.object)
+        };
+        assert_eq!(pod.labels().get("app").map(String::as_str), Some("agent"));
+        assert_eq!(pod.images()[0].image.written, "example/cdn-agent:1");
+        // The patch admission writes is the one the controller writes of the
+        // whole DaemonSet.
+        let policies =
+            crate::policy::test_policies(&[("cdn", json!({"pool": {"nodeNames": ["node2"]}}))]);
+        let mut namespace = NamespaceInfo::new("default");
+        let opt_in = (crate::names::POLICIES_ANNOTATION.to_string(), "cdn".to_string());
+        namespace.annotations.extend([opt_in]);
+        let whole = crate::placement::daemonset::template_patch(&daemonset, &policies, &namespace);
+        let read = crate::placement::daemonset::view_patch(pod, &policies, &namespace);
+        assert_eq!(read, whole);
+        // A template berth cannot read as a pod is patched by neither.
+        let odd = r#"{"spec":{"template":{"spec":{"tolerations":"none"}}}}"#;
+        let request = parse(review_of("apps", "DaemonSet", odd).as_bytes()).unwrap();
+        assert!(matches!(request.object, Some(Object::DaemonSet(None))));
+    }
+
+    #[test]
+    fn an_object_too_deep_to_read_still_leaves_the_uid() {
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let object = format!(r#"{{"kind":"Pod","spec":{{"affinity":{deep}}}}}"#);
+        let request = parse(review(&object).as_bytes()).expect("the envelope is readable");
+        assert_eq!(request.uid, "u-1");
+        assert!(request.object.is_none());
+        let why = request.unreadable.unwrap();
+        assert!(
+            why.starts_with("the object: recursion limit exceeded"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_review_is_read_whatever_the_order_of_its_fields_and_refused_when_malformed() {
+        let pod = deployment_pod().to_string();
+        let request = |fields: &str| {
+            format!(
+                r#"{{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{{{fields}}}}}"#
+            )
+        };
+        let kind = r#""kind":{"group":"","version":"v1","kind":"Pod"}"#;
+        let read = parse(
+            request(&format!(
+                r#""object":{pod},"\u0075id":"u","dryRun":true,"extra":{{"a":[1,2]}},"subResource":null,
+                "userInfo":{{"username":"alice","uid":"1","groups":["a","b"],"extra":{{"x":["y"]}}}},
+                "oldObject":null,{kind},"operation":"UPDATE","namespace":null"#
+            ))
+            .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!((read.uid.as_str(), read.dry_run), ("u", true));
+        assert_eq!(read.user_info.groups, ["a", "b"]);
+        assert!(read.object.unwrap().pod().unwrap().is_ok());
+        assert!(read.old_object.is_none() && read.namespace.is_none());
+        for malformed in [
+            request(&format!(r#""uid":"u","uid":"v",{kind},"operation":"CREATE""#)),
+            request(r#""uid":"u","operation":"CREATE""#),
+            request(&format!(r#"{kind},"operation":"CREATE""#)),
+            request(&format!(
+                r#""uid":"u",{kind},"operation":"CREATE","userInfo":{{"groups":null}}"#
+            )),
+            request(&format!(
+                r#""uid":"u",{kind},"operation":"CREATE","userInfo":{{"username":"a","username":"b"}}"#
+            )),
+            review(&pod).replace("AdmissionReview", "Review"),
+        ] {
+            assert!(parse(malformed.as_bytes()).is_err(), "{malformed}");
+        }
+    }
+
+    #[test]
+    fn a_body_that_is_not_utf8_is_refused_wherever_the_byte_is() {
+        // JSON is UTF-8, checked once rather than per string: a stray byte in a
+        // string berth skips (in the object or in the envelope) is refused as one
+        // in a string it reads.
+        let in_envelope =
+            review("null").replace(r#""operation""#, r#""options":{"kind":"_"},"operation""#);
+        for body in [
+            review(r#"{"kind":"Pod","metadata":{"name":"_"}}"#),
+            review(r#"{"kind":"Pod","status":{"message":"_"}}"#),
+            in_envelope,
+        ] {
+            let mut body = body.into_bytes();
+            let at = body.iter().rposition(|&b| b == b'_').unwrap();
+            body[at] = 0xff;
+            let why = parse(&body).unwrap_err();
+            assert!(why.contains("not UTF-8"), "{why}");
+        }
+    }
+
+    /// What reading a review holds is at most its `read_cost`, the body included,
+    /// for the shapes that hold most per byte within berth's bounds: lists of
+    /// empty objects (each a struct of up to two hundred bytes) and of empty
+    /// strings, one item past a power of two (the list's growth by doubling), at
+    /// and over their bound; many short keys; every bounded list at its bound, or
+    /// one past half of it, at once; and the least review of each kind.
+    #[test]
+    fn the_worst_reviews_hold_at_most_their_read_cost() {
+        let many = |item: &str, n: usize| vec![item; n].join(",");
+        let keys = |n: usize| {
+            let members: Vec<String> = (0..n).map(|i| format!(r#""{i:x}":"""#)).collect();
+            members.join(",")
+        };
+        let term = |n: usize| format!(r#"{{"matchExpressions":[{}]}}"#, many("{}", n));
+        let mut pods = Vec::new();
+        for n in [1, 2, 3, 5, 9, 17, 33, 65, 129, 1_000] {
+            let empty = many("{}", n);
+            pods.extend([
+                format!(r#"{{"spec":{{"tolerations":[{empty}]}}}}"#),
+                format!(r#"{{"spec":{{"containers":[{empty}],"initContainers":[{empty}]}}}}"#),
+                format!(r#"{{"metadata":{{"ownerReferences":[{empty}]}}}}"#),
+                format!(r#"{{"spec":{{"schedulingGates":[{empty}]}}}}"#),
+                format!(
+                    r#"{{"spec":{{"affinity":{{"nodeAffinity":{{"requiredDuringSchedulingIgnoredDuringExecution":
+                    {{"nodeSelectorTerms":[{empty},{}]}},"preferredDuringSchedulingIgnoredDuringExecution":
+                    [{}]}}}}}}}}"#,
+                    term(n),
+                    many(&format!(r#"{{"preference":{}}}"#, term(n)), n.min(64)),
+                ),
+            ]);
+        }
+        for n in [1_025, 16_385, 65_537] {
+            let strings = many(r#""""#, n);
+            pods.extend([
+                format!(
+                    r#"{{"spec":{{"affinity":{{"nodeAffinity":{{"requiredDuringSchedulingIgnoredDuringExecution":
+                    {{"nodeSelectorTerms":[{{"matchExpressions":[{{"values":[{strings}]}}]}}]}}}}}}}}}}"#
+                ),
+                format!(r#"{{"spec":{{"nodeSelector":{{{}}}}}}}"#, keys(n)),
+                format!(r#"{{"metadata":{{"labels":{{{}}}}}}}"#, keys(n)),
+            ]);
+        }
+        // Every bounded list at its bound, each term with its requirements at theirs.
+        let full = |n| many("{}", n);
+        pods.push(format!(
+            r#"{{"metadata":{{"ownerReferences":[{}]}},"spec":{{"tolerations":[{}],"containers":[{}],
+            "initContainers":[{}],"schedulingGates":[{}],"affinity":{{"nodeAffinity":{{
+            "requiredDuringSchedulingIgnoredDuringExecution":{{"nodeSelectorTerms":[{}]}},
+            "preferredDuringSchedulingIgnoredDuringExecution":[{}]}}}}}}}}"#,
+            full(16),
+            full(128),
+            full(128),
+            full(128),
+            full(32),
+            many(&term(64), 32),
+            many(&format!(r#"{{"preference":{}}}"#, term(64)), 64),
+        ));
+        let half = |n: usize| many("{}", n / 2 + 1);
+        pods.push(format!(
+            r#"{{"metadata":{{"ownerReferences":[{}]}},"spec":{{"tolerations":[{}],"containers":[{}],
+            "initContainers":[{}],"schedulingGates":[{}],"affinity":{{"nodeAffinity":{{
+            "requiredDuringSchedulingIgnoredDuringExecution":{{"nodeSelectorTerms":[{}]}},
+            "preferredDuringSchedulingIgnoredDuringExecution":[{}]}}}}}}}}"#,
+            half(16),
+            half(128),
+            half(128),
+            half(128),
+            half(32),
+            many(&term(33), 17),
+            many(&format!(r#"{{"preference":{}}}"#, term(33)), 33),
+        ));
+        let mut bodies: Vec<String> = pods.iter().map(|pod| review(pod)).collect();
+        for pod in &pods {
+            let template = format!(r#"{{"spec":{{"template":{pod}}}}}"#);
+            bodies.push(review_of("apps", "DaemonSet", &template));
+        }
+        bodies.extend([
+            review("{}"),
+            review("null"),
+            review_of("", "Namespace", r#"{"metadata":{"annotations":{}}}"#),
+            review_of("", "Namespace", &format!(r#"{{"metadata":{{"annotations":{{{}}}}}}}"#, keys(16_385))),
+            review_of(crate::names::GROUP, "PlacementPolicy", "{}"),
+            review(r#"{"kind":"Pod"}"#).replace(
+                r#""groups":["system:authenticated"]"#,
+                &format!(r#""groups":[{}]"#, many(r#""""#, 16_385)),
+            ),
+        ]);
+        for n in [5, 33, 65] {
+            let selector = format!(r#"{{"matchExpressions":[{}]}}"#, many("{}", n));
+            let spec = format!(
+                r#"{{"namespaceSelector":{selector},"podSelector":{selector},"avoid":{selector},
+                "nodeAffinity":{{"required":[{}],"preferred":[{}]}},"images":[{}]}}"#,
+                many("{}", n),
+                many("{}", n),
+                many(r#""""#, n),
+            );
+            let policy = format!(r#"{{"metadata":{{"name":"p"}},"spec":{spec}}}"#);
+            bodies.push(review_of(crate::names::GROUP, "PlacementPolicy", &policy));
+        }
+        let mut worst = (0.0, 0);
+        for body in &bodies {
+            let held = held_reading(body) + body.len();
+            let share = held as f64 / read_cost(body.len()) as f64;
+            if share > worst.0 {
+                worst = (share, body.len());
+            }
+            assert!(
+                held <= read_cost(body.len()),
+                "{held} bytes held reading {} bytes: {}",
+                body.len(),
+                &body[..body.len().min(300)]
+            );
+        }
+        println!(
+            "the worst: {:.0}% of its read cost, a review of {} bytes",
+            worst.0 * 100.0,
+            worst.1
+        );
+    }
+
+    #[test]
+    fn what_berth_does_not_read_costs_it_nothing() {
+        let env = vec![r#"{"name":"a","value":"b"}"#; 20_000].join(",");
+        let pod = review(&format!(
+            r#"{{"metadata":{{"name":"p","managedFields":[{env}]}},"status":{{"x":[{env}]}},
+            "spec":{{"containers":[{{"name":"c","image":"nginx","env":[{env}]}}],"volumes":[{env}]}}}}"#
+        ));
+        assert!(held_reading(&pod) < 16_384, "{}", held_reading(&pod));
+    }
+
+    #[test]
+    fn the_uid_is_found_in_a_cut_off_prefix() {
+        let body = review(r#"{"kind":"Pod","spec":{"containers":[{"env":"<<<<"#);
+        assert_eq!(uid_from_prefix(body.as_bytes()).as_deref(), Some("u-1"));
+        let later = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","x":{"a":[1,"}",{"b":null}]},"request":{"kind":{"kind":"Pod"},"uid":"u-2","object":{"#;
+        assert_eq!(uid_from_prefix(later.as_bytes()).as_deref(), Some("u-2"));
+        assert_eq!(uid_from_prefix(br#"{"kind":"AdmissionReview","requ"#), None);
+        assert_eq!(uid_from_prefix(b"not json"), None);
+    }
+}
