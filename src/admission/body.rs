@@ -20,13 +20,13 @@ use axum::body::{Body, Bytes};
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::review::{READ_COST, read_cost};
+use super::review::read_cost;
 use super::share::{FairShare, Hold};
 
 /// How much of an unread body is kept to find the uid in.
 const PREFIX: usize = 64 * 1024;
 /// A request whose body and its read cost up to this much (most pods: a few kB of
-/// body, [`READ_COST`] times that read) is charged to a share of the budget that
+/// body, [`READ_COST`](super::review::READ_COST) times that read) is charged to a share of the budget that
 /// large requests never use, so a flood of large ones never makes an ordinary pod
 /// wait for room; a costlier one is charged whole to the large share.
 const FREE: usize = 1024 * 1024;
@@ -36,7 +36,7 @@ const SMALL_LEAST: usize = 16 * FREE;
 /// The budget is counted in KiB.
 const UNIT: usize = 1024;
 /// While a body arrives, it holds this many times its size: the bytes, and a first
-/// share of what reading them holds. Once it is whole, it holds [`READ_COST`] times
+/// share of what reading them holds. Once it is whole, it holds [`READ_COST`](super::review::READ_COST) times
 /// its size ([`BodyLimits::charge`]).
 const COST: usize = 2;
 /// The part of the budget kept for the first [`FREE`] of each request's cost.
@@ -350,7 +350,7 @@ impl BodyLimits {
     }
 
     /// Holds what reading a body of `length` bytes, read whole, holds at most
-    /// ([`read_cost`]: [`READ_COST`] times its length, the bytes included), waiting at most
+    /// ([`read_cost`]: [`READ_COST`](super::review::READ_COST) times its length, the bytes included), waiting at most
     /// `budget_wait`, and not past `answer_by`, for room. The body is whole by
     /// then, so waiting holds no connection's window.
     pub async fn charge(&self, held: &mut Held, length: usize, answer_by: Instant) -> Charge {
@@ -483,7 +483,9 @@ mod tests {
         // What reading a body costs is charged once it is whole: more than is left
         // waits and is refused as busy, more than there is at all is refused.
         assert_eq!(
-            limits.charge(&mut free, (FREE + 300_000) / READ_COST, later()).await,
+            limits
+                .charge(&mut free, (FREE + 300_000) / READ_COST, later())
+                .await,
             Charge::Busy
         );
         assert!(matches!(
@@ -492,7 +494,9 @@ mod tests {
         ));
         drop(held);
         assert_eq!(
-            limits.charge(&mut free, (FREE + 300_000) / READ_COST, later()).await,
+            limits
+                .charge(&mut free, (FREE + 300_000) / READ_COST, later())
+                .await,
             Charge::Held
         );
         drop(free);
@@ -535,7 +539,10 @@ mod tests {
         let limits = BodyLimits::new(2_000_000, 0, Duration::from_secs(5));
         // Another peer's body has taken the whole large share and sends no more.
         let (sender, body) = channel();
-        sender.send(Bytes::from(vec![b'x'; 2_000_000])).await.unwrap();
+        sender
+            .send(Bytes::from(vec![b'x'; 2_000_000]))
+            .await
+            .unwrap();
         let slow = tokio::spawn({
             let limits = limits.clone();
             async move { limits.read(body, peer(2), later()).await }

@@ -251,7 +251,9 @@ fn read_object(kind: Decided, text: &str) -> serde_json::Result<Option<Object>> 
                 Some(template) => read_view(template.get(), |ReadTemplate(pod)| pod)?,
                 None => None,
             };
-            Some(Object::DaemonSet(view.and_then(|view| (*view).ok().map(Box::new))))
+            Some(Object::DaemonSet(
+                view.and_then(|view| (*view).ok().map(Box::new)),
+            ))
         }
         Decided::Namespace => serde_json::from_str::<Option<Named>>(text)?.map(|namespace| {
             let annotations = namespace.metadata.and_then(|m| m.annotations);
@@ -398,7 +400,8 @@ impl PolicyObject<'_> {
         };
         let policy = spec
             .map(|spec| {
-                let mut policy = PlacementPolicy::new(meta.name.as_deref().unwrap_or_default(), spec);
+                let mut policy =
+                    PlacementPolicy::new(meta.name.as_deref().unwrap_or_default(), spec);
                 policy.metadata.name = meta.name;
                 policy.metadata.annotations = meta.annotations;
                 policy.metadata.creation_timestamp = meta.creation_timestamp;
@@ -614,7 +617,6 @@ pub struct Review {
     kind: &'static str,
     response: AdmissionResponse,
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -854,7 +856,10 @@ mod tests {
         let policies =
             crate::policy::test_policies(&[("cdn", json!({"pool": {"nodeNames": ["node2"]}}))]);
         let mut namespace = NamespaceInfo::new("default");
-        let opt_in = (crate::names::POLICIES_ANNOTATION.to_string(), "cdn".to_string());
+        let opt_in = (
+            crate::names::POLICIES_ANNOTATION.to_string(),
+            "cdn".to_string(),
+        );
         namespace.annotations.extend([opt_in]);
         let whole = crate::placement::daemonset::template_patch(&daemonset, &policies, &namespace);
         let read = crate::placement::daemonset::view_patch(pod, &policies, &namespace);
@@ -902,7 +907,9 @@ mod tests {
         assert!(read.object.unwrap().pod().unwrap().is_ok());
         assert!(read.old_object.is_none() && read.namespace.is_none());
         for malformed in [
-            request(&format!(r#""uid":"u","uid":"v",{kind},"operation":"CREATE""#)),
+            request(&format!(
+                r#""uid":"u","uid":"v",{kind},"operation":"CREATE""#
+            )),
             request(r#""uid":"u","operation":"CREATE""#),
             request(&format!(r#"{kind},"operation":"CREATE""#)),
             request(&format!(
@@ -1017,7 +1024,11 @@ mod tests {
             review("{}"),
             review("null"),
             review_of("", "Namespace", r#"{"metadata":{"annotations":{}}}"#),
-            review_of("", "Namespace", &format!(r#"{{"metadata":{{"annotations":{{{}}}}}}}"#, keys(16_385))),
+            review_of(
+                "",
+                "Namespace",
+                &format!(r#"{{"metadata":{{"annotations":{{{}}}}}}}"#, keys(16_385)),
+            ),
             review_of(crate::names::GROUP, "PlacementPolicy", "{}"),
             review(r#"{"kind":"Pod"}"#).replace(
                 r#""groups":["system:authenticated"]"#,

@@ -97,9 +97,11 @@ pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResp
         return refusal;
     }
     if let Some(Object::DaemonSet(template)) = &request.object {
-        let patch = template.as_deref().map_or(json_patch::Patch(Vec::new()), |pod| {
-            crate::placement::daemonset::view_patch(pod, snapshot.policies, snapshot.namespace)
-        });
+        let patch = template
+            .as_deref()
+            .map_or(json_patch::Patch(Vec::new()), |pod| {
+                crate::placement::daemonset::view_patch(pod, snapshot.policies, snapshot.namespace)
+            });
         let outcome = if patch.0.is_empty() {
             "unchanged"
         } else {
