@@ -96,7 +96,7 @@ impl BodyLimits {
     /// The turn on a core in which a review of `length` bytes is read and decided,
     /// if one comes free by `answer_by`: a small review's (read and decided at
     /// once, on the async worker that received it) is always free; a large one
-    /// holds one of the CPU slots from its first walk to its decision.
+    /// holds one of the CPU slots from its charge to its decision.
     ///
     /// Holding the slot across the steps is what keeps a flood of large reviews
     /// answering: with a slot taken per step, each review would wait behind every
@@ -109,7 +109,7 @@ impl BodyLimits {
     /// and may wait there for the budget with its core idle. It keeps the core: no
     /// review is charged outside a turn, so the budget it waits for is freed only by
     /// another turn's end or by a queued body given up, and the reviews in line
-    /// could do no more than their own cost walk before they too waited for it.
+    /// could do nothing before they too waited for it.
     pub async fn cpu_turn(&self, length: usize, answer_by: Instant) -> Option<CpuTurn> {
         let slot = if Self::is_small(length) {
             None
@@ -379,6 +379,7 @@ enum Unread {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::review::READ_COST;
 
     /// A time to answer by that no test reaches.
     fn later() -> Instant {
@@ -569,7 +570,7 @@ mod tests {
         limits.cpu = Arc::new(Semaphore::new(1));
         let large = INLINE + 1;
         let first = limits.cpu_turn(large, later()).await.expect("a free core");
-        assert_eq!(first.run(|| 1).await, Some(1), "its walk");
+        assert_eq!(first.run(|| 1).await, Some(1), "its read");
         // A later review finds the core taken between the first one's steps, and
         // waits until its own deadline, no longer.
         let answer_by = Instant::now() + Duration::from_millis(100);
