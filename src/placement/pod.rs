@@ -1081,6 +1081,33 @@ mod tests {
     }
 
     #[test]
+    fn a_terms_requirements_are_kept_within_their_bound_and_counted_past_it() {
+        let term =
+            |n: usize| json!({"matchFields": vec![json!({"key": "k", "operator": "Exists"}); n]});
+        let within = json!({"spec": {"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term(64)]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 3, "preference": term(2)}]}}}});
+        let pod = PodView::read(&within).unwrap();
+        let fields = pod.required_affinity().unwrap()[0].match_fields.as_ref();
+        assert_eq!(fields.map(Vec::len), Some(64));
+        assert_eq!(pod.preferred_terms()[0].weight, 3);
+        // Past the bound, in a required or a preferred term: refused by the count,
+        // having kept no more than the bound.
+        for over in [
+            json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                {"nodeSelectorTerms": [term(1), term(70)]}}}}}),
+            json!({"spec": {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution":
+                [{"weight": 1, "preference": term(70)}]}}}}),
+        ] {
+            let error = PodView::read(&over).unwrap_err();
+            assert!(
+                error.contains("has 70 items; berth reads at most 64"),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
     fn a_field_berth_needs_with_the_wrong_shape_is_named() {
         let pod = json!({"kind": "Pod", "spec": {"tolerations": "all of them"}});
         let error = PodView::read(&pod).unwrap_err();
