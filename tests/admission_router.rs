@@ -127,6 +127,53 @@ async fn a_cdn_pod_is_patched_and_the_patch_keeps_unknown_fields() {
     assert_eq!(pod["spec"]["tolerations"][0]["tolerationSeconds"], 300);
 }
 
+/// Log lines written into memory, for a test to read back.
+#[derive(Clone, Default)]
+struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// With `RUST_LOG=berth=debug`, one review's path is in the log end to end, every
+/// line under the review's span with its uid: read, then answered with the policy
+/// and the outcome.
+#[tokio::test]
+async fn a_reviews_path_is_one_span_in_the_log() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let format = berth::telemetry::log_format(
+        tracing_subscriber::EnvFilter::new("berth=debug"),
+        false,
+        move || writer.clone(),
+    );
+    let _logs = tracing::subscriber::set_default(format);
+    let request = fixture("pod-create.json");
+    review("/mutate", &request).await;
+    let logged = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let uid = request["request"]["uid"].as_str().unwrap();
+    let ours: Vec<&str> = logged
+        .lines()
+        .filter(|l| l.contains("review{path=\"/mutate\"") && l.contains(uid))
+        .collect();
+    assert!(
+        ours.iter()
+            .any(|l| l.contains("kind=\"Pod\"") && l.contains(": read bytes=")),
+        "{logged}"
+    );
+    assert!(
+        ours.iter()
+            .any(|l| l.contains("answered outcome=\"patched\" policies=[\"cdn\"] allowed=true")),
+        "{logged}"
+    );
+}
+
 #[tokio::test]
 async fn patch_type_is_set_exactly_when_there_is_a_patch() {
     let mut request = fixture("pod-create.json");

@@ -15,6 +15,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+use tracing::Span;
+use tracing::field::Empty;
 
 use super::body::{BodyLimits, Charge, Held, ReadBody};
 use super::review::{self, AdmissionRequest, AdmissionResponse};
@@ -82,6 +84,19 @@ impl FromRef<Shared> for Arc<AppState> {
 /// waits past the review's deadline ([`answer_by`]): one not decided by then is
 /// refused by its uid, while the apiserver still listens, rather than left to time
 /// out (which would admit the pod without berth).
+#[tracing::instrument(
+    name = "review",
+    skip_all,
+    fields(
+        path = path,
+        peer = Empty,
+        uid = Empty,
+        kind = Empty,
+        operation = Empty,
+        namespace = Empty,
+        name = Empty
+    )
+)]
 async fn door(
     Shared { state, turns }: Shared,
     caller: Option<Extension<Caller>>,
@@ -100,6 +115,7 @@ async fn door(
         },
         |Extension(c)| c,
     );
+    Span::current().record("peer", tracing::field::display(caller.addr));
     if !state.trust.admits(&caller) {
         return refuse_untrusted(&state, body).await;
     }
@@ -260,6 +276,7 @@ fn unread(
     (kind, status, reason): (&str, StatusCode, String),
 ) -> Response {
     state.metrics.error(kind);
+    tracing::debug!(refused = kind, %reason, "answered unread");
     let Some(uid) = review::uid_from_prefix(prefix) else {
         observe(state, path, kind, started);
         return (status, reason).into_response();
@@ -309,8 +326,21 @@ async fn admit(
         return late(state, path, started, &body);
     };
     let request = match parsed {
-        Ok(request) => request,
+        Ok(request) => {
+            let span = Span::current();
+            span.record("uid", request.uid.as_str());
+            span.record("kind", request.kind.kind.as_str());
+            span.record("operation", request.operation.as_str());
+            span.record(
+                "namespace",
+                request.namespace.as_deref().unwrap_or_default(),
+            );
+            span.record("name", request.name.as_deref().unwrap_or_default());
+            tracing::debug!(bytes = body.len(), "read");
+            request
+        }
         Err(reason) => {
+            tracing::debug!(%reason, "not a review");
             state.metrics.error("bad_request");
             observe(state, path, "bad_request", started);
             return (StatusCode::BAD_REQUEST, reason).into_response();
@@ -414,6 +444,13 @@ fn record(
     if verdict.broken_annotation {
         metrics.error("broken_annotation");
     }
+    tracing::debug!(
+        outcome = verdict.outcome,
+        policies = ?verdict.applied,
+        allowed = response.allowed,
+        micros = started.elapsed().as_micros() as u64,
+        "answered"
+    );
     observe(state, path, verdict.outcome, started);
 }
 
