@@ -4,7 +4,10 @@
 
 use std::collections::BTreeSet;
 
-use super::review::{AdmissionRequest, AdmissionResponse, Object, Policy};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::review::{AdmissionRequest, AdmissionResponse, Object};
 use super::state::GroupState;
 use crate::names::is_owned_node_key;
 use crate::objects::NodeIndex;
@@ -17,8 +20,7 @@ use crate::placement::pod::PodView;
 use crate::placement::records::{forbidden_changes, unheld_record};
 use crate::placement::warning::bounded;
 use crate::placement::{Decision, Input, Requester, decide};
-use crate::policy::compile::Labels;
-use crate::policy::{CompiledPolicy, NamespaceConfig, PolicySet};
+use crate::policy::{CompiledPolicy, NamespaceConfig, PlacementPolicy, PolicySet};
 
 /// What one admission sees of the cluster.
 #[derive(Debug, Clone, Copy)]
@@ -98,12 +100,14 @@ pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResp
     if let Some(refusal) = refuse_unreadable(request) {
         return refusal;
     }
-    if let Some(Object::DaemonSet(template)) = &request.object {
-        let patch = template
-            .as_deref()
-            .map_or(json_patch::Patch(Vec::new()), |pod| {
-                crate::placement::daemonset::view_patch(pod, snapshot.policies, snapshot.namespace)
-            });
+    if request.is_kind("apps", "DaemonSet")
+        && let Some(object) = request.object.as_ref().and_then(Object::json)
+    {
+        let patch = crate::placement::daemonset::template_patch(
+            object,
+            snapshot.policies,
+            snapshot.namespace,
+        );
         let outcome = if patch.0.is_empty() {
             "unchanged"
         } else {
@@ -190,8 +194,12 @@ pub fn validate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionRe
     }
     let problems = match object {
         Object::Pod(pod) if request.is_pod() => pod_problems(request, pod, snapshot),
-        Object::Namespace(annotations) => namespace_problems(annotations, snapshot.policies),
-        Object::Policy(policy) => policy_problems(policy, snapshot),
+        Object::Json(json) if request.is_kind("", "Namespace") => {
+            namespace_problems(json, snapshot.policies)
+        }
+        Object::Json(json) if request.is_kind(crate::names::GROUP, "PlacementPolicy") => {
+            policy_problems(json, snapshot)
+        }
         _ => Problems::default(),
     };
     match problems.denial {
@@ -288,8 +296,12 @@ fn pod_problems(request: &AdmissionRequest, object: &Pod, snapshot: &Snapshot) -
 }
 
 /// Namespaces: berth annotations must parse; naming an unknown policy is a warning.
-fn namespace_problems(annotations: &Labels, policies: &PolicySet) -> Problems {
-    match NamespaceConfig::parse(annotations) {
+fn namespace_problems(object: &Value, policies: &PolicySet) -> Problems {
+    let annotations = object
+        .pointer("/metadata/annotations")
+        .and_then(|a| serde_json::from_value(a.clone()).ok())
+        .unwrap_or_default();
+    match NamespaceConfig::parse(&annotations) {
         Err(e) => Problems {
             denial: Some(e.to_string()),
             warnings: Vec::new(),
@@ -308,25 +320,29 @@ fn namespace_problems(annotations: &Labels, policies: &PolicySet) -> Problems {
 
 /// PlacementPolicies: what the schema cannot check (globs, selectors, operators),
 /// and warnings for pools that claim nodes another pool already has.
-fn policy_problems(object: &Policy, snapshot: &Snapshot) -> Problems {
+fn policy_problems(object: &Value, snapshot: &Snapshot) -> Problems {
     // The controller's probe of the webhook path (controller::webhook_path): its
     // answer is this refusal, and a probe is never stored.
-    if object.probe {
+    if object
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object)
+        .is_some_and(|a| a.contains_key(crate::names::WEBHOOK_PROBE_ANNOTATION))
+    {
         return Problems {
             denial: Some(crate::names::WEBHOOK_PROBE_ANSWER.to_owned()),
             warnings: Vec::new(),
         };
     }
-    let policy = match &object.policy {
+    let policy = match PlacementPolicy::deserialize(object) {
         Ok(policy) => policy,
         Err(e) => {
             return Problems {
-                denial: Some(e.clone()),
+                denial: Some(format!("not a valid PlacementPolicy: {e}")),
                 warnings: Vec::new(),
             };
         }
     };
-    let compiled = match CompiledPolicy::compile(policy) {
+    let compiled = match CompiledPolicy::compile(&policy) {
         Ok(compiled) => compiled,
         Err(e) => {
             return Problems {
