@@ -22,7 +22,7 @@ use super::body::{BodyLimits, Charge, CpuTurn, Held, ReadBody};
 use super::cost;
 use super::review::{self, AdmissionRequest, AdmissionResponse};
 use super::server::{Caller, Trust};
-use super::service::{self, Snapshot, Verdict};
+use super::service::{self, ReviewState, Verdict};
 use super::state::ClusterView;
 use crate::placement::namespace::NamespaceInfo;
 use crate::placement::warning::bounded;
@@ -59,18 +59,18 @@ pub fn router(state: Arc<AppState>, max_in_flight: usize) -> Router {
         // pod is neither restarted nor dropped from the Service.
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .with_state(Shared { state, turns })
+        .with_state(RouteState { state, turns })
 }
 
 /// What the routes share: the state, and the turns admission requests take.
 #[derive(Clone)]
-struct Shared {
+struct RouteState {
     state: Arc<AppState>,
     turns: Arc<Semaphore>,
 }
 
-impl FromRef<Shared> for Arc<AppState> {
-    fn from_ref(shared: &Shared) -> Self {
+impl FromRef<RouteState> for Arc<AppState> {
+    fn from_ref(shared: &RouteState) -> Self {
         shared.state.clone()
     }
 }
@@ -99,7 +99,7 @@ impl FromRef<Shared> for Arc<AppState> {
     )
 )]
 async fn door(
-    Shared { state, turns }: Shared,
+    RouteState { state, turns }: RouteState,
     caller: Option<Extension<Caller>>,
     query: Option<String>,
     path: &str,
@@ -207,10 +207,10 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     }
 }
 
-type Decide = fn(&AdmissionRequest, &Snapshot) -> (AdmissionResponse, Verdict);
+type Decide = fn(&AdmissionRequest, &ReviewState) -> (AdmissionResponse, Verdict);
 
 async fn mutate(
-    State(shared): State<Shared>,
+    State(shared): State<RouteState>,
     caller: Option<Extension<Caller>>,
     RawQuery(query): RawQuery,
     body: Body,
@@ -219,7 +219,7 @@ async fn mutate(
 }
 
 async fn validate(
-    State(shared): State<Shared>,
+    State(shared): State<RouteState>,
     caller: Option<Extension<Caller>>,
     RawQuery(query): RawQuery,
     body: Body,
@@ -419,7 +419,7 @@ async fn admit(
     let berth_user = state.berth_user.clone();
     let uid = request.uid.clone();
     let deciding = turn.run(move || {
-        let snapshot = Snapshot {
+        let snapshot = ReviewState {
             policies: &policies,
             namespace: &namespace,
             nodes: Some(&nodes),

@@ -22,9 +22,10 @@ use crate::placement::warning::bounded;
 use crate::placement::{Decision, Input, Requester, decide};
 use crate::policy::{CompiledPolicy, NamespaceConfig, PlacementPolicy, PolicySet};
 
-/// What one admission sees of the cluster.
+/// What one admission sees of the cluster (the controller's pass sees
+/// [`crate::controller::context::Snapshot`]).
 #[derive(Debug, Clone, Copy)]
-pub struct Snapshot<'a> {
+pub struct ReviewState<'a> {
     pub policies: &'a PolicySet,
     pub namespace: &'a NamespaceInfo,
     pub nodes: Option<&'a NodeIndex>,
@@ -58,7 +59,7 @@ impl Verdict {
 /// A pod as the webhook reads it: its view, or why it cannot be read.
 type Pod = Result<PodView, String>;
 
-fn run(object: &Pod, request: &AdmissionRequest, snapshot: &Snapshot) -> Decision {
+fn run(object: &Pod, request: &AdmissionRequest, snapshot: &ReviewState) -> Decision {
     decide(&Input {
         pod: object,
         namespace: snapshot.namespace,
@@ -96,7 +97,7 @@ fn refuse_unreadable(request: &AdmissionRequest) -> Option<(AdmissionResponse, V
 /// `POST /mutate`: Pods at CREATE get berth's patch, DaemonSets the pool
 /// tolerations (and exclusions) in their pod template; anything else is allowed
 /// unchanged.
-pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResponse, Verdict) {
+pub fn mutate(request: &AdmissionRequest, snapshot: &ReviewState) -> (AdmissionResponse, Verdict) {
     if let Some(refusal) = refuse_unreadable(request) {
         return refusal;
     }
@@ -181,7 +182,10 @@ pub fn mutate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResp
 
 /// `POST /validate`: Pods (CREATE, UPDATE), Namespaces (berth annotations) and
 /// PlacementPolicies (what the schema cannot check).
-pub fn validate(request: &AdmissionRequest, snapshot: &Snapshot) -> (AdmissionResponse, Verdict) {
+pub fn validate(
+    request: &AdmissionRequest,
+    snapshot: &ReviewState,
+) -> (AdmissionResponse, Verdict) {
     if let Some(refusal) = refuse_unreadable(request) {
         return refusal;
     }
@@ -227,7 +231,7 @@ struct Problems {
 fn entitlement_violations(
     object: &Pod,
     request: &AdmissionRequest,
-    snapshot: &Snapshot,
+    snapshot: &ReviewState,
 ) -> Vec<String> {
     let decision = run(object, request, snapshot);
     let Ok(pod) = object else {
@@ -264,7 +268,7 @@ fn owned_expressions(pod: &PodView) -> BTreeSet<RequirementKey> {
 /// added to a running pod, a gated pod's affinity can change) nothing may break it
 /// that did not already, berth's own node expressions may not be dropped, and only
 /// berth changes its record, its gates and who controls the pod.
-fn pod_problems(request: &AdmissionRequest, object: &Pod, snapshot: &Snapshot) -> Problems {
+fn pod_problems(request: &AdmissionRequest, object: &Pod, snapshot: &ReviewState) -> Problems {
     let mut violations = entitlement_violations(object, request, snapshot);
     if request.operation == "CREATE"
         && let Ok(pod) = object
@@ -320,7 +324,7 @@ fn namespace_problems(object: &Value, policies: &PolicySet) -> Problems {
 
 /// PlacementPolicies: what the schema cannot check (globs, selectors, operators),
 /// and warnings for pools that claim nodes another pool already has.
-fn policy_problems(object: &Value, snapshot: &Snapshot) -> Problems {
+fn policy_problems(object: &Value, snapshot: &ReviewState) -> Problems {
     // The controller's probe of the webhook path (controller::webhook_path): its
     // answer is this refusal, and a probe is never stored.
     if object
@@ -390,7 +394,7 @@ fn self_set_warning(policy: &CompiledPolicy) -> Option<String> {
 }
 
 /// Nodes this policy's pool claims that another pool claims too.
-fn pool_conflicts(policy: &CompiledPolicy, snapshot: &Snapshot) -> Vec<String> {
+fn pool_conflicts(policy: &CompiledPolicy, snapshot: &ReviewState) -> Vec<String> {
     let Some(pool) = &policy.spec.pool else {
         return Vec::new();
     };
