@@ -127,47 +127,16 @@ async fn a_cdn_pod_is_patched_and_the_patch_keeps_unknown_fields() {
     assert_eq!(pod["spec"]["tolerations"][0]["tolerationSeconds"], 300);
 }
 
-/// Log lines written into memory, for a test to read back.
-#[derive(Clone, Default)]
-struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Lines {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// berth's log format at debug for the whole test binary: a subscriber set per
-/// thread misses spans whose callsites another test's thread registered first.
-fn logs() -> &'static Lines {
-    static LINES: std::sync::OnceLock<Lines> = std::sync::OnceLock::new();
-    LINES.get_or_init(|| {
-        let lines = Lines::default();
-        let writer = lines.clone();
-        let format = berth::telemetry::log_format(
-            tracing_subscriber::EnvFilter::new("berth=debug"),
-            false,
-            move || writer.clone(),
-        );
-        tracing::subscriber::set_global_default(format).expect("one global subscriber");
-        lines
-    })
-}
-
 /// With `RUST_LOG=berth=debug`, one review's path is in the log end to end, every
 /// line under the review's span with its uid: read, then answered with the policy
 /// and the outcome.
 #[tokio::test]
 async fn a_reviews_path_is_one_span_in_the_log() {
-    let lines = logs();
+    support::logs::capture();
     let mut request = fixture("pod-create.json");
     request["request"]["uid"] = json!("a-review-followed-by-its-span");
     review("/mutate", &request).await;
-    let logged = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let logged = support::logs::logged();
     let uid = request["request"]["uid"].as_str().unwrap();
     let ours: Vec<&str> = logged
         .lines()

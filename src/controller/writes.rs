@@ -222,7 +222,6 @@ impl Writes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tracing::Instrument;
 
     fn sample(metrics: &Metrics, kind: &str, outcome: &str) -> u64 {
         metrics
@@ -276,71 +275,6 @@ mod tests {
             "nothing sent without the Lease"
         );
         assert_eq!(sample(&metrics, "eviction", "not_leader"), 1);
-    }
-
-    /// Log lines written into memory, for a test to read back.
-    #[derive(Clone, Default)]
-    struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Lines {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    /// berth's log format at debug, for the whole test binary: a subscriber set
-    /// per thread misses spans whose callsites another test's thread registered
-    /// first, so the one global subscriber serves every test, and each test finds
-    /// its lines by a span of its own.
-    fn logs() -> &'static Lines {
-        static LINES: std::sync::OnceLock<Lines> = std::sync::OnceLock::new();
-        LINES.get_or_init(|| {
-            let lines = Lines::default();
-            let writer = lines.clone();
-            let format = crate::telemetry::log_format(
-                tracing_subscriber::EnvFilter::new("berth=debug"),
-                false,
-                move || writer.clone(),
-            );
-            tracing::subscriber::set_global_default(format).expect("one global subscriber");
-            lines
-        })
-    }
-
-    #[tokio::test]
-    async fn each_write_is_a_span_with_its_kind_and_outcome() {
-        let lines = logs();
-        let (_leading, receiver) = watch::channel(true);
-        let writes = Writes::new(Arc::default(), receiver, Rates::all(100));
-        let pass = tracing::info_span!("release pass", test = "spans");
-        writes
-            .make(Kind::Release, async { Ok(()) })
-            .instrument(pass)
-            .await
-            .unwrap();
-        let _ = writes
-            .make(Kind::Node, async { Err::<(), _>(api_error(409)) })
-            .instrument(tracing::info_span!("nodes pass", test = "spans"))
-            .await;
-        let logged = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-        assert!(
-            logged.contains(
-                "release pass{test=\"spans\"}:write{kind=\"release\"}: berth::controller::writes: \
-                 written outcome=\"ok\""
-            ),
-            "{logged}"
-        );
-        assert!(
-            logged.contains(
-                "nodes pass{test=\"spans\"}:write{kind=\"node\"}: berth::controller::writes: \
-                 written outcome=\"conflict\""
-            ),
-            "{logged}"
-        );
     }
 
     #[tokio::test(start_paused = true)]

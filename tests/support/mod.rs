@@ -12,6 +12,7 @@ pub mod fixtures;
 pub mod fleet;
 pub mod helm;
 pub mod load;
+pub mod logs;
 pub mod proxy;
 
 use std::path::{Path, PathBuf};
