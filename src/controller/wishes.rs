@@ -9,8 +9,9 @@
 //!   waits for that write to end, then goes first.
 //! - Each writer starts its write from the object as the cache holds it then, and
 //!   makes none when the object already is as wished (or is gone).
-//! - An object whose write failed is handed back to its loop after
-//!   [`RETRY_FAILED`], which computes it again from what holds then.
+//! - An object whose write failed is handed back to its loop when the one retry
+//!   policy says ([`Error::retry`]), and the loop computes it again from what
+//!   holds then.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -23,7 +24,7 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::writes::RETRY_FAILED;
+use super::error::{Error, Retry};
 use crate::objects::DaemonSetObject;
 use crate::placement::desired::DesiredNode;
 use crate::policy::crd::PlacementPolicyStatus;
@@ -130,51 +131,69 @@ pub trait Writer: Send + 'static {
     /// Writes of this kind in flight at once.
     const CONCURRENCY: usize;
 
+    /// What this writer does, for the log of a failed write: "cannot {WHAT}".
+    const WHAT: &'static str;
+
     /// The write that brings `key` to `wish`, from the object as the cache holds it
-    /// now; `None` when there is nothing to write. The write logs and counts its
-    /// own outcome, and ends true when it failed and is worth a retry.
+    /// now; `None` when there is nothing to write. The write logs and counts what
+    /// it did; it ends `Ok` when nothing is left to write (what it found already
+    /// done too), and an error is retried as [`Error::retry`] says.
     fn write(
         &self,
         key: &Self::Key,
         wish: Self::Wish,
-    ) -> Option<impl Future<Output = bool> + Send + 'static>;
+    ) -> Option<impl Future<Output = Result<(), Error>> + Send + 'static>;
 }
 
 /// Writes what `wishes` asks until `shutdown`; hands each object whose write
-/// failed to `retry` after [`RETRY_FAILED`].
+/// failed, with the wish it was written for, to `retry` when [`Error::retry`]
+/// says.
 pub async fn run<T: Writer>(
     writer: T,
     wishes: Arc<Wishes<T::Key, T::Wish>>,
-    retry: impl Fn(&T::Key),
+    retry: impl Fn(&T::Key, T::Wish),
     shutdown: CancellationToken,
-) {
+) where
+    T::Key: std::fmt::Debug,
+{
     let mut in_flight = FuturesUnordered::new();
-    let mut failed: Vec<T::Key> = Vec::new();
-    let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut failed: Vec<(tokio::time::Instant, T::Key, T::Wish)> = Vec::new();
     loop {
         while in_flight.len() < T::CONCURRENCY
             && let Some((key, wish)) = wishes.next()
         {
-            match writer.write(&key, wish) {
-                Some(write) => in_flight.push(async move { (key, write.await) }),
+            match writer.write(&key, wish.clone()) {
+                Some(write) => in_flight.push(async move { (key, wish, write.await) }),
                 None => wishes.written(&key),
             }
         }
+        let retry_at = failed.iter().map(|(at, _, _)| *at).min();
         tokio::select! {
             () = shutdown.cancelled() => break,
-            Some((key, failure)) = in_flight.next(), if !in_flight.is_empty() => {
+            Some((key, wish, result)) = in_flight.next(), if !in_flight.is_empty() => {
                 wishes.written(&key);
-                if failure {
-                    failed.push(key);
-                    retry_at.get_or_insert_with(|| tokio::time::Instant::now() + RETRY_FAILED);
+                if let Err(error) = result {
+                    let then = error.retry();
+                    if then == Retry::Never {
+                        tracing::debug!(object = ?key, %error, "cannot {}; {then}", T::WHAT);
+                    } else {
+                        tracing::warn!(object = ?key, %error, "cannot {}; {then}", T::WHAT);
+                    }
+                    if let Retry::After(delay) = then {
+                        failed.push((tokio::time::Instant::now() + delay, key, wish));
+                    }
                 }
             }
             // With every write slot taken, a wish waits for a write to end.
             () = wishes.asked.notified(), if in_flight.len() < T::CONCURRENCY => {}
             () = until(retry_at) => {
-                retry_at = None;
-                for key in failed.drain(..) {
-                    retry(&key);
+                let now = tokio::time::Instant::now();
+                let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut failed)
+                    .into_iter()
+                    .partition(|(at, _, _)| *at <= now);
+                failed = later;
+                for (_, key, wish) in due {
+                    retry(&key, wish);
                 }
             }
         }
