@@ -281,6 +281,61 @@ pub async fn until(deadline: Option<tokio::time::Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::error::RETRY_FAILED;
+    use std::time::Duration;
+
+    /// Fails as each key says: "lost" as a replica without the Lease, "slow" with
+    /// a timeout, "refused" with a 403; writes anything else.
+    struct Failing;
+
+    impl Writer for Failing {
+        type Key = &'static str;
+        type Wish = u32;
+        const CONCURRENCY: usize = 4;
+        const WHAT: &'static str = "fail";
+
+        fn write(
+            &self,
+            key: &&'static str,
+            _: u32,
+        ) -> Option<impl Future<Output = Result<(), Error>> + Send + 'static> {
+            let result = match *key {
+                "lost" => Err(Error::NotLeader),
+                "slow" => Err(Error::Timeout(Duration::from_secs(10))),
+                "refused" => Err(crate::controller::error::api_error(403).into()),
+                _ => Ok(()),
+            };
+            Some(async move { result })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_write_is_handed_back_with_its_wish_when_the_policy_says() {
+        let wishes = Arc::new(Wishes::default());
+        let (retried, mut retries) = tokio::sync::mpsc::unbounded_channel();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(
+            Failing,
+            wishes.clone(),
+            move |key: &&'static str, wish| retried.send((*key, wish)).unwrap(),
+            shutdown.clone(),
+        ));
+        let started = tokio::time::Instant::now();
+        for (key, wish) in [("lost", 1), ("slow", 2), ("written", 3), ("refused", 4)] {
+            wishes.want(key, wish);
+        }
+        let mut back = vec![retries.recv().await.unwrap(), retries.recv().await.unwrap()];
+        assert_eq!(started.elapsed(), RETRY_FAILED, "handed back after the wait");
+        back.sort();
+        assert_eq!(back, [("refused", 4), ("slow", 2)]);
+        tokio::time::sleep(RETRY_FAILED * 3).await;
+        assert!(
+            retries.try_recv().is_err(),
+            "a write without the Lease, or one made, is not handed back"
+        );
+        shutdown.cancel();
+        task.await.unwrap();
+    }
 
     type Queue = Wishes<&'static str, &'static str>;
 
