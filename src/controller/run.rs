@@ -81,8 +81,8 @@ pub async fn run(
     };
     tokio::select! {
         () = shutdown.cancelled() => return,
-        ready = cluster.synced() => if ready.is_err() {
-            tracing::error!("a watch stopped before its first list; the controller does not run");
+        ready = cluster.synced() => if let Err(error) = ready {
+            tracing::error!(%error, "the controller does not run");
             return;
         },
     }

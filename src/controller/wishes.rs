@@ -325,7 +325,11 @@ mod tests {
             wishes.want(key, wish);
         }
         let mut back = vec![retries.recv().await.unwrap(), retries.recv().await.unwrap()];
-        assert_eq!(started.elapsed(), RETRY_FAILED, "handed back after the wait");
+        assert_eq!(
+            started.elapsed(),
+            RETRY_FAILED,
+            "handed back after the wait"
+        );
         back.sort();
         assert_eq!(back, [("refused", 4), ("slow", 2)]);
         tokio::time::sleep(RETRY_FAILED * 3).await;
