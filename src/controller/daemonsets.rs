@@ -54,6 +54,10 @@ impl Writer for DaemonSetWriter {
 
     const WHAT: &'static str = "write the DaemonSet's template";
 
+    fn object(key: &ObjectRef<DaemonSetObject>) -> String {
+        key.to_string()
+    }
+
     fn write(
         &self,
         key: &ObjectRef<DaemonSetObject>,

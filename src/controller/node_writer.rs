@@ -43,6 +43,10 @@ impl Writer for NodeWriter {
 
     const WHAT: &'static str = "write the node's berth labels and taints";
 
+    fn object(name: &String) -> String {
+        name.clone()
+    }
+
     fn write(
         &self,
         name: &String,

@@ -133,6 +133,10 @@ impl Writer for PodGroupWriter {
 
     const WHAT: &'static str = "keep a gang's PodGroup";
 
+    fn object((namespace, name): &GroupKey) -> String {
+        format!("{namespace}/{name}")
+    }
+
     fn write(
         &self,
         key: &GroupKey,

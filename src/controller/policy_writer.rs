@@ -61,6 +61,10 @@ impl Writer for PolicyWriter {
 
     const WHAT: &'static str = "write the policy's status or finalizer";
 
+    fn object((name, part): &(String, Part)) -> String {
+        format!("{name} ({part:?})")
+    }
+
     fn write(
         &self,
         (name, _): &(String, Part),

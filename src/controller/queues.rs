@@ -101,6 +101,10 @@ impl Writer for ClassWriter {
 
     const WHAT: &'static str = "make a queue PriorityClass";
 
+    fn object(class: &String) -> String {
+        class.clone()
+    }
+
     fn write(
         &self,
         class: &String,

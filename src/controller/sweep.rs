@@ -157,6 +157,10 @@ impl Writer for SweepWriter {
 
     const WHAT: &'static str = "delete an object berth no longer needs";
 
+    fn object(unused: &Unused) -> String {
+        format!("{unused:?}")
+    }
+
     /// Deletes the object, bound to its uid: a namesake made in the meantime stays.
     fn write(
         &self,

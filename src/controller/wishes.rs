@@ -134,6 +134,9 @@ pub trait Writer: Send + 'static {
     /// What this writer does, for the log of a failed write: "cannot {WHAT}".
     const WHAT: &'static str;
 
+    /// The object `key` names, for the log.
+    fn object(key: &Self::Key) -> String;
+
     /// The write that brings `key` to `wish`, from the object as the cache holds it
     /// now; `None` when there is nothing to write. The write logs and counts what
     /// it did; it ends `Ok` when nothing is left to write (what it found already
@@ -153,9 +156,7 @@ pub async fn run<T: Writer>(
     wishes: Arc<Wishes<T::Key, T::Wish>>,
     retry: impl Fn(&T::Key, T::Wish),
     shutdown: CancellationToken,
-) where
-    T::Key: std::fmt::Debug,
-{
+) {
     let mut in_flight = FuturesUnordered::new();
     let mut failed: Vec<(tokio::time::Instant, T::Key, T::Wish)> = Vec::new();
     loop {
@@ -173,11 +174,11 @@ pub async fn run<T: Writer>(
             Some((key, wish, result)) = in_flight.next(), if !in_flight.is_empty() => {
                 wishes.written(&key);
                 if let Err(error) = result {
-                    let then = error.retry();
+                    let (then, object) = (error.retry(), T::object(&key));
                     if then == Retry::Never {
-                        tracing::debug!(object = ?key, %error, "cannot {}; {then}", T::WHAT);
+                        tracing::debug!(%object, %error, "cannot {}; {then}", T::WHAT);
                     } else {
-                        tracing::warn!(object = ?key, %error, "cannot {}; {then}", T::WHAT);
+                        tracing::warn!(%object, %error, "cannot {}; {then}", T::WHAT);
                     }
                     if let Retry::After(delay) = then {
                         failed.push((tokio::time::Instant::now() + delay, key, wish));
@@ -293,6 +294,10 @@ mod tests {
         type Wish = u32;
         const CONCURRENCY: usize = 4;
         const WHAT: &'static str = "fail";
+
+        fn object(key: &&'static str) -> String {
+            key.to_string()
+        }
 
         fn write(
             &self,
