@@ -18,6 +18,7 @@
 //! The controller's kinds (pods, DaemonSets, Deployments, StatefulSets) are
 //! watched only in a process that runs the controller.
 
+pub mod error;
 pub mod groups;
 pub mod pods;
 pub mod seen;
@@ -44,10 +45,14 @@ use crate::objects::{
 use crate::placement::namespace::{NamespaceIndex, NamespaceInfo, namespace_index};
 use crate::policy::compile::{Compiled, PolicyCompiler};
 use crate::telemetry::Metrics;
+pub use error::Error;
 pub use groups::GroupState;
 pub use pods::PodsByNode;
 use seen::{Hashes, Seen};
 pub use wakes::{Changed, Wakes};
+
+/// The longest a namespace lookup may take: a review waits for it.
+const NAMESPACE_LOOKUP: Duration = Duration::from_secs(1);
 
 /// How often the gang mode is looked up again: a feature turned on in the
 /// apiserver is picked up without a restart.
@@ -82,7 +87,7 @@ impl Stores {
     /// before its first. A pass on a half-filled cache would do harm: without the
     /// pods it would take every anchor label off, without the policies release
     /// every held pod at once.
-    pub async fn synced(&self) -> Result<(), reflector::store::WriterDropped> {
+    pub async fn synced(&self) -> Result<(), Error> {
         tokio::try_join!(
             self.policies.wait_until_ready(),
             self.nodes.wait_until_ready(),
@@ -92,8 +97,8 @@ impl Stores {
             self.daemonsets.wait_until_ready(),
             self.deployments.wait_until_ready(),
             self.statefulsets.wait_until_ready(),
-        )
-        .map(drop)
+        )?;
+        Ok(())
     }
 
     /// The pods bound to `node` (and not yet gone from the cache).
@@ -250,7 +255,7 @@ impl Cluster {
 
     /// Waits until every store holds a full list and the gang mode is known; an
     /// error when a watch stopped before its first list.
-    pub async fn synced(&self) -> Result<(), reflector::store::WriterDropped> {
+    pub async fn synced(&self) -> Result<(), Error> {
         self.stores.synced().await?;
         // The policies in force are published just after their store is whole.
         for synced in [
@@ -269,19 +274,22 @@ impl Cluster {
         if let Some(info) = self.namespaces().get(name) {
             return Some(info.clone());
         }
-        let api = Api::<NamespaceMeta>::all(self.client.clone());
-        match tokio::time::timeout(Duration::from_secs(1), api.get_opt(name)).await {
-            Ok(Ok(Some(ns))) => Some(Arc::new(NamespaceInfo::from_meta(&ns.metadata))),
-            Ok(Ok(None)) => None,
-            Ok(Err(e)) => {
-                tracing::warn!(namespace = name, error = %e, "namespace lookup failed");
-                None
-            }
-            Err(_) => {
-                tracing::warn!(namespace = name, "namespace lookup timed out");
+        match self.get_namespace(name).await {
+            Ok(found) => found.map(|ns| Arc::new(NamespaceInfo::from_meta(&ns.metadata))),
+            Err(error) => {
+                tracing::warn!(namespace = name, %error, "namespace lookup failed");
                 None
             }
         }
+    }
+
+    /// Namespace `name` by one GET, within [`NAMESPACE_LOOKUP`].
+    async fn get_namespace(&self, name: &str) -> Result<Option<NamespaceMeta>, Error> {
+        let api = Api::<NamespaceMeta>::all(self.client.clone());
+        tokio::time::timeout(NAMESPACE_LOOKUP, api.get_opt(name))
+            .await
+            .map_err(|_| Error::Timeout(NAMESPACE_LOOKUP))?
+            .map_err(Error::from)
     }
 }
 

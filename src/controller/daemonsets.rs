@@ -23,8 +23,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use super::error::Error;
 use super::wishes::Writer;
-use super::writes::{Error, Kind, Writes};
+use super::writes::{Kind, Writes};
 use crate::cluster::Cluster;
 use crate::names::FIELD_MANAGER;
 use crate::objects::{DaemonSetObject, NamespaceMeta};
@@ -51,11 +52,17 @@ impl Writer for DaemonSetWriter {
     /// Each write rolls a DaemonSet: one at a time.
     const CONCURRENCY: usize = 1;
 
+    const WHAT: &'static str = "write the DaemonSet's template";
+
+    fn object(key: &ObjectRef<DaemonSetObject>) -> String {
+        key.to_string()
+    }
+
     fn write(
         &self,
         key: &ObjectRef<DaemonSetObject>,
         (): (),
-    ) -> Option<impl Future<Output = bool> + Send + 'static> {
+    ) -> Option<impl Future<Output = Result<(), Error>> + Send + 'static> {
         let daemonset = self.cluster.stores.daemonsets.get(key)?;
         let patch = daemonset_patch(
             &daemonset,
@@ -66,17 +73,9 @@ impl Writer for DaemonSetWriter {
         let (writes, client) = (self.writes.clone(), self.client.clone());
         let metrics = self.metrics.clone();
         Some(async move {
-            match write_daemonset(&writes, &client, &daemonset, patch).await {
-                Ok(()) => {
-                    metrics.daemonset_updates.inc();
-                    false
-                }
-                Err(Error::NotLeader) => false,
-                Err(e) => {
-                    tracing::warn!(daemonset = %daemonset.name_any(), error = %e, "DaemonSet update failed; retrying on a pass over everything");
-                    true
-                }
-            }
+            write_daemonset(&writes, &client, &daemonset, patch).await?;
+            metrics.daemonset_updates.inc();
+            Ok(())
         })
     }
 }

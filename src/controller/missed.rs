@@ -39,6 +39,7 @@ use kube::api::{Api, EvictParams};
 use kube::runtime::events::EventType;
 
 use super::context::{Pass, Snapshot};
+use super::error::{Error, Retry};
 use super::events::{Reported, event, reference_of};
 use super::webhook_path;
 use super::writes::Kind;
@@ -216,6 +217,7 @@ impl Missed {
             .collect();
         let mut budget = EVICTIONS_PER_SCAN;
         let mut again = false;
+        let mut retry: Option<Duration> = None;
         for (owner, mut missed) in by_owner {
             if !self.owners.contains_key(owner)
                 && let Some(state) = left_by_last_leader(&owned[owner], &missed_keys)
@@ -265,9 +267,16 @@ impl Missed {
             let known: HashSet<String> = owned[owner].iter().map(|p| p.key()).collect();
             for (pod, policy) in missed.into_iter().take(take) {
                 budget -= 1;
-                again = true;
-                if !evict_one(pass, pod, &policy, &mut self.reported).await {
-                    continue;
+                match evict_one(pass, pod, &policy, &mut self.reported).await {
+                    Ok(true) => again = true,
+                    Ok(false) => continue,
+                    // Looked at again when the one retry policy says.
+                    Err(e) => {
+                        if let Retry::After(delay) = e.retry() {
+                            retry = Some(retry.map_or(delay, |r| r.min(delay)));
+                        }
+                        continue;
+                    }
                 }
                 if probing {
                     self.owners.insert(
@@ -281,7 +290,7 @@ impl Missed {
                 }
             }
         }
-        again.then_some(RESCAN)
+        again.then_some(RESCAN).into_iter().chain(retry).min()
     }
 }
 
@@ -316,15 +325,16 @@ fn left_by_last_leader(owned: &[&PodObject], missed: &HashSet<String>) -> Option
         .then_some(Owner::Working)
 }
 
-/// Evicts `pod`, missed by `policy`; whether it went.
+/// Evicts `pod`, missed by `policy`: true once it went, false for a pod without
+/// a name (none to evict).
 async fn evict_one(
     pass: &Pass<'_>,
     pod: &PodObject,
     policy: &str,
     reported: &mut Reported,
-) -> bool {
+) -> Result<bool, Error> {
     let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
-        return false;
+        return Ok(false);
     };
     let api: Api<Pod> = Api::namespaced(pass.client.clone(), namespace);
     match pass
@@ -351,13 +361,13 @@ async fn evict_one(
                 event,
                 &reference_of(pod),
             );
-            true
+            Ok(true)
         }
-        // A PodDisruptionBudget that allows no disruption now: the next scan.
-        Err(e) if e.status() == Some(429) => false,
+        // A PodDisruptionBudget that allows no disruption now: no news.
+        Err(e) if e.status() == Some(429) => Err(e),
         Err(e) => {
-            tracing::warn!(pod = %name, %namespace, error = %e, "cannot evict a missed pod");
-            false
+            tracing::warn!(pod = %name, %namespace, error = %e, "cannot evict a missed pod; {}", e.retry());
+            Err(e)
         }
     }
 }

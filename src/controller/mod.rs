@@ -4,6 +4,7 @@
 
 pub mod context;
 pub mod daemonsets;
+pub mod error;
 pub mod events;
 pub mod limit;
 pub mod missed;
@@ -25,4 +26,5 @@ pub mod writer;
 pub mod writes;
 
 pub use context::ControllerOptions;
+pub use error::Error;
 pub use run::run;

@@ -15,9 +15,10 @@ use std::sync::Arc;
 use kube::Client;
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use super::error::Error;
 use super::wishes::Writer;
 use super::writer::{Written, in_sync, write_node};
-use super::writes::{Error, RETRY_FAILED, Writes};
+use super::writes::Writes;
 use crate::objects::NodeObject;
 use crate::placement::desired::DesiredNode;
 use crate::telemetry::{KindLabels, Metrics};
@@ -40,46 +41,42 @@ impl Writer for NodeWriter {
     /// whatever the rate allowed; at 48, at the rate.
     const CONCURRENCY: usize = 48;
 
+    const WHAT: &'static str = "write the node's berth labels and taints";
+
+    fn object(name: &String) -> String {
+        name.clone()
+    }
+
     fn write(
         &self,
         name: &String,
         desired: DesiredNode,
-    ) -> Option<impl Future<Output = bool> + Send + 'static> {
+    ) -> Option<impl Future<Output = Result<(), Error>> + Send + 'static> {
         let node = self
             .nodes
             .get(&ObjectRef::new(name))
             .filter(|node| !in_sync(node, &desired))?;
         let (writes, client) = (self.writes.clone(), self.client.clone());
-        let (metrics, name) = (self.metrics.clone(), name.clone());
+        let metrics = self.metrics.clone();
         Some(async move {
-            let result = write_node(&writes, &client, &node, &desired).await;
-            count(&metrics, &name, result)
+            let written = write_node(&writes, &client, &node, &desired).await?;
+            count(&metrics, written);
+            Ok(())
         })
     }
 }
 
-/// Counts a node write's outcome; true when it failed and is worth a retry.
-fn count(metrics: &Metrics, node: &str, result: Result<Written, Error>) -> bool {
-    match result {
-        Ok(written) => {
-            for (kind, did) in [("labels", written.labels), ("taints", written.taints)] {
-                if did {
-                    metrics
-                        .node_writes
-                        .get_or_create(&KindLabels { kind: kind.into() })
-                        .inc();
-                }
-            }
-            metrics.write_conflicts.inc_by(written.conflicts as u64);
-            false
-        }
-        // Not a failure: a new leader computes every node again.
-        Err(Error::NotLeader) => false,
-        Err(e) => {
-            tracing::warn!(%node, error = %e, "node write failed; retrying in {RETRY_FAILED:?}");
-            true
+/// Counts what a node write did.
+fn count(metrics: &Metrics, written: Written) {
+    for (kind, did) in [("labels", written.labels), ("taints", written.taints)] {
+        if did {
+            metrics
+                .node_writes
+                .get_or_create(&KindLabels { kind: kind.into() })
+                .inc();
         }
     }
+    metrics.write_conflicts.inc_by(written.conflicts as u64);
 }
 
 #[cfg(test)]
@@ -157,7 +154,7 @@ mod tests {
         let task = tokio::spawn(crate::controller::wishes::run(
             writer,
             queue.clone(),
-            move |node: &String| retried.send(node.clone()).unwrap(),
+            move |node: &String, _| retried.send(node.clone()).unwrap(),
             shutdown.clone(),
         ));
         queue.want("a".into(), wish("p"));
@@ -186,7 +183,7 @@ mod tests {
         send.send_response(written("a"));
 
         assert_eq!(retries.recv().await.unwrap(), "c");
-        assert!(failed_at.unwrap().elapsed() >= RETRY_FAILED);
+        assert!(failed_at.unwrap().elapsed() >= crate::controller::error::RETRY_FAILED);
         // Asked while the writer waits for work: it wakes for it.
         queue.want("b".into(), wish("q"));
         let (node, pool, send) = next_write(&mut apiserver).await;

@@ -29,13 +29,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::context::{Context, Pass, Snapshot, leadership_changed};
 use super::daemonsets::daemonset_patch;
+use super::error::RETRY_FAILED;
 use super::missed::Missed;
 use super::queues::{self, QueueClasses};
 use super::status::{Findings, Statuses};
 use super::sweep::Sweeper;
 use super::wishes::until;
 use super::writer::in_sync;
-use super::writes::{Kind, RETRY_FAILED};
+use super::writes::Kind;
 use crate::cluster::{Changed, Stores};
 use crate::objects::NodeObject;
 use crate::placement::desired::{BoundPod, DesiredNodes, desired_node_state};
@@ -47,9 +48,9 @@ use crate::policy::OptIn;
 const NODES_BATCH: Duration = Duration::from_millis(100);
 
 /// What a pass writes itself and retries: a new policy's finalizer, by a pass over
-/// everything. (The missed scan's evictions have their own rescan; every other
-/// kind is a writer's, which hands a failed write back, or for the sweep's
-/// deletes leaves it to the next sweep.)
+/// everything [`RETRY_FAILED`] after it failed. (The missed scan retries its
+/// evictions by its rescan, as soon; every other kind is a writer's, which hands a
+/// failed write back.)
 const RETRIED_BY_EVERYTHING: [Kind; 1] = [Kind::Finalizer];
 
 /// The nodes loop: a pass on every change that concerns nodes, and at each resync

@@ -22,10 +22,11 @@ use kube::{Client, Resource};
 use serde_json::json;
 
 use super::context::{Pass, Snapshot};
+use super::error::Error;
 use super::events::{Events, event};
 use super::wishes::locked;
 use super::wishes::{GroupKey, GroupWish, Writer};
-use super::writes::{self, Kind, RETRY_FAILED, Writes};
+use super::writes::{Kind, Writes};
 use crate::names::{FIELD_MANAGER, owned_metadata};
 use crate::objects::PodObject;
 use crate::placement::opt_in::pod_entitlements;
@@ -130,11 +131,17 @@ impl Writer for PodGroupWriter {
     /// A look-up and a write each; gangs are few.
     const CONCURRENCY: usize = 4;
 
+    const WHAT: &'static str = "keep a gang's PodGroup";
+
+    fn object((namespace, name): &GroupKey) -> String {
+        format!("{namespace}/{name}")
+    }
+
     fn write(
         &self,
         key: &GroupKey,
         wish: GroupWish,
-    ) -> Option<impl Future<Output = bool> + Send + 'static> {
+    ) -> Option<impl Future<Output = Result<(), Error>> + Send + 'static> {
         if self.known.knows(key) {
             return None;
         }
@@ -152,19 +159,11 @@ impl Writer for PodGroupWriter {
                 }
                 Err(e) => Err(e.into()),
             };
-            match result {
-                Ok(true) => {
-                    locked(&known.known).insert(key);
-                    false
-                }
-                // Made meanwhile, or being deleted: looked at on the next pass.
-                Ok(false) | Err(writes::Error::NotLeader) => false,
-                Err(e) => {
-                    let (namespace, name) = &key;
-                    tracing::warn!(%namespace, %name, error = %e, "cannot keep the PodGroup; retrying in {RETRY_FAILED:?}");
-                    true
-                }
+            // Made meanwhile, or being deleted (false): looked at on the next pass.
+            if result? {
+                locked(&known.known).insert(key);
             }
+            Ok(())
         })
     }
 }
@@ -202,7 +201,7 @@ async fn create(
     api: &Api<PodGroup>,
     name: &str,
     wish: &GroupWish,
-) -> Result<bool, writes::Error> {
+) -> Result<bool, Error> {
     let params = PostParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PostParams::default()
@@ -217,7 +216,7 @@ async fn create(
             Ok(true)
         }
         // Made meanwhile: checked on the next pass.
-        Err(e) if e.status() == Some(409) => Ok(false),
+        Err(e) if e.is_conflict() => Ok(false),
         Err(e) => Err(e),
     }
 }
@@ -231,7 +230,7 @@ async fn put_right(
     found: &PodGroup,
     verdict: Found,
     min_count: u32,
-) -> Result<bool, writes::Error> {
+) -> Result<bool, Error> {
     let name = found.metadata.name.clone().unwrap_or_default();
     let (note, kept) = match verdict {
         Found::Kept => return Ok(true),
@@ -318,7 +317,7 @@ mod tests {
         let task = tokio::spawn(wishes::run(
             writer,
             wishes.clone(),
-            |_: &GroupKey| panic!("nothing fails"),
+            |_: &GroupKey, _| panic!("nothing fails"),
             shutdown.clone(),
         ));
         let path = "/apis/scheduling.k8s.io/v1beta1/namespaces/jobs/podgroups";

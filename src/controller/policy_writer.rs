@@ -24,8 +24,9 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::error::Error;
 use super::wishes::{Part, PolicyWish, Writer};
-use super::writes::{Error, Kind, RETRY_FAILED, Writes};
+use super::writes::{Kind, Writes};
 use crate::names::{FIELD_MANAGER, POLICY_FINALIZER};
 use crate::objects::PolicyObject;
 use crate::policy::crd::PlacementPolicyStatus;
@@ -58,11 +59,17 @@ impl Writer for PolicyWriter {
     /// Policies are few, and each write is small.
     const CONCURRENCY: usize = 8;
 
+    const WHAT: &'static str = "write the policy's status or finalizer";
+
+    fn object((name, part): &(String, Part)) -> String {
+        format!("{name} ({part:?})")
+    }
+
     fn write(
         &self,
         (name, _): &(String, Part),
         wish: PolicyWish,
-    ) -> Option<impl Future<Output = bool> + Send + 'static> {
+    ) -> Option<impl Future<Output = Result<(), Error>> + Send + 'static> {
         let policy = self.policies.get(&ObjectRef::new(name))?;
         let deleted = policy.meta().deletion_timestamp.is_some();
         let (kind, patch) = match wish {
@@ -83,16 +90,7 @@ impl Writer for PolicyWriter {
             _ => return None,
         };
         let (writes, client, name) = (self.writes.clone(), self.client.clone(), name.clone());
-        Some(async move {
-            match write(&writes, &client, kind, &name, patch).await {
-                Ok(()) | Err(Error::NotLeader) => false,
-                Err(e) => {
-                    let what = kind.as_str();
-                    tracing::warn!(policy = %name, error = %e, "cannot write the policy's {what}; retrying in {RETRY_FAILED:?}");
-                    true
-                }
-            }
-        })
+        Some(async move { write(&writes, &client, kind, &name, patch).await })
     }
 }
 
@@ -148,7 +146,7 @@ mod tests {
     use crate::controller::mock::{answer, body, mock_apiserver};
     use crate::controller::wishes::PolicyWrites;
     use crate::controller::writes::Rates;
-    use crate::controller::{wishes, writes::RETRY_FAILED};
+    use crate::controller::{error::RETRY_FAILED, wishes};
     use kube::runtime::watcher::Event;
     use std::sync::Arc;
     use tokio_util::sync::CancellationToken;
@@ -202,7 +200,7 @@ mod tests {
         let task = tokio::spawn(wishes::run(
             writer,
             wishes.clone(),
-            move |key: &(String, Part)| retried.send(key.clone()).unwrap(),
+            move |key: &(String, Part), _| retried.send(key.clone()).unwrap(),
             shutdown.clone(),
         ));
         let want = |name: &str, wish: PolicyWish| wishes.want((name.into(), wish.part()), wish);

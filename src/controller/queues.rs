@@ -15,8 +15,9 @@ use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::Client;
 use kube::api::{Api, PostParams};
 
+use super::error::Error;
 use super::wishes::{ClassWrites, Writer, locked};
-use super::writes::{Error, Kind, RETRY_FAILED, Writes};
+use super::writes::{Kind, Writes};
 use crate::names::{FIELD_MANAGER, owned_metadata, queue_class};
 use crate::policy::PolicySet;
 
@@ -98,11 +99,17 @@ impl Writer for ClassWriter {
     /// A policy's classes come together (up to a few dozen), each a small create.
     const CONCURRENCY: usize = 4;
 
+    const WHAT: &'static str = "make a queue PriorityClass";
+
+    fn object(class: &String) -> String {
+        class.clone()
+    }
+
     fn write(
         &self,
         class: &String,
         value: i32,
-    ) -> Option<impl Future<Output = bool> + Send + 'static> {
+    ) -> Option<impl Future<Output = Result<(), Error>> + Send + 'static> {
         if self.known.knows(class) {
             return None;
         }
@@ -122,15 +129,11 @@ impl Writer for ClassWriter {
             match made {
                 Ok(_) => tracing::info!(%class, value, "made queue PriorityClass"),
                 // There already: a class is never changed once made.
-                Err(e) if e.status() == Some(409) => {}
-                Err(Error::NotLeader) => return false,
-                Err(e) => {
-                    tracing::warn!(%class, error = %e, "cannot make queue PriorityClass; retrying in {RETRY_FAILED:?}");
-                    return true;
-                }
+                Err(e) if e.is_conflict() => {}
+                Err(e) => return Err(e),
             }
             locked(&known.known).insert(class);
-            false
+            Ok(())
         })
     }
 }
@@ -164,7 +167,7 @@ mod tests {
         let task = tokio::spawn(wishes::run(
             writer,
             queue.clone(),
-            move |class: &String| retried.send(class.clone()).unwrap(),
+            move |class: &String, _| retried.send(class.clone()).unwrap(),
             shutdown.clone(),
         ));
         let wanted = BTreeMap::from([

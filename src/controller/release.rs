@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 use super::context::Pass;
 use super::context::Snapshot;
+use super::error::Error;
 use super::events::{event, pod_reference, reference_of};
 use super::writes::Kind;
 use crate::placement::exclusion::{self, ExclusionPod, Hold};
@@ -247,7 +248,7 @@ pub async fn release_held_pods(
                 tracing::info!(pod = %pod.name, namespace = %pod.namespace, keep_off = ?release.avoid_nodes, hosts = ?release.hosts, "released from {AVOID_GATE}");
             }
             Err(e) => {
-                tracing::warn!(pod = %pod.name, error = %e, "release failed; retrying on the next pass")
+                tracing::warn!(pod = %pod.name, error = %e, "release failed; {}", e.retry())
             }
         }
     }
@@ -407,9 +408,10 @@ async fn requeue_blockers(
                 let event = event(EventType::Warning, "RequeuedUnschedulable", "Evict", note);
                 reported.publish(pass.events, key, event, &reference);
             }
-            // Bound, changed or gone since the cache saw it: nothing holds back.
+            // Bound, changed or gone since the cache saw it (nothing holds back
+            // then), or not for now: the pass after the retry looks again.
             Err(e) => {
-                tracing::debug!(pod = %pod.name, error = %e, "not requeued");
+                tracing::debug!(pod = %pod.name, error = %e, "not requeued; {}", e.retry());
             }
         }
     }
@@ -481,7 +483,7 @@ const PATCHES_IN_FLIGHT: usize = 32;
 async fn send_patches<T: Send>(
     pass: &Pass<'_>,
     items: Vec<(T, String, String, json_patch::Patch)>,
-) -> Vec<(T, Result<(), String>)> {
+) -> Vec<(T, Result<(), Error>)> {
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
@@ -498,8 +500,7 @@ async fn send_patches<T: Send>(
                     api.patch(&name, &params, &Patch::<()>::Json(patch)),
                 )
                 .await
-                .map(drop)
-                .map_err(|e| e.to_string());
+                .map(drop);
             (item, result)
         });
     }
@@ -549,7 +550,7 @@ pub async fn release_group_pods(
                 tracing::info!(pod = %name, gate = held.gate, "released");
             }
             Err(e) => {
-                tracing::warn!(pod = %name, gate = held.gate, error = %e, "release failed; retrying on the next pass")
+                tracing::warn!(pod = %name, gate = held.gate, error = %e, "release failed; {}", e.retry())
             }
         }
     }

@@ -17,11 +17,12 @@ use tokio_util::sync::CancellationToken;
 use kube::runtime::reflector::ObjectRef;
 
 use super::context::{Context, Pass, Snapshot, leadership_changed};
+use super::error::RETRY_FAILED;
 use super::events::Reported;
 use super::podgroups::PodGroups;
 use super::release::{PolicyLookups, release_held_pods, report_routing_conflicts};
 use super::wishes::until;
-use super::writes::{Kind, RETRY_FAILED};
+use super::writes::Kind;
 use crate::cluster::{Changed, Stores};
 use crate::names::GROUP_GATES;
 use crate::objects::{PodObject, WorkloadObject};

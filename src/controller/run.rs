@@ -81,8 +81,8 @@ pub async fn run(
     };
     tokio::select! {
         () = shutdown.cancelled() => return,
-        ready = cluster.synced() => if ready.is_err() {
-            tracing::error!("a watch stopped before its first list; the controller does not run");
+        ready = cluster.synced() => if let Err(error) = ready {
+            tracing::error!(%error, "the controller does not run");
             return;
         },
     }
@@ -108,7 +108,8 @@ pub async fn run(
     };
     // The writers stop with the nodes loop, whatever stopped it (leader election
     // may stop without a shutdown): no write is made once no loop looks after the
-    // Lease. Each hands a failed write back to the loop that asked for it.
+    // Lease. Each hands a failed write back to the loop that asked for it, when
+    // the one retry policy says (`super::error`).
     let writers_stop = shutdown.child_token();
     let nodes = NodeWriter {
         writes: writes.clone(),
@@ -148,46 +149,47 @@ pub async fn run(
     };
     let (on_node, on_policy) = (cluster.clone(), cluster.clone());
     let (on_daemonset, on_pod_group) = (cluster.clone(), cluster.clone());
-    let on_class = cluster.clone();
+    let (on_class, on_sweep) = (cluster.clone(), context.sweep_writes.clone());
     let writers = [
         tokio::spawn(wishes::run(
             nodes,
             context.node_writes.clone(),
-            move |node: &String| on_node.wakes.node(node),
+            move |node: &String, _| on_node.wakes.node(node),
             writers_stop.clone(),
         )),
         tokio::spawn(wishes::run(
             policies,
             context.policy_writes.clone(),
             // Every pass looks at every policy: one over no node will do.
-            move |_: &_| on_policy.wakes.status(),
+            move |_: &_, _| on_policy.wakes.status(),
             writers_stop.clone(),
         )),
         tokio::spawn(wishes::run(
             daemonsets,
             context.daemonset_writes.clone(),
             // DaemonSets are looked at on passes over everything.
-            move |_: &_| on_daemonset.wakes.everything(),
+            move |_: &_, ()| on_daemonset.wakes.everything(),
             writers_stop.clone(),
         )),
         tokio::spawn(wishes::run(
             classes,
             context.class_writes.clone(),
             // Classes are looked at on passes over everything.
-            move |_: &_| on_class.wakes.everything(),
+            move |_: &_, _| on_class.wakes.everything(),
             writers_stop.clone(),
         )),
         tokio::spawn(wishes::run(
             sweeps,
             context.sweep_writes.clone(),
-            // The next sweep, at the next resync, looks again.
-            |_: &_| {},
+            // Deleted again, bound to the same uid: the sweep looks only at each
+            // resync, and what it found unused twice stays so.
+            move |unused: &_, uid| on_sweep.want(unused.clone(), uid),
             writers_stop.clone(),
         )),
         tokio::spawn(wishes::run(
             pod_group_writer,
             context.pod_group_writes.clone(),
-            move |_: &_| on_pod_group.wakes.releases.notify_one(),
+            move |_: &_, _| on_pod_group.wakes.releases.notify_one(),
             writers_stop.clone(),
         )),
     ];

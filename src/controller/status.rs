@@ -23,7 +23,9 @@ use crate::policy::crd::PlacementPolicyStatus;
 
 /// Live policies get the finalizer before they have any effect on nodes. Returns
 /// the policies that have it: one whose finalizer could not be added (it changed a
-/// moment ago: a 409) is left out of this pass's node work and tried again next.
+/// moment ago: a 409, or the apiserver failed) is left out of this pass's node
+/// work, and the nodes loop tries again as the one retry policy says
+/// ([`super::error`]).
 pub async fn add_finalizers(pass: &Pass<'_>, snapshot: &Snapshot) -> BTreeSet<String> {
     let mut finalized = BTreeSet::new();
     for policy in snapshot
@@ -34,7 +36,7 @@ pub async fn add_finalizers(pass: &Pass<'_>, snapshot: &Snapshot) -> BTreeSet<St
         if !policy_writer::finalized(policy)
             && let Err(e) = policy_writer::add_finalizer(pass.writes, pass.client, policy).await
         {
-            tracing::warn!(policy = %policy.name_any(), error = %e, "cannot add the finalizer; retrying on the next pass");
+            tracing::warn!(policy = %policy.name_any(), error = %e, "cannot add the finalizer; {}", e.retry());
             continue;
         }
         finalized.insert(policy.name_any());

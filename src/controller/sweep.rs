@@ -25,8 +25,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, Resource, ResourceExt};
 
+use super::error::Error;
 use super::wishes::{SweepWrites, Unused, Writer};
-use super::writes::{Error, Kind, Writes};
+use super::writes::{Kind, Writes};
 use crate::names::{FIELD_MANAGER, MANAGED_BY_LABEL, QUEUE_CLASS_PREFIX, queue_class_parts};
 use crate::objects::PodObject;
 use crate::policy::{OptIn, PolicySet};
@@ -154,12 +155,18 @@ impl Writer for SweepWriter {
     /// Deletes are rare and small.
     const CONCURRENCY: usize = 2;
 
+    const WHAT: &'static str = "delete an object berth no longer needs";
+
+    fn object(unused: &Unused) -> String {
+        format!("{unused:?}")
+    }
+
     /// Deletes the object, bound to its uid: a namesake made in the meantime stays.
     fn write(
         &self,
         unused: &Unused,
         uid: Option<String>,
-    ) -> Option<impl Future<Output = bool> + Send + 'static> {
+    ) -> Option<impl Future<Output = Result<(), Error>> + Send + 'static> {
         let (writes, client, unused) = (self.writes.clone(), self.client.clone(), unused.clone());
         Some(async move {
             let params = DeleteParams {
@@ -187,14 +194,11 @@ impl Writer for SweepWriter {
             };
             match deleted {
                 Ok(()) => tracing::info!(object = ?unused, "deleted, unused"),
+                // Gone already, or a namesake made since (its uid differs): done.
                 Err(e) if matches!(e.status(), Some(404 | 409)) => {}
-                Err(Error::NotLeader) => {}
-                Err(e) => {
-                    tracing::warn!(object = ?unused, error = %e, "cannot delete an unused object; trying at the next sweep")
-                }
+                Err(e) => return Err(e),
             }
-            // Not handed back: the next sweep looks again.
-            false
+            Ok(())
         })
     }
 }
@@ -230,7 +234,7 @@ mod tests {
     use serde_json::json;
     use tokio_util::sync::CancellationToken;
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_writer_deletes_what_the_sweep_hands_over_bound_to_its_uid() {
         let (client, mut apiserver) = mock_apiserver();
         let (_leading, leader) = tokio::sync::watch::channel(true);
@@ -241,10 +245,11 @@ mod tests {
             client,
         };
         let shutdown = CancellationToken::new();
+        let (retried, mut retries) = tokio::sync::mpsc::unbounded_channel();
         let task = tokio::spawn(wishes::run(
             writer,
             deletes.clone(),
-            |_: &Unused| panic!("a failed delete waits for the next sweep"),
+            move |unused: &Unused, uid| retried.send((unused.clone(), uid)).unwrap(),
             shutdown.clone(),
         ));
         deletes.want(Unused::Class("berth-queue-old-1".into()), Some("u1".into()));
@@ -277,6 +282,21 @@ mod tests {
                     json!("u2")
                 ),
             ]
+        );
+        let failed_at = tokio::time::Instant::now();
+        let mut handed_back = vec![retries.recv().await.unwrap(), retries.recv().await.unwrap()];
+        assert!(failed_at.elapsed() >= crate::controller::error::RETRY_FAILED);
+        handed_back.sort();
+        assert_eq!(
+            handed_back,
+            [
+                (Unused::Class("berth-queue-old-1".into()), Some("u1".into())),
+                (
+                    Unused::PodGroup(("ns".into(), "gang".into())),
+                    Some("u2".into())
+                ),
+            ],
+            "each failed delete is handed back with the uid it is bound to"
         );
         while deletes.writing_any(|_| true) {
             tokio::time::sleep(Duration::from_millis(10)).await;

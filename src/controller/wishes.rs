@@ -9,8 +9,9 @@
 //!   waits for that write to end, then goes first.
 //! - Each writer starts its write from the object as the cache holds it then, and
 //!   makes none when the object already is as wished (or is gone).
-//! - An object whose write failed is handed back to its loop after
-//!   [`RETRY_FAILED`], which computes it again from what holds then.
+//! - An object whose write failed is handed back to its loop when the one retry
+//!   policy says ([`Error::retry`]), and the loop computes it again from what
+//!   holds then.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -23,7 +24,7 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::writes::RETRY_FAILED;
+use super::error::{Error, Retry};
 use crate::objects::DaemonSetObject;
 use crate::placement::desired::DesiredNode;
 use crate::policy::crd::PlacementPolicyStatus;
@@ -130,51 +131,70 @@ pub trait Writer: Send + 'static {
     /// Writes of this kind in flight at once.
     const CONCURRENCY: usize;
 
+    /// What this writer does, for the log of a failed write: "cannot {WHAT}".
+    const WHAT: &'static str;
+
+    /// The object `key` names, for the log.
+    fn object(key: &Self::Key) -> String;
+
     /// The write that brings `key` to `wish`, from the object as the cache holds it
-    /// now; `None` when there is nothing to write. The write logs and counts its
-    /// own outcome, and ends true when it failed and is worth a retry.
+    /// now; `None` when there is nothing to write. The write logs and counts what
+    /// it did; it ends `Ok` when nothing is left to write (what it found already
+    /// done too), and an error is retried as [`Error::retry`] says.
     fn write(
         &self,
         key: &Self::Key,
         wish: Self::Wish,
-    ) -> Option<impl Future<Output = bool> + Send + 'static>;
+    ) -> Option<impl Future<Output = Result<(), Error>> + Send + 'static>;
 }
 
 /// Writes what `wishes` asks until `shutdown`; hands each object whose write
-/// failed to `retry` after [`RETRY_FAILED`].
+/// failed, with the wish it was written for, to `retry` when [`Error::retry`]
+/// says.
 pub async fn run<T: Writer>(
     writer: T,
     wishes: Arc<Wishes<T::Key, T::Wish>>,
-    retry: impl Fn(&T::Key),
+    retry: impl Fn(&T::Key, T::Wish),
     shutdown: CancellationToken,
 ) {
     let mut in_flight = FuturesUnordered::new();
-    let mut failed: Vec<T::Key> = Vec::new();
-    let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut failed: Vec<(tokio::time::Instant, T::Key, T::Wish)> = Vec::new();
     loop {
         while in_flight.len() < T::CONCURRENCY
             && let Some((key, wish)) = wishes.next()
         {
-            match writer.write(&key, wish) {
-                Some(write) => in_flight.push(async move { (key, write.await) }),
+            match writer.write(&key, wish.clone()) {
+                Some(write) => in_flight.push(async move { (key, wish, write.await) }),
                 None => wishes.written(&key),
             }
         }
+        let retry_at = failed.iter().map(|(at, _, _)| *at).min();
         tokio::select! {
             () = shutdown.cancelled() => break,
-            Some((key, failure)) = in_flight.next(), if !in_flight.is_empty() => {
+            Some((key, wish, result)) = in_flight.next(), if !in_flight.is_empty() => {
                 wishes.written(&key);
-                if failure {
-                    failed.push(key);
-                    retry_at.get_or_insert_with(|| tokio::time::Instant::now() + RETRY_FAILED);
+                if let Err(error) = result {
+                    let (then, object) = (error.retry(), T::object(&key));
+                    if then == Retry::Never {
+                        tracing::debug!(%object, %error, "cannot {}; {then}", T::WHAT);
+                    } else {
+                        tracing::warn!(%object, %error, "cannot {}; {then}", T::WHAT);
+                    }
+                    if let Retry::After(delay) = then {
+                        failed.push((tokio::time::Instant::now() + delay, key, wish));
+                    }
                 }
             }
             // With every write slot taken, a wish waits for a write to end.
             () = wishes.asked.notified(), if in_flight.len() < T::CONCURRENCY => {}
             () = until(retry_at) => {
-                retry_at = None;
-                for key in failed.drain(..) {
-                    retry(&key);
+                let now = tokio::time::Instant::now();
+                let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut failed)
+                    .into_iter()
+                    .partition(|(at, _, _)| *at <= now);
+                failed = later;
+                for (_, key, wish) in due {
+                    retry(&key, wish);
                 }
             }
         }
@@ -262,6 +282,69 @@ pub async fn until(deadline: Option<tokio::time::Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::error::RETRY_FAILED;
+    use std::time::Duration;
+
+    /// Fails as each key says: "lost" as a replica without the Lease, "slow" with
+    /// a timeout, "refused" with a 403; writes anything else.
+    struct Failing;
+
+    impl Writer for Failing {
+        type Key = &'static str;
+        type Wish = u32;
+        const CONCURRENCY: usize = 4;
+        const WHAT: &'static str = "fail";
+
+        fn object(key: &&'static str) -> String {
+            key.to_string()
+        }
+
+        fn write(
+            &self,
+            key: &&'static str,
+            _: u32,
+        ) -> Option<impl Future<Output = Result<(), Error>> + Send + 'static> {
+            let result = match *key {
+                "lost" => Err(Error::NotLeader),
+                "slow" => Err(Error::Timeout(Duration::from_secs(10))),
+                "refused" => Err(crate::controller::error::api_error(403).into()),
+                _ => Ok(()),
+            };
+            Some(async move { result })
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_write_is_handed_back_with_its_wish_when_the_policy_says() {
+        let wishes = Arc::new(Wishes::default());
+        let (retried, mut retries) = tokio::sync::mpsc::unbounded_channel();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(
+            Failing,
+            wishes.clone(),
+            move |key: &&'static str, wish| retried.send((*key, wish)).unwrap(),
+            shutdown.clone(),
+        ));
+        let started = tokio::time::Instant::now();
+        for (key, wish) in [("lost", 1), ("slow", 2), ("written", 3), ("refused", 4)] {
+            wishes.want(key, wish);
+        }
+        let mut back = vec![retries.recv().await.unwrap(), retries.recv().await.unwrap()];
+        assert_eq!(
+            started.elapsed(),
+            RETRY_FAILED,
+            "handed back after the wait"
+        );
+        back.sort();
+        assert_eq!(back, [("refused", 4), ("slow", 2)]);
+        tokio::time::sleep(RETRY_FAILED * 3).await;
+        assert!(
+            retries.try_recv().is_err(),
+            "a write without the Lease, or one made, is not handed back"
+        );
+        shutdown.cancel();
+        task.await.unwrap();
+    }
 
     type Queue = Wishes<&'static str, &'static str>;
 

@@ -19,13 +19,11 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Map, Value, json};
 
-use super::writes::{Error, Kind, Writes};
+use super::error::{CONFLICT_RETRIES, Error};
+use super::writes::{Kind, Writes};
 use crate::names::{FIELD_MANAGER, POOL_TAINT, is_owned_node_key};
 use crate::objects::NodeObject;
 use crate::placement::desired::DesiredNode;
-
-/// How often a write is retried after a conflict.
-const CONFLICT_RETRIES: usize = 5;
 
 /// What one node write did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -121,7 +119,8 @@ fn node_patch(node: &NodeObject, desired: &DesiredNode) -> Option<(Value, Writte
     (written.labels || written.taints).then_some((Value::Object(patch), written))
 }
 
-/// Brings `node` to `desired` in one write, retried on conflict with fresh data.
+/// Brings `node` to `desired` in one write, made again at once on fresh data after
+/// a conflict, at most [`CONFLICT_RETRIES`] times.
 pub async fn write_node(
     writes: &Writes,
     client: &Client,
@@ -154,7 +153,7 @@ pub async fn write_node(
                     ..written
                 });
             }
-            Err(e) if e.status() == Some(409) && conflicts < CONFLICT_RETRIES => {
+            Err(e) if e.is_conflict() && conflicts < CONFLICT_RETRIES => {
                 conflicts += 1;
                 current = writes.make(Kind::Node, api.get(&name)).await?;
             }

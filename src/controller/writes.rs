@@ -12,9 +12,11 @@
 //!   its latency (`berth_controller_write_seconds`), so the alert on the failure
 //!   rate sees a loop whose every write fails, which the stall alert cannot.
 //!
-//! A failed write is logged by its caller, which knows what it was for; each loop
-//! looks at [`Writes::failures`] of the kinds it writes after a pass to schedule
-//! the retry.
+//! A failed write is logged by its caller, which knows what it was for. What
+//! comes after it is [`Error::retry`]'s to say, for every kind (the one retry
+//! policy, in [`super::error`]): a writer task hands the object back to its loop,
+//! and a loop that writes itself looks at [`Writes::failures`] of the kinds it
+//! writes after a pass to schedule the retry.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,15 +25,13 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use super::error::Error;
+use super::error::Retry;
 use super::limit::RateLimit;
 use crate::telemetry::{KindLabels, Metrics, WriteLabels};
 
 /// The longest a single write may take.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long after a failed write what it was for is looked at again (a quiet
-/// cluster might otherwise wait for the resync).
-pub const RETRY_FAILED: Duration = Duration::from_secs(5);
 
 /// What a write is for: the `kind` label of its metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,41 +73,6 @@ impl Kind {
             Kind::PodGroup => "pod_group",
             Kind::PriorityClass => "priority_class",
             Kind::Sweep => "sweep",
-        }
-    }
-}
-
-/// Why a write was not made, or failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// This replica does not hold the Lease: the write was not sent.
-    #[error("this replica does not hold the Lease")]
-    NotLeader,
-    /// The apiserver did not answer in time; the write may or may not have landed.
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
-    #[error(transparent)]
-    Kube(#[from] kube::Error),
-}
-
-impl Error {
-    /// The HTTP status the apiserver answered with, if it answered.
-    pub fn status(&self) -> Option<u16> {
-        match self {
-            Error::Kube(kube::Error::Api(status)) => Some(status.code),
-            _ => None,
-        }
-    }
-
-    /// The `outcome` label of a write that ended so.
-    pub fn outcome(&self) -> &'static str {
-        match (self, self.status()) {
-            (Error::NotLeader, _) => "not_leader",
-            (Error::Timeout(_), _) => "timeout",
-            (_, Some(409)) => "conflict",
-            (_, Some(404)) => "not_found",
-            (_, Some(429)) => "too_many_requests",
-            _ => "error",
         }
     }
 }
@@ -189,9 +154,7 @@ impl Writes {
         let outcome = match &result {
             Ok(_) => "ok",
             Err(e) => {
-                // A write refused as stale (409) or for a thing gone (404) is the
-                // world having moved on, not a failure to retry.
-                if !matches!(e.status(), Some(409 | 404)) {
+                if e.retry() != Retry::Never {
                     self.failures[kind as usize].fetch_add(1, Ordering::Relaxed);
                 }
                 e.outcome()
@@ -208,8 +171,8 @@ impl Writes {
         result
     }
 
-    /// How many writes of `kinds` have failed so far (not counting conflicts and
-    /// objects gone): a loop compares it before and after a pass to schedule a
+    /// How many writes of `kinds` have failed so far and are to be retried (by
+    /// [`Error::retry`]): a loop compares it before and after a pass to schedule a
     /// retry of what it writes, and of nothing the other loop does.
     pub fn failures(&self, kinds: &[Kind]) -> u64 {
         kinds
@@ -233,13 +196,7 @@ mod tests {
             .get()
     }
 
-    fn api_error(code: u16) -> kube::Error {
-        kube::Error::Api(
-            kube::core::Status::failure("no", "Reason")
-                .with_code(code)
-                .boxed(),
-        )
-    }
+    use crate::controller::error::api_error;
 
     #[tokio::test]
     async fn writes_are_counted_by_kind_and_outcome_and_only_a_leader_writes() {
@@ -256,10 +213,10 @@ mod tests {
         assert_eq!(sample(&metrics, "release", "error"), 1);
         assert_eq!(
             writes.failures(&[Kind::Node]),
-            0,
-            "a conflict is no failure to retry"
+            1,
+            "a conflict is computed again too"
         );
-        assert_eq!(writes.failures(&[Kind::Node, Kind::Release]), 1);
+        assert_eq!(writes.failures(&[Kind::Node, Kind::Release]), 2);
 
         leading.send_replace(false);
         let sent = std::sync::atomic::AtomicBool::new(false);
@@ -275,6 +232,11 @@ mod tests {
             "nothing sent without the Lease"
         );
         assert_eq!(sample(&metrics, "eviction", "not_leader"), 1);
+        assert_eq!(
+            writes.failures(&[Kind::Eviction]),
+            0,
+            "a write not made for want of the Lease is no failure to retry"
+        );
     }
 
     #[tokio::test(start_paused = true)]

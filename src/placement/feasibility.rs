@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Toleration};
 
 use super::canonical::requirement_key;
+use super::error::Error;
 use super::grants::Grants;
 use super::pod::PodView;
 use super::selection::{
@@ -163,15 +164,18 @@ fn with_pool_of<'n>(node: &'n NodeInfo, owner: Option<&CompiledPolicy>) -> Cow<'
 }
 
 /// Whether a pod placed as `pod` may go to the node `name`; the error says why not.
-pub fn node_fits(pod: &Placement, name: &str, node: &NodeInfo) -> Result<(), String> {
+pub fn node_fits(pod: &Placement, name: &str, node: &NodeInfo) -> Result<(), Error> {
     if let Some(wanted) = pod.node_name.as_deref()
         && wanted != name
     {
-        return Err(format!("the pod names node {wanted}"));
+        return Err(Error::NamesNode(wanted.to_owned()));
     }
     for (key, value) in &pod.node_selector {
         if node.labels.get(key) != Some(value) {
-            return Err(format!("nodeSelector {key}={value} does not match"));
+            return Err(Error::NodeSelector {
+                key: key.clone(),
+                value: value.clone(),
+            });
         }
     }
     let required = pod.required.as_deref();
@@ -183,11 +187,11 @@ pub fn node_fits(pod: &Placement, name: &str, node: &NodeInfo) -> Result<(), Str
         if taint_counts(taint, names_its_node)
             && !pod.tolerations.iter().any(|t| tolerates(t, taint))
         {
-            let value = taint.value.as_deref().unwrap_or_default();
-            return Err(format!(
-                "taint {}={value}:{} is not tolerated",
-                taint.key, taint.effect
-            ));
+            return Err(Error::Untolerated {
+                key: taint.key.clone(),
+                value: taint.value.clone().unwrap_or_default(),
+                effect: taint.effect.clone(),
+            });
         }
     }
     Ok(())
@@ -195,12 +199,12 @@ pub fn node_fits(pod: &Placement, name: &str, node: &NodeInfo) -> Result<(), Str
 
 /// Why no required term admits the node, from the first term: it has no terms,
 /// it is empty, a requirement does not parse, or a requirement fails.
-fn why_no_term_matches(terms: &[NodeSelectorTerm], node: &NodeInfo) -> String {
+fn why_no_term_matches(terms: &[NodeSelectorTerm], node: &NodeInfo) -> Error {
     let Some(first) = terms.first() else {
-        return "required node affinity has no terms, so it matches no node".into();
+        return Error::NoTerms;
     };
     if terms.iter().all(is_empty_term) {
-        return "required node affinity has only empty terms, so it matches no node".into();
+        return Error::OnlyEmptyTerms;
     }
     let term = terms.iter().find(|t| !is_empty_term(t)).unwrap_or(first);
     if !term_parses(term) {
@@ -211,7 +215,7 @@ fn why_no_term_matches(terms: &[NodeSelectorTerm], node: &NodeInfo) -> String {
             .find(|r| !label_requirement_parses(r))
             .map(describe_requirement)
             .unwrap_or_else(|| "matchFields".into());
-        return format!("required node affinity does not parse ({broken}), so it matches no node");
+        return Error::TermDoesNotParse(broken);
     }
     let failing = term
         .match_expressions
@@ -220,7 +224,7 @@ fn why_no_term_matches(terms: &[NodeSelectorTerm], node: &NodeInfo) -> String {
         .find(|r| !requirement_matches(r, node.labels.get(&r.key).map(String::as_str)))
         .map(describe_requirement)
         .unwrap_or_else(|| "matchFields".into());
-    format!("required node affinity fails ({failing})")
+    Error::TermFails(failing)
 }
 
 /// `key Operator [values]`, as a person reads it.
@@ -390,7 +394,7 @@ mod tests {
             ));
             let after = Placement::after(&pod, &grants);
             let plain = node(&[("zone", "a")], &[]);
-            let why = node_fits(&after, "n1", &plain).unwrap_err();
+            let why = node_fits(&after, "n1", &plain).unwrap_err().to_string();
             assert!(why.contains("matches no node"), "{required}: {why}");
             let mut whole = raw.clone();
             json_patch::patch(&mut whole, &super::super::build_patch(&raw, &grants)).unwrap();

@@ -23,6 +23,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::names::{GANG_GATE, RANK_GATE};
 use crate::objects::PodObject;
+use crate::placement::error::Error;
 use crate::placement::feasibility::{Placement, node_fits};
 use crate::placement::opt_in::{anchors, pod_entitlements};
 use crate::placement::rooms::Rooms;
@@ -399,7 +400,7 @@ fn fit(
     policies: &PolicySet,
     opt_in: &dyn OptIn,
     rooms: &Rooms,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let mut rooms = rooms.clone();
     // Where each member was put, for members that must avoid each other.
     let mut placed: Vec<(String, &PodObject)> = Vec::new();
@@ -414,39 +415,36 @@ fn fit(
     });
     for (pod, requests) in order {
         let Some(view) = Placement::of_object(pod) else {
-            return Err(format!("pod {} is too large for berth to read", name(pod)));
+            return Err(Error::TooLarge(name(pod).into()));
         };
         // Why not, from the nodes the pod may use at all when there are some: that
         // a node it may not use has no room says nothing.
-        let mut short: Option<String> = None;
-        let mut mismatch: Option<String> = None;
+        let mut short: Option<(String, Box<Error>)> = None;
+        let mut mismatch: Option<(String, Box<Error>)> = None;
         let node = rooms.iter().find_map(|(node, room)| {
             if let Err(why) = node_fits(&view, node, &room.info) {
-                mismatch.get_or_insert(format!("{node}: {why}"));
+                mismatch.get_or_insert((node.clone(), Box::new(why)));
                 return None;
             }
             if let Err(why) = room.has_room(&requests) {
-                short.get_or_insert(format!("{node}: {why}"));
+                short.get_or_insert((node.clone(), Box::new(why)));
                 return None;
             }
             let clash = placed
                 .iter()
                 .find(|(n, other)| n == node && must_avoid(pod, other, policies, opt_in));
             if let Some((_, other)) = clash {
-                short.get_or_insert(format!("{node}: it must avoid {}", name(other)));
+                short.get_or_insert((node.clone(), Box::new(Error::MustAvoid(name(other).into()))));
                 return None;
             }
             Some(node.clone())
         });
         let Some(node) = node else {
-            let why = short
-                .or(mismatch)
-                .unwrap_or_else(|| "there are no nodes".into());
-            return Err(format!(
-                "no node for {} (policy {}; first {why})",
-                name(pod),
-                policy.name
-            ));
+            return Err(Error::NoNode {
+                pod: name(pod).into(),
+                policy: policy.name.clone(),
+                first: short.or(mismatch),
+            });
         };
         if let Some(room) = rooms.get_mut(&node) {
             room.take(&requests);

@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
 use serde_json::Value;
 
+use super::error::Error;
 use crate::policy::compile::Labels;
 
 /// A pod bound to a node, as the terms see it.
@@ -135,7 +136,7 @@ pub struct Judge<'j> {
 impl Judge<'_> {
     /// Whether the pod's own terms allow a node with `node_labels`; the error says
     /// which term rules it out.
-    pub fn allows(&self, node_labels: &Labels) -> Result<(), String> {
+    pub fn allows(&self, node_labels: &Labels) -> Result<(), Error> {
         let same_domain = |term: &Term, other: &Bound| {
             let Some(here) = node_labels.get(&term.topology_key) else {
                 return false;
@@ -151,27 +152,25 @@ impl Judge<'_> {
             .iter()
             .find(|t| !node_labels.contains_key(&t.topology_key))
         {
-            return Err(format!(
-                "its own pod affinity needs a {} label, and the node has none",
-                term.topology_key
-            ));
+            return Err(Error::AffinityLabelMissing(term.topology_key.clone()));
         }
         let missing = affinity
             .iter()
             .find(|term| !self.affinity_pods.iter().any(|p| same_domain(term, p)));
         if let Some(term) = missing.filter(|_| !self.first_of_group) {
-            return Err(format!(
-                "its own pod affinity needs a pod matching {} in the same {}, and none is there",
-                term.words, term.topology_key
-            ));
+            return Err(Error::AffinityUnmet {
+                pods: term.words.clone(),
+                topology_key: term.topology_key.clone(),
+            });
         }
         for (term, pods) in self.required.anti_affinity.iter().zip(&self.anti_pods) {
             if let Some(p) = pods.iter().find(|p| same_domain(term, p)) {
-                return Err(format!(
-                    "its own pod anti-affinity keeps it out of the {} of a pod matching {} (in {}, \
-                     on {})",
-                    term.topology_key, term.words, p.namespace, p.node
-                ));
+                return Err(Error::AntiAffinity {
+                    pods: term.words.clone(),
+                    topology_key: term.topology_key.clone(),
+                    namespace: p.namespace.to_string(),
+                    node: p.node.to_string(),
+                });
             }
         }
         Ok(())
@@ -283,7 +282,11 @@ mod tests {
             node: "node1",
         });
         assert!(beside.against(&neighbours, &nodes).allows(&n1).is_ok());
-        let why = beside.against(&neighbours, &nodes).allows(&n2).unwrap_err();
+        let why = beside
+            .against(&neighbours, &nodes)
+            .allows(&n2)
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             why,
             "its own pod affinity needs a pod matching \
@@ -304,7 +307,11 @@ mod tests {
         assert!(own.against(&nobody, &nodes).allows(&n2).is_ok());
         // But only on a node that carries the term's key.
         let bare = labels(&[]);
-        let why = own.against(&nobody, &nodes).allows(&bare).unwrap_err();
+        let why = own
+            .against(&nobody, &nodes)
+            .allows(&bare)
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             why,
             "its own pod affinity needs a kubernetes.io/hostname label, and the node has none"
@@ -367,7 +374,11 @@ mod tests {
             }],
             namespace_labels: BTreeMap::from([("elsewhere", &team)]),
         };
-        let why = apart.against(&neighbours, &nodes).allows(&a2).unwrap_err();
+        let why = apart
+            .against(&neighbours, &nodes)
+            .allows(&a2)
+            .unwrap_err()
+            .to_string();
         assert!(
             why.contains("keeps it out of the zone of a pod matching app In [task]"),
             "{why}"

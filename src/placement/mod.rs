@@ -9,6 +9,7 @@ pub mod coscheduling;
 pub mod daemonset;
 pub mod desired;
 pub mod entitlement;
+pub mod error;
 pub mod exclusion;
 pub mod explain;
 pub mod feasibility;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use crate::objects::{NodeIndex, NodeInfo};
 use crate::objects::{NodeObject, PodObject};
+use crate::placement::error::Error;
 use crate::placement::feasibility::{Placement, node_fits};
 
 /// What a node offers a held pod.
@@ -137,14 +138,18 @@ impl NodeRoom {
     }
 
     /// Whether there is room left for a pod with `requests`.
-    pub fn has_room(&self, requests: &BTreeMap<String, f64>) -> Result<(), String> {
+    pub fn has_room(&self, requests: &BTreeMap<String, f64>) -> Result<(), Error> {
         if self.free.get("pods").copied().unwrap_or_default() < 1.0 {
-            return Err("no pod slots left".into());
+            return Err(Error::NoPodSlots);
         }
         for (resource, amount) in requests.iter().filter(|(_, a)| **a > 0.0) {
             let free = self.free.get(resource).copied().unwrap_or_default();
             if free < *amount {
-                return Err(format!("{resource}: {free} left, {amount} requested"));
+                return Err(Error::Short {
+                    resource: resource.clone(),
+                    free,
+                    requested: *amount,
+                });
             }
         }
         Ok(())
@@ -171,7 +176,7 @@ impl Fit {
     }
 
     /// Whether the pod may go to `node` and finds room there; the error says why not.
-    pub fn fits(&self, node: &str, room: &NodeRoom) -> Result<(), String> {
+    pub fn fits(&self, node: &str, room: &NodeRoom) -> Result<(), Error> {
         node_fits(&self.placement, node, &room.info)?;
         room.has_room(&self.requests)
     }
@@ -286,13 +291,14 @@ mod tests {
         room.take(&one);
         room.take(&BTreeMap::new());
         assert_eq!(
-            room.has_room(&BTreeMap::new()).unwrap_err(),
+            room.has_room(&BTreeMap::new()).unwrap_err().to_string(),
             "no pod slots left"
         );
         room.free.insert("pods".into(), 5.0);
         assert_eq!(
             room.has_room(&BTreeMap::from([("cpu".to_string(), 1.5)]))
-                .unwrap_err(),
+                .unwrap_err()
+                .to_string(),
             "cpu: 1 left, 1.5 requested"
         );
     }
