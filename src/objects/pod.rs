@@ -297,6 +297,71 @@ fn non_empty<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Erro
     Ok(list.is_some_and(|l| !l.is_empty()))
 }
 
+/// A value read as `T` when it is a map or a list, and as nothing when it is of
+/// another shape: for what only the cache's predictions read (spreads, volumes,
+/// ports), which the apiserver has checked, so that a review is never refused
+/// for them.
+struct Loose<T>(Option<T>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Loose<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Shape<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for Shape<T> {
+            type Value = Loose<T>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Loose<T>, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(|t| Loose(Some(t)))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Loose<T>, A::Error> {
+                T::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+                    .map(|t| Loose(Some(t)))
+            }
+
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Loose<T>, E> {
+                Ok(Loose(None))
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Loose<T>, E> {
+                Ok(Loose(None))
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Loose<T>, E> {
+                Ok(Loose(None))
+            }
+
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Loose<T>, E> {
+                Ok(Loose(None))
+            }
+
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Loose<T>, E> {
+                Ok(Loose(None))
+            }
+
+            fn visit_unit<E: serde::de::Error>(self) -> Result<Loose<T>, E> {
+                Ok(Loose(None))
+            }
+        }
+        deserializer.deserialize_any(Shape(std::marker::PhantomData))
+    }
+}
+
+/// Whether any item of a list (absent, `null` or of another shape: none) is
+/// one for which `holds`, the items read as `T` and not kept.
+fn any_item<'de, D, T>(deserializer: D, holds: fn(&T) -> bool) -> Result<bool, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    let Loose(list) = Loose::<Vec<Loose<T>>>::deserialize(deserializer)?;
+    Ok(list.iter().flatten().filter_map(|item| item.0.as_ref()).any(holds))
+}
+
 /// Whether a pod's topology spread constraints include one the scheduler must
 /// satisfy: any but `ScheduleAnyway` (the field is required; a constraint without it
 /// is taken as the stricter kind).
@@ -305,12 +370,11 @@ fn hard_spread<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Er
     #[serde(rename_all = "camelCase")]
     struct Spread {
         #[serde(default)]
-        when_unsatisfiable: Option<String>,
+        when_unsatisfiable: Option<Scalar>,
     }
-    let constraints = Option::<Vec<Spread>>::deserialize(deserializer)?.unwrap_or_default();
-    Ok(constraints
-        .iter()
-        .any(|c| c.when_unsatisfiable.as_deref() != Some("ScheduleAnyway")))
+    any_item(deserializer, |c: &Spread| {
+        c.when_unsatisfiable.as_ref().map(|s| &s.0) != Some(&"ScheduleAnyway".into())
+    })
 }
 
 /// Whether a pod's volumes include one bound to a zone or node (a claim, or an
@@ -324,10 +388,9 @@ fn claims_volume<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::
         #[serde(default)]
         ephemeral: Option<IgnoredAny>,
     }
-    let volumes = Option::<Vec<Volume>>::deserialize(deserializer)?.unwrap_or_default();
-    Ok(volumes
-        .iter()
-        .any(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some()))
+    any_item(deserializer, |v: &Volume| {
+        v.persistent_volume_claim.is_some() || v.ephemeral.is_some()
+    })
 }
 
 /// Whether a container's ports include a host port, read without keeping them.
@@ -338,8 +401,7 @@ fn takes_host_port<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D
         #[serde(default)]
         host_port: Option<IgnoredAny>,
     }
-    let ports = Option::<Vec<Port>>::deserialize(deserializer)?.unwrap_or_default();
-    Ok(ports.iter().any(|p| p.host_port.is_some()))
+    any_item(deserializer, |p: &Port| p.host_port.is_some())
 }
 
 /// A pod: what berth reads of its metadata, spec and status.

@@ -234,7 +234,9 @@ mod tests {
             assert!(!predictable(&pod(spec.clone())), "{spec}");
         }
         // A field too large to read is not predicted either.
-        let huge = json!({"affinity": {"nodeAffinity": {"x": "y".repeat(crate::objects::pod::PLACEMENT_FIELD_BYTES)}}});
+        let value = "y".repeat(crate::objects::pod::PLACEMENT_FIELD_BYTES);
+        let huge = json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "In", "values": [value]}]}]}}}});
         assert!(!predictable(&pod(huge.clone())));
         assert!(Placement::of_object(&pod(huge)).is_none());
     }
