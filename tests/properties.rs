@@ -6,11 +6,11 @@ mod support;
 
 use berth::names::{self, POOL_LABEL, POOL_TAINT};
 use berth::objects::NodeInfo;
+use berth::objects::PodObject;
 use berth::placement::feasibility::{Placement, node_fits};
 use berth::placement::namespace::NamespaceInfo;
 use berth::placement::patch::{added, write_patch};
 use berth::placement::pod::PodSource;
-use berth::objects::PodObject;
 use berth::placement::{Decision, Grants, Input, Requester, build_patch, decide};
 use berth::policy::crd::{Pool, PoolEffect};
 use berth::policy::{PlacementPolicy, PolicySet};

@@ -19,12 +19,12 @@ use std::sync::Arc;
 
 use berth::admission::cel;
 use berth::names::{self, BERTH_SERVICE_ACCOUNT};
+use berth::objects::PodObject;
 use berth::objects::{NodeIndex, NodeInfo};
 use berth::placement::entitlement::{Standing, pool_breaches, pool_nodes};
 use berth::placement::feasibility::{Placement, node_fits};
 use berth::placement::matching::opts_in;
 use berth::placement::namespace::NamespaceInfo;
-use berth::objects::PodObject;
 use berth::placement::{Decision, Input, Requester, build_patch, decide};
 use berth::policy::{NamespaceConfig, PlacementPolicy, PolicySet};
 use differential::expect::{Expected, Pools, Tally, canonical_requirement, expect, scoring_pod};

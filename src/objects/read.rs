@@ -139,4 +139,3 @@ pub fn read_quantities<'de, D: Deserializer<'de>>(
         .filter_map(|(k, v)| Some((k, crate::quantity::from_json(&v).or(unreadable)?)))
         .collect())
 }
-

@@ -23,9 +23,9 @@ use std::collections::BTreeSet;
 use super::grants::{Grants, requirement};
 use super::matching;
 use super::namespace::NamespaceInfo;
-use crate::objects::PodObject;
 use crate::names::{AVOID_GATE, anchor_label, placed_label};
 use crate::objects::NodeIndex;
+use crate::objects::PodObject;
 use crate::policy::crd::AnchorNamespaces;
 use crate::policy::{NamespaceConfig, PolicySet};
 

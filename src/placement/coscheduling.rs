@@ -8,9 +8,9 @@
 
 use super::Grants;
 use super::matching::Applied;
-use crate::objects::PodObject;
 use super::warning::bounded;
 use crate::names::POOL_LABEL;
+use crate::objects::PodObject;
 
 /// The warning for a pod that berth routes to a pool by its image while its own
 /// required pod affinity ties it to other pods: unless they run on the pool too,

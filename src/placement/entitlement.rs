@@ -26,7 +26,10 @@ pub fn is_owned_toleration(toleration: &Toleration) -> bool {
 
 /// The pool tolerations the pod brings that berth does not grant, with a warning
 /// for each.
-pub fn forged_tolerations(pod: &PodObject, granted: &[Toleration]) -> (Vec<Toleration>, Vec<String>) {
+pub fn forged_tolerations(
+    pod: &PodObject,
+    granted: &[Toleration],
+) -> (Vec<Toleration>, Vec<String>) {
     let forged: Vec<Toleration> = pod
         .tolerations()
         .iter()

@@ -11,11 +11,11 @@ use std::collections::BTreeMap;
 use super::feasibility::{Placement, describe_requirement, node_fits, with_pool_state};
 use super::interpod::{Neighbours, Required};
 use super::patch::{added, required_matches_no_node};
-use crate::objects::PodObject;
 use super::{Decision, Input};
 use crate::names::{
     ANCHOR_LABEL_PREFIX, APPLIED_ANNOTATION, GANG_GATE, PLACED_LABEL_PREFIX, POOL_LABEL, RANK_GATE,
 };
+use crate::objects::PodObject;
 use crate::policy::compile::Labels;
 
 /// Explains `decision` for the pod in `input`.

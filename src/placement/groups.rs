@@ -15,9 +15,9 @@
 //! a warning: a pod has one group, one rank and one priority.
 
 use super::grants::{Grants, QueuePriority};
-use crate::objects::PodObject;
 use super::warning::bounded;
 use crate::names::{AVOID_GATE, GANG_GATE, RANK_GATE, queue_class, queue_class_parts};
+use crate::objects::PodObject;
 use crate::policy::CompiledPolicy;
 use crate::policy::groups::QosClass;
 

@@ -5,9 +5,9 @@
 //! the pod matches `coscheduled` (it goes with its group, whatever its images).
 
 use super::namespace::NamespaceInfo;
-use crate::objects::PodObject;
 use super::warning::bounded;
 use crate::names::{IMAGES_ANNOTATION_PREFIX, POLICIES_ANNOTATION};
+use crate::objects::PodObject;
 use crate::policy::{CompiledPolicy, ImagePatterns, NamespaceConfig, PolicySet};
 
 /// A policy that applies to the pod, and why.

@@ -143,8 +143,8 @@ pub fn missed_by<'p>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::{Value, json};
     use crate::policy::PlacementPolicy;
+    use serde_json::{Value, json};
 
     fn policies() -> PolicySet {
         let cdn: PlacementPolicy = serde_json::from_value(json!({

@@ -43,10 +43,10 @@ use super::canonical::{
 use super::entitlement::is_owned_toleration;
 use super::grants::{Grants, QueuePriority};
 use super::pod::PodSource;
-use crate::objects::PodObject;
-use crate::objects::pod::Part;
 use super::selection::is_empty_term;
 use crate::names::{APPLIED_ANNOTATION, is_berth_gate, is_owned_node_key};
+use crate::objects::PodObject;
+use crate::objects::pod::Part;
 
 const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
 

@@ -14,10 +14,10 @@
 
 use super::opt_in::applied_names;
 use super::pod::Requester;
-use crate::objects::PodObject;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use crate::names::{APPLIED_ANNOTATION, AVOID_GATE, is_berth_gate};
+use crate::objects::PodObject;
 use crate::policy::PolicySet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 /// Whether `username` is one of kube-controller-manager's controllers.
 pub fn is_kube_controller(username: &str) -> bool {
@@ -27,7 +27,12 @@ pub fn is_kube_controller(username: &str) -> bool {
 
 /// The changes from `old` to `new` that `username` may not make; empty when the
 /// update may go on. `berth` is berth's own identity, which may make them all.
-pub fn forbidden_changes(old: &PodObject, new: &PodObject, username: &str, berth: &str) -> Vec<String> {
+pub fn forbidden_changes(
+    old: &PodObject,
+    new: &PodObject,
+    username: &str,
+    berth: &str,
+) -> Vec<String> {
     let mut forbidden = Vec::new();
     if username == berth {
         return forbidden;
@@ -57,7 +62,11 @@ pub fn forbidden_changes(old: &PodObject, new: &PodObject, username: &str, berth
 /// Why a pod created by `requester` may not be: its `berth.io/applied` names an
 /// `avoid` policy but it does not carry the gate `berth.io/avoid`. DaemonSet pods
 /// are never held. The admission policy `berth-holds` runs the same rule.
-pub fn unheld_record(pod: &PodObject, requester: Requester, policies: &PolicySet) -> Option<String> {
+pub fn unheld_record(
+    pod: &PodObject,
+    requester: Requester,
+    policies: &PolicySet,
+) -> Option<String> {
     if pod.is_daemonset_pod(requester) || pod.scheduling_gates().any(|g| g == AVOID_GATE) {
         return None;
     }

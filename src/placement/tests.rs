@@ -3,9 +3,9 @@
 use serde_json::{Value, json};
 
 use super::namespace::NamespaceIndex;
-use crate::objects::PodObject;
 use super::*;
 use crate::objects::NodeInfo;
+use crate::objects::PodObject;
 use crate::policy::{NamespaceConfig, PlacementPolicy};
 
 fn mk_policy(name: &str, spec: Value) -> PlacementPolicy {
