@@ -120,22 +120,14 @@ macro_rules! stands_for {
 }
 pub(crate) use stands_for;
 
-/// Resource quantities read as numbers, leaving out those that are not.
+/// Resource quantities by name, in order, each read as a number; one that is not
+/// is left out.
 pub fn readable_quantities<'de, D: Deserializer<'de>>(
     deserializer: D,
-) -> Result<Box<[(String, f64)]>, D::Error> {
-    read_quantities(deserializer, None)
-}
-
-/// Resource quantities by name, in order, each read as a number; one that is not
-/// counts as `unreadable` (left out when `None`).
-pub fn read_quantities<'de, D: Deserializer<'de>>(
-    deserializer: D,
-    unreadable: Option<f64>,
 ) -> Result<Box<[(String, f64)]>, D::Error> {
     let raw = Option::<BTreeMap<String, Value>>::deserialize(deserializer)?.unwrap_or_default();
     Ok(raw
         .into_iter()
-        .filter_map(|(k, v)| Some((k, crate::quantity::from_json(&v).or(unreadable)?)))
+        .filter_map(|(k, v)| Some((k, crate::quantity::from_json(&v)?)))
         .collect())
 }
