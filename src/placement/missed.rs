@@ -34,15 +34,11 @@ const RECREATING_OWNERS: [&str; 2] = ["ReplicaSet", "StatefulSet"];
 /// pod's mirror. `daemonsets` holds the namespace and uid of each DaemonSet.
 pub fn is_candidate(pod: &PodObject, daemonsets: &BTreeSet<(String, String)>) -> bool {
     let meta = &pod.metadata;
-    let mirror = meta
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
     let owners = meta.owner_references.as_deref().unwrap_or_default();
     let namespace = meta.namespace.as_deref().unwrap_or_default();
     !pod.is_terminated()
         && !pod.is_terminating()
-        && !mirror
+        && !pod.is_mirror()
         && !is_daemonset_pod_of(owners, namespace, daemonsets)
 }
 
