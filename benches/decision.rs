@@ -14,8 +14,8 @@ use axum::http::Request;
 use berth::admission::handlers::router;
 use berth::names::IMAGES_ANNOTATION_PREFIX;
 use berth::objects::NodeIndex;
+use berth::objects::PodObject;
 use berth::placement::namespace::NamespaceInfo;
-use berth::placement::pod::PodView;
 use berth::placement::{Input, Requester, build_patch, decide};
 use berth::policy::{PlacementPolicy, PolicySet};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
@@ -53,7 +53,7 @@ fn policies(n: usize) -> Vec<PlacementPolicy> {
 
 /// One admission as the webhook makes it, once the pod is read into its view:
 /// decide, then build the patch.
-fn admit(pod: &PodView, namespace: &NamespaceInfo, set: &PolicySet, nodes: Option<&NodeIndex>) {
+fn admit(pod: &PodObject, namespace: &NamespaceInfo, set: &PolicySet, nodes: Option<&NodeIndex>) {
     let input = Input {
         pod,
         namespace,
@@ -87,7 +87,7 @@ fn bench(c: &mut Criterion) {
     );
     println!("typical pod: {size} bytes of JSON");
     let json = pod;
-    let pod = PodView::read(&json).expect("the typical pod reads");
+    let pod = PodObject::read(&json).expect("the typical pod reads");
 
     let mut namespace = NamespaceInfo::new("default");
     namespace.labels.insert("team".into(), "edge".into());
@@ -184,7 +184,7 @@ fn bench(c: &mut Criterion) {
     grouped["metadata"]["labels"]["minAvailable"] = json!("8");
     grouped["metadata"]["labels"]["berth.io/rank"] = json!("1");
     grouped["metadata"]["labels"]["groupPriority"] = json!("5");
-    let grouped = PodView::read(&grouped).expect("the grouped pod reads");
+    let grouped = PodObject::read(&grouped).expect("the grouped pod reads");
     let mut opted = namespace.clone();
     opted.annotations.insert(
         "berth.io/policies".into(),

@@ -268,7 +268,7 @@ pub enum Skip {
 /// The `spec` keys whose lists hold containers.
 const CONTAINER_LISTS: [&str; 3] = ["containers", "initContainers", "ephemeralContainers"];
 /// The other keys of a Pod's `spec` that [`Skip::PodContainerDetail`] keeps: what
-/// admission reads ([`crate::placement::pod::PodView`]) and what its patch compares
+/// admission reads ([`crate::placement::pod::PodObject`]) and what its patch compares
 /// before it writes ([`crate::placement::patch`]). The rest (volumes, DNS, security
 /// context, ...) is neither read nor patched.
 const POD_SPEC_READ: [&str; 11] = [

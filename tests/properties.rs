@@ -6,11 +6,11 @@ mod support;
 
 use berth::names::{self, POOL_LABEL, POOL_TAINT};
 use berth::objects::NodeInfo;
+use berth::objects::PodObject;
 use berth::placement::feasibility::{Placement, node_fits};
 use berth::placement::namespace::NamespaceInfo;
 use berth::placement::patch::{added, write_patch};
 use berth::placement::pod::PodSource;
-use berth::placement::pod::PodView;
 use berth::placement::{Decision, Grants, Input, Requester, build_patch, decide};
 use berth::policy::crd::{Pool, PoolEffect};
 use berth::policy::{PlacementPolicy, PolicySet};
@@ -253,7 +253,7 @@ fn arb_spec_extras() -> impl Strategy<Value = Vec<(&'static str, Value)>> {
 }
 
 /// The pod of a review of `pod`'s CREATE, as admission reads it.
-fn as_admission_reads(pod: &Value) -> Result<PodView, String> {
+fn as_admission_reads(pod: &Value) -> Result<PodObject, String> {
     let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {"uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"},
             "operation": "CREATE", "object": pod}});
@@ -279,19 +279,19 @@ fn decide_in<P: PodSource + ?Sized>(pod: &P, ns: &NamespaceInfo, set: &PolicySet
 
 /// What the patch added to the pod, of `grants`, read from the pod before and
 /// after it, item by item (as Kubernetes compares them), never from the builder.
-fn added_between(before: &PodView, after: &PodView, grants: &Grants) -> Grants {
+fn added_between(before: &PodObject, after: &PodObject, grants: &Grants) -> Grants {
     use berth::placement::canonical::{preferred_key, requirement_key, toleration_key};
     let tolerations = grants
         .tolerations
         .iter()
         .filter(|t| {
             let key = toleration_key(t);
-            let has = |pod: &PodView| pod.tolerations().iter().any(|o| toleration_key(o) == key);
+            let has = |pod: &PodObject| pod.tolerations().iter().any(|o| toleration_key(o) == key);
             has(after) && !has(before)
         })
         .cloned()
         .collect();
-    let terms = |pod: &PodView| pod.required_affinity().unwrap_or_default().to_vec();
+    let terms = |pod: &PodObject| pod.required_affinity().unwrap_or_default().to_vec();
     let (terms_before, terms_after) = (terms(before), terms(after));
     let required = grants
         .required
@@ -312,7 +312,7 @@ fn added_between(before: &PodView, after: &PodView, grants: &Grants) -> Grants {
         .iter()
         .filter(|p| {
             let key = preferred_key(p);
-            let has = |pod: &PodView| {
+            let has = |pod: &PodObject| {
                 pod.preferred_terms()
                     .iter()
                     .any(|o| preferred_key(o) == key)
@@ -325,12 +325,12 @@ fn added_between(before: &PodView, after: &PodView, grants: &Grants) -> Grants {
         .scheduling_gates
         .iter()
         .filter(|g| {
-            let has = |pod: &PodView| pod.scheduling_gates().any(|o| o == g.as_str());
+            let has = |pod: &PodObject| pod.scheduling_gates().any(|o| o == g.as_str());
             has(after) && !has(before)
         })
         .cloned()
         .collect();
-    let changed = |read: &dyn Fn(&PodView) -> Option<Value>| read(before) != read(after);
+    let changed = |read: &dyn Fn(&PodObject) -> Option<Value>| read(before) != read(after);
     Grants {
         tolerations,
         required,
@@ -379,9 +379,9 @@ proptest! {
             requester: Requester::Other,
             groups: Default::default(),
         });
-        let predicted = Placement::after(&PodView::read(&pod).unwrap(), &decision.grants);
+        let predicted = Placement::after(&PodObject::read(&pod).unwrap(), &decision.grants);
         let (out, _, _) = admit(&pod, &ns, &set);
-        let patched = Placement::of(&PodView::read(&out).unwrap());
+        let patched = Placement::of(&PodObject::read(&out).unwrap());
         for (name, node) in probe_nodes() {
             prop_assert_eq!(
                 node_fits(&predicted, &name, &node).is_ok(),
@@ -401,8 +401,8 @@ proptest! {
     ) {
         let set = compile(&policies);
         let (out, applied, _) = admit(&pod, &ns, &set);
-        let before = Placement::of(&PodView::read(&pod).unwrap());
-        let after = Placement::of(&PodView::read(&out).unwrap());
+        let before = Placement::of(&PodObject::read(&pod).unwrap());
+        let after = Placement::of(&PodObject::read(&out).unwrap());
         for (name, node) in probe_nodes() {
             let entitled_pool = node.taints.iter().any(|t| {
                 t.key == POOL_TAINT
@@ -451,7 +451,7 @@ proptest! {
             let grants = decide_in(written, &ns, &set).grants;
             let mut patched = written.clone();
             json_patch::patch(&mut patched, &build_patch(written, &grants)).unwrap();
-            let (before, after) = (PodView::read(written).unwrap(), PodView::read(&patched).unwrap());
+            let (before, after) = (PodObject::read(written).unwrap(), PodObject::read(&patched).unwrap());
             prop_assert_eq!(added(written, &grants), added_between(&before, &after, &grants), "{}", written);
         }
     }

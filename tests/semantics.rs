@@ -19,12 +19,12 @@ use std::sync::Arc;
 
 use berth::admission::cel;
 use berth::names::{self, BERTH_SERVICE_ACCOUNT};
+use berth::objects::PodObject;
 use berth::objects::{NodeIndex, NodeInfo};
 use berth::placement::entitlement::{Standing, pool_breaches, pool_nodes};
 use berth::placement::feasibility::{Placement, node_fits};
 use berth::placement::matching::opts_in;
 use berth::placement::namespace::NamespaceInfo;
-use berth::placement::pod::PodView;
 use berth::placement::{Decision, Input, Requester, build_patch, decide};
 use berth::policy::{NamespaceConfig, PlacementPolicy, PolicySet};
 use differential::expect::{Expected, Pools, Tally, canonical_requirement, expect, scoring_pod};
@@ -298,7 +298,7 @@ fn check(
     );
 
     // berth's own reading of the pod agrees with Kubernetes' (explain --nodes).
-    let view = PodView::read(&a.form).expect("berth reads generated pods");
+    let view = PodObject::read(&a.form).expect("berth reads generated pods");
     let infos: Vec<Arc<NodeInfo>> = names.iter().map(|n| index[n].clone()).collect();
     let berth_before: Vec<bool> = names
         .iter()
@@ -543,7 +543,7 @@ fn kubernetes_own_node_affinity_table_agrees_with_berths_reading() {
         pod["spec"]["containers"] = json!([{"name": "c", "image": "nginx"}]);
         let node: Node = serde_json::from_value(seed.node.clone()).expect("a Node");
         let name = node.metadata.name.clone().unwrap_or_default();
-        let view = PodView::read(&pod).expect("berth reads the table's pods");
+        let view = PodObject::read(&pod).expect("berth reads the table's pods");
         let fits = node_fits(&Placement::of(&view), &name, &NodeInfo::from_node(&node)).is_ok();
         tally.check(
             "berth matches as Kubernetes' own table says",
@@ -690,7 +690,7 @@ fn berth_reads_the_qos_class_kubernetes_computes() {
                 &stored,
             ),
         ] {
-            let view = PodView::read(read).expect("berth reads a pod the apiserver accepts");
+            let view = PodObject::read(read).expect("berth reads a pod the apiserver accepts");
             let berth = format!("{:?}", view.qos_class());
             tally.check(property, berth == answer.qos, || {
                 format!(
@@ -908,7 +908,7 @@ fn the_admission_policies_agree_with_berths_entitlement_rule() {
                 );
                 let namespace = namespace_info(namespace_of(&world, pod));
                 let config = NamespaceConfig::parse(&namespace.annotations).ok();
-                let daemonset_pod = PodView::read(pod)
+                let daemonset_pod = PodObject::read(pod)
                     .unwrap()
                     .is_daemonset_pod(requester(*daemonset));
                 let standing = Standing {
@@ -921,7 +921,7 @@ fn the_admission_policies_agree_with_berths_entitlement_rule() {
                     pool_nodes: &pool,
                 };
                 let breaches =
-                    |pod: &Value| pool_breaches(&PodView::read(pod).unwrap(), compiled, standing);
+                    |pod: &Value| pool_breaches(&PodObject::read(pod).unwrap(), compiled, standing);
                 let refused = match old {
                     None => !breaches(pod).is_empty(),
                     // An update is refused only for what it adds, and never for a
@@ -1048,7 +1048,7 @@ fn the_bounds_policy_refuses_exactly_the_pods_berth_will_not_read() {
             answer.error.is_none(),
             || format!("{:?}", answer.error),
         );
-        let refused = PodView::read(pod).is_err();
+        let refused = PodObject::read(pod).is_err();
         tally.check(
             "berth-limits refuses exactly what berth will not read",
             answer.denied == refused,
@@ -1130,7 +1130,7 @@ fn the_queue_policy_refuses_exactly_what_the_webhook_refuses() {
             }
         }
         for (pod, denied) in pods.iter().zip(denied) {
-            let view = PodView::read(pod).unwrap();
+            let view = PodObject::read(pod).unwrap();
             let rust =
                 berth::placement::groups::foreign_queue_class(&view, &info, config.as_ref(), &set);
             tally.check(
@@ -1226,7 +1226,7 @@ fn the_holds_policy_refuses_exactly_what_the_webhook_refuses() {
         cases.len()
     );
     for ((pod, sender), denied) in cases.iter().zip(denied) {
-        let view = PodView::read(pod).unwrap();
+        let view = PodObject::read(pod).unwrap();
         let rust =
             berth::placement::records::unheld_record(&view, Requester::from_username(sender), &set);
         tally.check(

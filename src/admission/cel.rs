@@ -308,7 +308,7 @@ fn params() -> Value {
 
 /// The variable `daemonSetPod`: the DaemonSet controller sends the pod and its
 /// controller ownerReference is an `apps/v1` DaemonSet
-/// ([`crate::placement::pod::PodView::is_daemonset_pod`]).
+/// ([`crate::placement::pod::PodObject::is_daemonset_pod`]).
 fn daemonset_pod() -> Value {
     variable(
         "daemonSetPod",

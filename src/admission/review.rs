@@ -1,7 +1,7 @@
 //! `admission.k8s.io/v1` AdmissionReview, read and written by hand.
 //!
 //! A Pod is read straight from the review's bytes into berth's view of it
-//! ([`PodView`]: the fields berth decides on, and which objects and lists the pod
+//! ([`PodObject`]: the fields berth decides on, and which objects and lists the pod
 //! has, for the patch), and nothing else of it is kept: no JSON value is built to
 //! be read again and dropped. Every other object stays JSON (`serde_json::Value`),
 //! read leniently. Either way `metadata.managedFields` (free-form, any depth,
@@ -18,7 +18,8 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::lenient::{Key, LenientObject, Meter, OptionSeed, Skip};
-use crate::placement::pod::{PodView, ReadPod};
+use crate::objects::PodObject;
+use crate::objects::pod::ReadPod;
 
 const API_VERSION: &str = "admission.k8s.io/v1";
 
@@ -48,13 +49,13 @@ pub enum Object {
     /// A Pod, read into berth's view of it ([`ReadPod`], boxed as it reads it), or
     /// why berth cannot read it (a field it needs of the wrong shape, a list over
     /// its bound): the pod is then refused.
-    Pod(Box<Result<PodView, String>>),
+    Pod(Box<Result<PodObject, String>>),
     /// An object of any other kind, as JSON.
     Json(Value),
 }
 
 impl Object {
-    pub fn pod(&self) -> Option<&Result<PodView, String>> {
+    pub fn pod(&self) -> Option<&Result<PodObject, String>> {
         match self {
             Object::Pod(pod) => Some(pod.as_ref()),
             Object::Json(_) => None,
@@ -269,7 +270,7 @@ fn read_pod(text: &str) -> serde_json::Result<Option<Object>> {
         return Ok(pod.map(|ReadPod(pod)| Object::Pod(pod)));
     }
     let json = crate::lenient::read_json(text, Skip::PodContainerDetail)?;
-    Ok(json.map(|json| Object::Pod(Box::new(PodView::read(&json)))))
+    Ok(json.map(|json| Object::Pod(Box::new(PodObject::read(&json)))))
 }
 
 /// Sets a field once: a second one is a surprise.
@@ -404,7 +405,7 @@ impl<'de> Visitor<'de> for OnePassRequest<'_> {
                         .as_ref()
                         .ok_or_else(|| A::Error::custom("an object before its kind"))?;
                     let value = if is_pod_kind(kind) {
-                        map.next_value_seed(OptionSeed(PodObject(meter)))?
+                        map.next_value_seed(OptionSeed(PodSeed(meter)))?
                     } else {
                         let json = map.next_value_seed(LenientObject(skip_for(kind), meter))?;
                         json.map(Object::Json)
@@ -438,9 +439,9 @@ impl<'de> Visitor<'de> for OnePassRequest<'_> {
 
 /// A Pod under review, read straight into its view ([`ReadPod`]), what it
 /// allocates counted on the meter.
-struct PodObject<'m>(&'m Meter);
+struct PodSeed<'m>(&'m Meter);
 
-impl<'de> DeserializeSeed<'de> for PodObject<'_> {
+impl<'de> DeserializeSeed<'de> for PodSeed<'_> {
     type Value = Object;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Object, D::Error> {

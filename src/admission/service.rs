@@ -10,13 +10,12 @@ use serde_json::Value;
 use super::review::{AdmissionRequest, AdmissionResponse, Object};
 use super::state::GroupState;
 use crate::names::is_owned_node_key;
-use crate::objects::NodeIndex;
+use crate::objects::{DaemonSetObject, NodeIndex, PodObject};
 use crate::placement::canonical::{RequirementKey, requirement_key};
 use crate::placement::entitlement::breaches_in_words;
 use crate::placement::groups::GroupContext;
 use crate::placement::namespace::NamespaceInfo;
 use crate::placement::patch::write_patch;
-use crate::placement::pod::PodView;
 use crate::placement::records::{forbidden_changes, unheld_record};
 use crate::placement::warning::bounded;
 use crate::placement::{Decision, Input, Requester, decide};
@@ -57,7 +56,7 @@ impl Verdict {
 }
 
 /// A pod as the webhook reads it: its view, or why it cannot be read.
-type Pod = Result<PodView, String>;
+type Pod = Result<PodObject, String>;
 
 fn run(object: &Pod, request: &AdmissionRequest, snapshot: &ReviewState) -> Decision {
     decide(&Input {
@@ -104,11 +103,14 @@ pub fn mutate(request: &AdmissionRequest, snapshot: &ReviewState) -> (AdmissionR
     if request.is_kind("apps", "DaemonSet")
         && let Some(object) = request.object.as_ref().and_then(Object::json)
     {
-        let patch = crate::placement::daemonset::template_patch(
-            object,
-            snapshot.policies,
-            snapshot.namespace,
-        );
+        let patch = match DaemonSetObject::deserialize(object) {
+            Ok(daemonset) => crate::placement::daemonset::template_patch(
+                daemonset.template(),
+                snapshot.policies,
+                snapshot.namespace,
+            ),
+            Err(_) => json_patch::Patch(Vec::new()),
+        };
         let outcome = if patch.0.is_empty() {
             "unchanged"
         } else {
@@ -253,7 +255,7 @@ fn entitlement_violations(
 
 /// berth's own required node expressions on a pod, by meaning (the order of
 /// their values, and an empty list the apiserver drops, mean nothing).
-fn owned_expressions(pod: &PodView) -> BTreeSet<RequirementKey> {
+fn owned_expressions(pod: &PodObject) -> BTreeSet<RequirementKey> {
     pod.required_affinity()
         .into_iter()
         .flatten()

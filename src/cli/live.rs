@@ -106,7 +106,7 @@ impl Scene {
                     Some(Bound {
                         namespace: p.metadata.namespace.as_deref()?,
                         labels: p.metadata.labels.as_ref().unwrap_or(&unlabelled),
-                        node: p.spec.node_name.as_deref()?,
+                        node: p.node_name()?,
                     })
                 })
                 .collect(),
@@ -380,7 +380,7 @@ fn standing(
     policies: &PolicySet,
     opt_in: &dyn OptIn,
 ) -> String {
-    if let Some(node) = pod.spec.node_name.as_deref() {
+    if let Some(node) = pod.node_name() {
         return format!("bound to node {node}.");
     }
     let gates: Vec<&str> = pod

@@ -112,7 +112,7 @@ fn namespace_for(pod: &Value, loaded: &Loaded) -> NamespaceInfo {
 /// is taken to come from the DaemonSet controller, as it would in a cluster.
 fn offline_requester(pod: &Value) -> Requester {
     let from_daemonset =
-        crate::placement::pod::PodView::read(pod).is_ok_and(|p| p.daemonset_owner().is_some());
+        crate::objects::PodObject::read(pod).is_ok_and(|p| p.daemonset_owner().is_some());
     if from_daemonset {
         Requester::DaemonSetController
     } else {

@@ -39,19 +39,19 @@ pub(super) fn changes(
                 if let Some(node) = index.apply(pod) {
                     wakes.node(&node);
                 }
-                if let Some(node) = &pod.spec.node_name {
+                if let Some(node) = pod.node_name() {
                     match seen {
                         Seen::Nothing => wakes.room(node),
                         _ => wakes.node(node),
                     }
                 }
-                pod.spec.node_name.is_none() || pod.pod_group_name().is_some()
+                pod.node_name().is_none() || pod.pod_group_name().is_some()
             }
             Event::Delete(pod) => {
                 if let Some(node) = index.delete(pod) {
                     wakes.node(&node);
                 }
-                pod.spec.node_name.is_none() || pod.pod_group_name().is_some()
+                pod.node_name().is_none() || pod.pod_group_name().is_some()
             }
             Event::Init => {
                 index.relist();
@@ -95,7 +95,7 @@ fn for_nodes(pod: &PodObject) -> Option<u64> {
         )
             .hash(&mut hasher);
     }
-    pod.spec.node_name.hash(&mut hasher);
+    pod.node_name().hash(&mut hasher);
     pod.is_terminating().hash(&mut hasher);
     pod.is_terminated().hash(&mut hasher);
     Some(hasher.finish())
@@ -155,7 +155,7 @@ impl PodIndex {
         if pod.held_by_berth() {
             self.hold(&pod_key, pod);
         }
-        let now = pod.spec.node_name.as_deref();
+        let now = pod.node_name();
         let before = match now {
             Some(node) => {
                 let node = match self.pods.get_key_value(node) {
@@ -308,12 +308,12 @@ pub(super) fn strip_pod(pod: &mut PodObject) {
     let spec = &mut pod.spec;
     if spec.scheduling_gates.is_empty() {
         // The missed scan checks a pod's record against berth's marks on it.
-        spec.keep_berths_marks(spec.node_name.is_some());
+        spec.keep_berths_marks(spec.node_name().is_some());
     }
     // Ordered start waits for lower ranks to be Ready; exclusion stops waiting for
     // a released pod the scheduler cannot place, and says why (its message, cut).
     // A bound pod's PodScheduled says only that it was scheduled.
-    let bound = pod.spec.node_name.is_some();
+    let bound = pod.node_name().is_some();
     let mut conditions = std::mem::take(&mut pod.status.conditions).into_vec();
     conditions.retain(|c| match c.type_.as_str() {
         "Ready" => c.status == "True",
@@ -472,7 +472,7 @@ mod tests {
         let (_, message) = unbound.unschedulable().expect("the scheduler's verdict");
         assert_eq!(message.len(), SCHEDULER_MESSAGE_CHARS);
         let mut bound = unbound.clone();
-        bound.spec.node_name = Some("n1".into());
+        bound.spec.bind("n1");
         strip_pod(&mut bound);
         assert!(bound.is_ready());
         assert_eq!(bound.status.conditions.len(), 1, "only Ready");

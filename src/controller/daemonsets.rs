@@ -97,7 +97,7 @@ pub fn daemonset_patch(
         .iter()
         .find(|ns| ns.metadata.name.as_deref() == Some(namespace.as_str()))?;
     let info = NamespaceInfo::from_meta(&meta.metadata);
-    let drift = template_drift(&daemonset.as_json(), policies, &info)?;
+    let drift = template_drift(daemonset.template(), policies, &info)?;
     let version = ops::test(
         &["metadata", "resourceVersion"],
         json!(daemonset.resource_version()),

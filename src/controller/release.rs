@@ -429,13 +429,8 @@ pub fn report_routing_conflicts(
     reported: &mut super::events::Reported,
 ) {
     for pod in pods {
-        let beside = pod
-            .spec
-            .affinity
-            .read()
-            .flatten()
-            .is_some_and(|a| a.pod_affinity.required);
-        if !beside || pod.spec.node_name.is_some() || !pod.spec.scheduling_gates.is_empty() {
+        let beside = pod.requires_pod_affinity();
+        if !beside || pod.node_name().is_some() || !pod.spec.scheduling_gates.is_empty() {
             continue;
         }
         // Only when the scheduler says the pod affinity is what no node satisfies

@@ -29,7 +29,6 @@ use crate::objects::{PodObject, WorkloadObject};
 use crate::placement::exclusion;
 use crate::placement::groups::GangMode;
 use crate::placement::matching::match_policies;
-use crate::placement::pod::PodView;
 use crate::placement::rooms::{RoomCache, Rooms};
 
 /// Changes within this window are handled in one release pass: shorter than the
@@ -218,8 +217,8 @@ fn ranked_workloads<K>(
         let Some(info) = snapshot.namespaces.get(&namespace) else {
             continue;
         };
-        let view = PodView::of_workload(workload);
-        let matches = match_policies(&view, info, Some(info.config_or_none()), policies);
+        let view = &workload.spec.template;
+        let matches = match_policies(view, info, Some(info.config_or_none()), policies);
         let order = matches
             .applied
             .iter()

@@ -23,16 +23,16 @@ use std::collections::BTreeSet;
 use super::grants::{Grants, requirement};
 use super::matching;
 use super::namespace::NamespaceInfo;
-use super::pod::PodView;
 use crate::names::{AVOID_GATE, anchor_label, placed_label};
 use crate::objects::NodeIndex;
+use crate::objects::PodObject;
 use crate::policy::crd::AnchorNamespaces;
 use crate::policy::{NamespaceConfig, PolicySet};
 
 /// The avoid policies that hold `pod` as a target, and whether its namespace opts
 /// into each (then it is gated too).
 fn targets<'p>(
-    pod: &PodView,
+    pod: &PodObject,
     namespace: &NamespaceInfo,
     config: Option<&NamespaceConfig>,
     policies: &'p PolicySet,
@@ -52,7 +52,7 @@ fn targets<'p>(
 /// avoid policies, and pins a held pod that names its node to it. Returns the
 /// avoid policies the pod is a target of.
 pub fn hold(
-    pod: &PodView,
+    pod: &PodObject,
     namespace: &NamespaceInfo,
     config: Option<&NamespaceConfig>,
     policies: &PolicySet,
@@ -80,7 +80,7 @@ pub fn hold(
 /// runs: the node carries the anchor label of an avoid policy the pod is a subject
 /// of, or the placed label of one it is a target of.
 pub fn node_name_denial(
-    pod: &PodView,
+    pod: &PodObject,
     nodes: Option<&NodeIndex>,
     subject_of: &[String],
     target_of: &BTreeSet<String>,

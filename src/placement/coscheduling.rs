@@ -8,14 +8,14 @@
 
 use super::Grants;
 use super::matching::Applied;
-use super::pod::PodView;
 use super::warning::bounded;
 use crate::names::POOL_LABEL;
+use crate::objects::PodObject;
 
 /// The warning for a pod that berth routes to a pool by its image while its own
 /// required pod affinity ties it to other pods: unless they run on the pool too,
 /// the scheduler finds no node for it.
-pub fn conflict_warning(pod: &PodView, applied: &[Applied], grants: &Grants) -> Option<String> {
+pub fn conflict_warning(pod: &PodObject, applied: &[Applied], grants: &Grants) -> Option<String> {
     if !pod.requires_pod_affinity() {
         return None;
     }

@@ -1,6 +1,6 @@
 //! DaemonSet pods (SPEC "The webhook"). A pod is a DaemonSet pod only when the
 //! DaemonSet controller sends it and its controller ownerReference is an `apps/v1`
-//! DaemonSet ([`PodView::is_daemonset_pod`]). Whatever its image, it gets the
+//! DaemonSet ([`PodObject::is_daemonset_pod`]). Whatever its image, it gets the
 //! toleration of each dedicated pool that takes its DaemonSet (`daemonSets:
 //! Tolerate`, and `daemonSetNamespaces` selects its namespace), and never any node
 //! affinity: the DaemonSet controller already pins each pod to one node, and a pool
@@ -15,7 +15,6 @@ use std::collections::BTreeSet;
 
 use json_patch::Patch;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use serde_json::Value;
 
 use super::entitlement::{
     in_pool, in_pool_words, is_owned_toleration, refused_pool, wildcard_exclusion,
@@ -23,10 +22,10 @@ use super::entitlement::{
 use super::grants::{Grants, pool_toleration};
 use super::matching::PassedOver;
 use super::namespace::NamespaceInfo;
-use super::pod::{PodView, daemonset_owner, is_wildcard_for};
+use super::pod::{daemonset_owner, is_wildcard_for};
 use super::selection::{is_empty_term, tolerates};
 use crate::names::POOL_LABEL;
-use crate::objects::NodeIndex;
+use crate::objects::{NodeIndex, PodObject};
 use crate::policy::crd::DaemonSets;
 use crate::policy::{CompiledPolicy, NamespaceConfig, PolicySet};
 
@@ -86,7 +85,7 @@ fn refusal(policy: &CompiledPolicy, namespace: &NamespaceInfo) -> String {
 /// pods tolerate every taint and this one is made for a node of a pool that does
 /// not take it.
 pub fn daemonset_grants(
-    pod: &PodView,
+    pod: &PodObject,
     policies: &PolicySet,
     namespace: &NamespaceInfo,
     config: Option<&NamespaceConfig>,
@@ -130,23 +129,17 @@ pub fn daemonset_grants(
     decision
 }
 
-/// A DaemonSet's pod template, read as a pod.
-fn template_pod(daemonset: &Value) -> Option<PodView> {
-    let template = daemonset.pointer("/spec/template")?;
-    let pod = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": template.get("metadata").cloned().unwrap_or_else(|| serde_json::json!({})),
-        "spec": template.get("spec").cloned().unwrap_or_else(|| serde_json::json!({})),
-    });
-    PodView::read(&pod).ok()
+/// A DaemonSet's pod template, as the patch reads it: `None` when it is over a
+/// bound, or was too large for the cache to keep whole.
+fn template_pod(template: &PodObject) -> Option<&PodObject> {
+    (template.over_bound().is_none() && !template.too_large()).then_some(template)
 }
 
 /// What a DaemonSet's template should carry: the tolerations of the pools that take
 /// it and, when its pods tolerate every taint, the exclusion of the dedicated pools
 /// that do not. Returns the grants and the names of both sets of pools.
 fn template_grants(
-    view: &PodView,
+    view: &PodObject,
     policies: &PolicySet,
     namespace: &NamespaceInfo,
 ) -> (Grants, BTreeSet<String>, BTreeSet<String>) {
@@ -176,12 +169,16 @@ fn template_grants(
 /// The DaemonSet controller creates a pod for a node only if the *template*
 /// tolerates the node's taints and its node affinity admits the node, so pools are
 /// opened and closed to a DaemonSet here, not on its pods.
-pub fn template_patch(daemonset: &Value, policies: &PolicySet, namespace: &NamespaceInfo) -> Patch {
-    let Some(view) = template_pod(daemonset) else {
+pub fn template_patch(
+    template: &PodObject,
+    policies: &PolicySet,
+    namespace: &NamespaceInfo,
+) -> Patch {
+    let Some(view) = template_pod(template) else {
         return Patch(Vec::new());
     };
-    let (grants, _, _) = template_grants(&view, policies, namespace);
-    let mut patch = super::patch::build_patch(&view, &grants);
+    let (grants, _, _) = template_grants(view, policies, namespace);
+    let mut patch = super::patch::build_patch(view, &grants);
     // A template's annotations are the user's: leave them alone.
     patch
         .0
@@ -195,12 +192,12 @@ pub fn template_patch(daemonset: &Value, policies: &PolicySet, namespace: &Names
 /// DaemonSet, so what concerns only pools that are gone (a stale toleration, a
 /// stale name in an exclusion) is left for the DaemonSet's next update.
 pub fn template_drift(
-    daemonset: &Value,
+    template: &PodObject,
     policies: &PolicySet,
     namespace: &NamespaceInfo,
 ) -> Option<Patch> {
-    let view = template_pod(daemonset)?;
-    let (_, allowed, excluded) = template_grants(&view, policies, namespace);
+    let view = template_pod(template)?;
+    let (_, allowed, excluded) = template_grants(view, policies, namespace);
     let in_force = |name: &str| policies.get(name).is_some();
     // The pools in force whose taint one of berth's tolerations tolerates, read as
     // Kubernetes reads it (an Exists tolerates them all).
@@ -215,16 +212,16 @@ pub fn template_drift(
         })
         .map(|p| p.name.clone())
         .collect();
-    let kept_off = excluded_pools(&view)
+    let kept_off = excluded_pools(view)
         .into_iter()
         .filter(|name| in_force(name))
         .collect::<BTreeSet<_>>();
     (tolerated != allowed || kept_off != excluded)
-        .then(|| template_patch(daemonset, policies, namespace))
+        .then(|| template_patch(template, policies, namespace))
 }
 
 /// The pools every non-empty required term of the template excludes by name.
-fn excluded_pools(view: &PodView) -> BTreeSet<String> {
+fn excluded_pools(view: &PodObject) -> BTreeSet<String> {
     let mut terms = view
         .required_affinity()
         .unwrap_or_default()
@@ -250,10 +247,10 @@ fn excluded_pools(view: &PodView) -> BTreeSet<String> {
 mod tests {
     use super::*;
     use crate::policy::test_policies as policies;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
-    fn daemonset(spec: Value) -> Value {
-        json!({"spec": {"template": {"spec": spec}}})
+    fn daemonset(spec: Value) -> crate::objects::DaemonSetObject {
+        serde_json::from_value(json!({"spec": {"template": {"spec": spec}}})).unwrap()
     }
 
     fn toleration(pool: &str) -> Value {
@@ -275,7 +272,7 @@ mod tests {
             ),
         ]);
         let ns = NamespaceInfo::new("kube-system");
-        let drift = |spec: Value| template_drift(&daemonset(spec), &set, &ns).is_some();
+        let drift = |spec: Value| template_drift(daemonset(spec).template(), &set, &ns).is_some();
         assert!(drift(json!({})), "cdn's toleration is missing");
         assert!(!drift(json!({"tolerations": [toleration("cdn")]})));
         assert!(

@@ -39,7 +39,7 @@ impl BoundPod {
     /// The pod, if it holds a node: bound and not finished. `daemonsets` holds the
     /// uids of the DaemonSets that exist, by namespace.
     pub fn from_pod(pod: &PodObject, daemonsets: &BTreeSet<(String, String)>) -> Option<Self> {
-        let node = pod.spec.node_name.clone()?;
+        let node = pod.node_name().map(str::to_owned)?;
         if pod.is_terminated() {
             return None;
         }

@@ -13,10 +13,10 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Toleration};
 
 use super::grants::requirement;
-use super::pod::{PodView, is_wildcard_for};
+use super::pod::is_wildcard_for;
 use super::warning::bounded;
 use crate::names::{POOL_LABEL, POOL_TAINT};
-use crate::objects::NodeIndex;
+use crate::objects::{NodeIndex, PodObject};
 use crate::policy::{CompiledPolicy, PolicySet};
 
 /// Whether berth owns a toleration: its key is the pool taint key.
@@ -26,7 +26,10 @@ pub fn is_owned_toleration(toleration: &Toleration) -> bool {
 
 /// The pool tolerations the pod brings that berth does not grant, with a warning
 /// for each.
-pub fn forged_tolerations(pod: &PodView, granted: &[Toleration]) -> (Vec<Toleration>, Vec<String>) {
+pub fn forged_tolerations(
+    pod: &PodObject,
+    granted: &[Toleration],
+) -> (Vec<Toleration>, Vec<String>) {
     let forged: Vec<Toleration> = pod
         .tolerations()
         .iter()
@@ -48,7 +51,7 @@ pub fn forged_tolerations(pod: &PodView, granted: &[Toleration]) -> (Vec<Tolerat
 /// The `NotIn` requirement that keeps a pod with a wildcard toleration off the
 /// dedicated pools in `policies` it is not `entitled` to.
 pub fn wildcard_exclusion(
-    pod: &PodView,
+    pod: &PodObject,
     policies: &PolicySet,
     entitled: &BTreeSet<String>,
 ) -> Option<NodeSelectorRequirement> {
@@ -74,7 +77,7 @@ pub fn wildcard_exclusion(
 /// entitled to ([`in_pool`]): the pool that holds the node when it refuses the
 /// pod, else a pool that names the node too.
 pub fn node_name_denial(
-    pod: &PodView,
+    pod: &PodObject,
     policies: &PolicySet,
     nodes: Option<&NodeIndex>,
     entitled: &BTreeSet<String>,
@@ -206,7 +209,7 @@ fn could_tolerate_pool(toleration: &Toleration, pool: &str) -> bool {
 /// `pool`): it names another node, or every required term keeps it off: it is
 /// empty, excludes the pool by label (`NotIn` naming it, or `In` not naming it),
 /// or names only other nodes by `metadata.name In`.
-fn kept_off(pod: &PodView, pool: &str, pool_nodes: &BTreeSet<String>) -> bool {
+fn kept_off(pod: &PodObject, pool: &str, pool_nodes: &BTreeSet<String>) -> bool {
     if pod
         .node_name()
         .is_some_and(|node| !pool_nodes.contains(node))
@@ -237,7 +240,7 @@ fn kept_off(pod: &PodView, pool: &str, pool_nodes: &BTreeSet<String>) -> bool {
 
 /// How `pod` could reach the dedicated pool of `policy` without entitlement; empty
 /// when it cannot, or when it is entitled.
-pub fn pool_breaches(pod: &PodView, policy: &CompiledPolicy, standing: Standing) -> Vec<Breach> {
+pub fn pool_breaches(pod: &PodObject, policy: &CompiledPolicy, standing: Standing) -> Vec<Breach> {
     let Some(pool) = policy.dedicated_pool() else {
         return Vec::new();
     };
@@ -293,7 +296,7 @@ pub fn pool_nodes(
 /// Every breach of a dedicated pool by `pod` in namespace `namespace`
 /// ([`pool_breaches`]), in words; `entitled` names the pools it may use.
 pub fn breaches_in_words(
-    pod: &PodView,
+    pod: &PodObject,
     namespace: &str,
     entitled: &BTreeSet<String>,
     policies: &PolicySet,

@@ -123,15 +123,14 @@ impl ExclusionPod {
     /// deleted that hold no node. A pod still terminating on a node counts until it
     /// is gone, as native anti-affinity counts it.
     pub fn from_pod(pod: &PodObject) -> Option<ExclusionPod> {
-        if pod.is_terminated() || (pod.is_terminating() && pod.spec.node_name.is_none()) {
+        if pod.is_terminated() || (pod.is_terminating() && pod.node_name().is_none()) {
             return None;
         }
         let meta = &pod.metadata;
-        let affinity = pod.spec.affinity.read();
-        let required = affinity.flatten().and_then(|a| a.required_terms());
+        let required = pod.required_affinity();
         let terms: Vec<Term> = required.into_iter().flatten().map(Term::of).collect();
         let gate = pod.gate(AVOID_GATE);
-        let unbound = pod.spec.node_name.is_none();
+        let unbound = pod.node_name().is_none();
         Some(ExclusionPod {
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
@@ -145,10 +144,10 @@ impl ExclusionPod {
                 .scheduling_gates
                 .iter()
                 .any(|g| g.name != AVOID_GATE),
-            node: pod.spec.node_name.clone(),
+            node: pod.node_name().map(str::to_owned),
             terminating: pod.is_terminating(),
             terms,
-            readable: affinity.is_some(),
+            readable: !pod.too_large(),
             hosts: (gate.is_none() && unbound)
                 .then(|| required.and_then(confined_hosts))
                 .flatten(),
@@ -214,7 +213,7 @@ pub fn pods_to_plan(
         }
     }
     let read = |pod: &PodObject| {
-        if held(pod) || pod.spec.node_name.is_none() {
+        if held(pod) || pod.node_name().is_none() {
             return true;
         }
         let named = applied_policies(pod.metadata.annotations.as_ref());
@@ -302,7 +301,7 @@ pub fn unreadable() -> String {
     format!(
         "its node affinity, node selector or tolerations take over {} KiB, more than berth \
          reads of a pod, so the narrowing that keeps it apart cannot be written; it stays held",
-        crate::objects::PLACEMENT_FIELD_BYTES / 1024
+        crate::objects::pod::PLACEMENT_FIELD_BYTES / 1024
     )
 }
 

@@ -11,11 +11,11 @@ use std::collections::BTreeMap;
 use super::feasibility::{Placement, describe_requirement, node_fits, with_pool_state};
 use super::interpod::{Neighbours, Required};
 use super::patch::{added, required_matches_no_node};
-use super::pod::PodView;
 use super::{Decision, Input};
 use crate::names::{
     ANCHOR_LABEL_PREFIX, APPLIED_ANNOTATION, GANG_GATE, PLACED_LABEL_PREFIX, POOL_LABEL, RANK_GATE,
 };
+use crate::objects::PodObject;
 use crate::policy::compile::Labels;
 
 /// Explains `decision` for the pod in `input`.
@@ -92,7 +92,7 @@ fn explain_nodes(
     nodes: &crate::objects::NodeIndex,
     neighbours: Option<&Neighbours>,
 ) {
-    let Ok(pod) = PodView::read(input.pod) else {
+    let Ok(pod) = PodObject::read(input.pod) else {
         return;
     };
     let pod = Placement::after(&pod, &decision.grants);
@@ -177,7 +177,7 @@ fn changes(input: &Input, decision: &Decision) -> Vec<String> {
         );
         lines.push((has(new.tolerations.contains(t)), what));
     }
-    let nowhere = PodView::read(input.pod).is_ok_and(|p| required_matches_no_node(&p));
+    let nowhere = PodObject::read(input.pod).is_ok_and(|p| required_matches_no_node(&p));
     for r in &grants.required {
         let what = required_in_words(r);
         lines.push(match (new.required.contains(r), nowhere) {
@@ -268,7 +268,7 @@ fn changes(input: &Input, decision: &Decision) -> Vec<String> {
 
 /// Why berth holds the pod with `gate`, and until when, in words.
 fn gate_in_words(gate: &str, input: &Input, decision: &Decision) -> String {
-    let labels = PodView::read(input.pod)
+    let labels = PodObject::read(input.pod)
         .map(|p| p.labels().clone())
         .unwrap_or_default();
     // The policies that applied, first by name, as the webhook chose them.

@@ -12,14 +12,13 @@ use k8s_openapi::api::core::v1::{NodeSelectorRequirement, NodeSelectorTerm, Tole
 use super::canonical::requirement_key;
 use super::error::Error;
 use super::grants::Grants;
-use super::pod::PodView;
 use super::selection::{
     is_empty_term, label_requirement_parses, required_matches, requirement_matches, taint_counts,
     term_parses, tolerates,
 };
 use super::warning::bounded;
 use crate::names::{POOL_LABEL, POOL_TAINT};
-use crate::objects::{AffinityView, NodeIndex, NodeInfo, PodObject};
+use crate::objects::{NodeIndex, NodeInfo, PodObject};
 use crate::policy::{CompiledPolicy, PolicySet};
 
 /// Where a pod may go, as far as [`node_fits`] reads it: its node name, node
@@ -36,7 +35,7 @@ pub struct Placement {
 
 impl Placement {
     /// The pod as it is.
-    pub fn of(pod: &PodView) -> Placement {
+    pub fn of(pod: &PodObject) -> Placement {
         Placement {
             node_name: pod.node_name().map(str::to_owned),
             node_selector: pod.node_selector().clone(),
@@ -45,20 +44,10 @@ impl Placement {
         }
     }
 
-    /// A pod as the cache holds it: its node name, node selector, required node
-    /// affinity and tolerations; `None` when one of them is too large to read.
+    /// A pod as the cache holds it; `None` when its placement was too large to
+    /// keep ([`PodObject::too_large`]).
     pub fn of_object(pod: &PodObject) -> Option<Placement> {
-        let spec = &pod.spec;
-        Some(Placement {
-            node_name: spec.node_name.clone(),
-            node_selector: spec.node_selector.read()?.cloned().unwrap_or_default(),
-            required: spec
-                .affinity
-                .read()?
-                .and_then(AffinityView::required_terms)
-                .map(<[_]>::to_vec),
-            tolerations: spec.tolerations.read()?.cloned().unwrap_or_default(),
-        })
+        (!pod.too_large()).then(|| Placement::of(pod))
     }
 
     /// The pod as berth's patch for `grants` leaves it ([`super::patch`] builds
@@ -68,7 +57,7 @@ impl Placement {
     /// already there in another spelling is not repeated), an empty term stays
     /// empty, a required affinity with no terms stays so (it matches no node), and
     /// a pod without one gets one term of the grants.
-    pub fn after(pod: &PodView, grants: &Grants) -> Placement {
+    pub fn after(pod: &PodObject, grants: &Grants) -> Placement {
         let wanted = &grants.required;
         let pin = grants.pin_fields();
         let required = match pod.required_affinity() {
@@ -240,7 +229,7 @@ pub fn describe_requirement(r: &NodeSelectorRequirement) -> String {
 /// Warnings for pools whose nodes the pod's own constraints rule out.
 pub fn pool_warnings(
     policies: &PolicySet,
-    pod: &PodView,
+    pod: &PodObject,
     grants: &Grants,
     nodes: &NodeIndex,
 ) -> Vec<String> {
@@ -329,8 +318,8 @@ mod tests {
 
         let mut whole = raw.clone();
         json_patch::patch(&mut whole, &super::super::build_patch(&raw, &grants)).unwrap();
-        let whole = Placement::of(&PodView::read(&whole).unwrap());
-        let placement = Placement::after(&PodView::read(&raw).unwrap(), &grants);
+        let whole = Placement::of(&PodObject::read(&whole).unwrap());
+        let placement = Placement::after(&PodObject::read(&raw).unwrap(), &grants);
         assert_eq!(placement, whole);
         assert_eq!(placement.tolerations.len(), 2, "forged one out, cdn in");
     }
@@ -354,7 +343,7 @@ mod tests {
     }
 
     fn placement(pod: serde_json::Value) -> Placement {
-        Placement::of(&PodView::read(&pod).unwrap())
+        Placement::of(&PodObject::read(&pod).unwrap())
     }
 
     #[test]
@@ -385,7 +374,7 @@ mod tests {
         ] {
             let raw = serde_json::json!({"spec": {"affinity": {"nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": required}}}});
-            let pod = PodView::read(&raw).unwrap();
+            let pod = PodObject::read(&raw).unwrap();
             let mut grants = Grants::default();
             grants.require(super::super::grants::requirement(
                 POOL_LABEL,

@@ -15,9 +15,9 @@
 //! a warning: a pod has one group, one rank and one priority.
 
 use super::grants::{Grants, QueuePriority};
-use super::pod::PodView;
 use super::warning::bounded;
 use crate::names::{AVOID_GATE, GANG_GATE, RANK_GATE, queue_class, queue_class_parts};
+use crate::objects::PodObject;
 use crate::policy::CompiledPolicy;
 use crate::policy::groups::QosClass;
 
@@ -52,7 +52,7 @@ pub struct GroupContext<'a> {
 /// Adds the gates, PodGroup and priority of the group policies among `applied`
 /// (sorted by name) to `grants`; warnings for labels berth cannot use.
 pub fn group_grants(
-    pod: &PodView,
+    pod: &PodObject,
     applied: &[&CompiledPolicy],
     context: GroupContext,
     grants: &mut Grants,
@@ -168,7 +168,7 @@ fn ignored<'p>(
 /// a policy's queue above other pods, and are its to hand out. The admission
 /// policy `berth-queues` refuses the same with berth down.
 pub fn foreign_queue_class(
-    pod: &PodView,
+    pod: &PodObject,
     namespace: &super::namespace::NamespaceInfo,
     config: Option<&crate::policy::NamespaceConfig>,
     policies: &crate::policy::PolicySet,

@@ -5,9 +5,9 @@
 //! the pod matches `coscheduled` (it goes with its group, whatever its images).
 
 use super::namespace::NamespaceInfo;
-use super::pod::PodView;
 use super::warning::bounded;
 use crate::names::{IMAGES_ANNOTATION_PREFIX, POLICIES_ANNOTATION};
+use crate::objects::PodObject;
 use crate::policy::{CompiledPolicy, ImagePatterns, NamespaceConfig, PolicySet};
 
 /// A policy that applies to the pod, and why.
@@ -37,7 +37,7 @@ pub struct Matches<'p> {
 /// Matches `pod` against every policy. With no readable namespace config
 /// (`config` is `None`), the namespace opts into nothing.
 pub fn match_policies<'p>(
-    pod: &PodView,
+    pod: &PodObject,
     namespace: &NamespaceInfo,
     config: Option<&NamespaceConfig>,
     policies: &'p PolicySet,

@@ -8,7 +8,6 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, Taint};
-use serde_json::{Value, json};
 
 use super::canonical::requirement_key;
 use super::daemonset::is_daemonset_pod_of;
@@ -17,7 +16,6 @@ use super::grants::grants_for;
 use super::matching::match_policies;
 use super::namespace::NamespaceInfo;
 use super::opt_in::applied_policies;
-use super::pod::PodView;
 use super::selection::tolerates;
 use crate::names::{POOL_LABEL, is_owned_node_key};
 use crate::objects::PodObject;
@@ -36,15 +34,11 @@ const RECREATING_OWNERS: [&str; 2] = ["ReplicaSet", "StatefulSet"];
 /// pod's mirror. `daemonsets` holds the namespace and uid of each DaemonSet.
 pub fn is_candidate(pod: &PodObject, daemonsets: &BTreeSet<(String, String)>) -> bool {
     let meta = &pod.metadata;
-    let mirror = meta
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
     let owners = meta.owner_references.as_deref().unwrap_or_default();
     let namespace = meta.namespace.as_deref().unwrap_or_default();
     !pod.is_terminated()
         && !pod.is_terminating()
-        && !mirror
+        && !pod.is_mirror()
         && !is_daemonset_pod_of(owners, namespace, daemonsets)
 }
 
@@ -63,20 +57,6 @@ pub fn recreating_owner(pod: &PodObject) -> Option<&str> {
     controller_owner(pod)
         .filter(|(kind, _)| RECREATING_OWNERS.contains(kind))
         .map(|(_, uid)| uid)
-}
-
-/// What matching reads of a pod: its labels and images.
-fn matching_view(pod: &PodObject) -> Option<PodView> {
-    let images: Vec<Value> = pod
-        .images()
-        .map(|image| json!({"name": "c", "image": image}))
-        .collect();
-    PodView::read(&json!({
-        "kind": "Pod",
-        "metadata": {"labels": pod.metadata.labels},
-        "spec": {"containers": images}
-    }))
-    .ok()
 }
 
 /// Whether `pod` carries berth's marks of `policy`, which berth gives every pod it
@@ -144,11 +124,11 @@ pub fn missed_by<'p>(
 ) -> Vec<&'p CompiledPolicy> {
     // A namespace whose annotations cannot be read gets no grants from the
     // webhook either: its pods are not missed, and evicting them would loop.
-    let (Some(view), Ok(config)) = (matching_view(pod), namespace.config()) else {
+    let Ok(config) = namespace.config() else {
         return Vec::new();
     };
     let applied = applied_policies(pod.metadata.annotations.as_ref());
-    match_policies(&view, namespace, Some(config), policies)
+    match_policies(pod, namespace, Some(config), policies)
         .applied
         .into_iter()
         .map(|(policy, _)| policy)
@@ -160,6 +140,7 @@ pub fn missed_by<'p>(
 mod tests {
     use super::*;
     use crate::policy::PlacementPolicy;
+    use serde_json::{Value, json};
 
     fn policies() -> PolicySet {
         let cdn: PlacementPolicy = serde_json::from_value(json!({
@@ -314,7 +295,7 @@ mod tests {
         let mut admitted: PodObject = serde_json::from_value(raw.clone()).unwrap();
         assert!(missed_by(&admitted, &namespace, &set).is_empty(), "{raw:#}");
         // As the controller keeps it once it runs.
-        admitted.spec.node_name = Some("node2".into());
+        admitted.spec.bind("node2");
         admitted.spec.keep_berths_marks(true);
         assert!(missed_by(&admitted, &namespace, &set).is_empty());
     }

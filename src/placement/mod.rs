@@ -46,7 +46,7 @@ use crate::objects::NodeIndex;
 use crate::policy::PolicySet;
 
 /// Everything one decision looks at. The pod is JSON (`berth explain`, tests) or
-/// berth's view of it as read from an AdmissionReview ([`PodView`](pod::PodView)).
+/// berth's view of it as read from an AdmissionReview ([`PodObject`](pod::PodObject)).
 #[derive(Debug)]
 pub struct Input<'a, P: ?Sized = Value> {
     /// The pod as admitted.

@@ -1,7 +1,7 @@
 //! The JSON Patch that turns the pod as admitted into the pod berth wants.
 //!
 //! Patches are targeted operations computed from berth's view of the pod as sent
-//! ([`PodView`]: which objects and lists it has, and what they hold), never the
+//! ([`PodObject`]: which objects and lists it has, and what they hold), never the
 //! pod re-serialised: fields unknown to the compiled Kubernetes types survive
 //! untouched. A missing object is added with what goes in it, in one operation.
 //! One builder holds the rules and writes each operation to a sink ([`Ops`]):
@@ -43,9 +43,10 @@ use super::canonical::{
 use super::entitlement::is_owned_toleration;
 use super::grants::{Grants, QueuePriority};
 use super::pod::PodSource;
-use super::pod::{Part, PodView};
 use super::selection::is_empty_term;
 use crate::names::{APPLIED_ANNOTATION, is_berth_gate, is_owned_node_key};
+use crate::objects::PodObject;
+use crate::objects::pod::Part;
 
 const PREFERRED: &str = "preferredDuringSchedulingIgnoredDuringExecution";
 
@@ -238,7 +239,7 @@ impl Ops for AddsAnything {
 /// Whether the pod's required node affinity matches no node (it has no terms,
 /// or only empty ones), so that berth adds none of its required expressions:
 /// it never makes a pod placeable where Kubernetes would place it nowhere.
-pub fn required_matches_no_node(pod: &PodView) -> bool {
+pub fn required_matches_no_node(pod: &PodObject) -> bool {
     pod.has(Part::RequiredNodeAffinity)
         && pod
             .required_term_list()
@@ -246,7 +247,7 @@ pub fn required_matches_no_node(pod: &PodView) -> bool {
 }
 
 /// The same operations as [`build_patch`], written as JSON text.
-pub fn write_patch(pod: &PodView, grants: &Grants) -> PatchText {
+pub fn write_patch(pod: &PodObject, grants: &Grants) -> PatchText {
     let mut text = PatchText::default();
     apply(pod, grants, &mut text);
     text
@@ -295,7 +296,7 @@ impl<V: Serialize + ?Sized> Serialize for Nested<'_, V> {
     }
 }
 
-fn apply<O: Ops>(pod: &PodView, grants: &Grants, ops: &mut O) {
+fn apply<O: Ops>(pod: &PodObject, grants: &Grants, ops: &mut O) {
     let mut builder = Builder {
         pod,
         ops,
@@ -318,7 +319,7 @@ fn apply<O: Ops>(pod: &PodView, grants: &Grants, ops: &mut O) {
 }
 
 struct Builder<'a, O> {
-    pod: &'a PodView,
+    pod: &'a PodObject,
     ops: &'a mut O,
     /// Objects this patch creates, so each is added once.
     created: Vec<Part>,

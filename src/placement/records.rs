@@ -13,9 +13,11 @@
 //! down (see [`crate::admission::cel`]).
 
 use super::opt_in::applied_names;
-use super::pod::{OwnerReference, PodView, Requester};
+use super::pod::Requester;
 use crate::names::{APPLIED_ANNOTATION, AVOID_GATE, is_berth_gate};
+use crate::objects::PodObject;
 use crate::policy::PolicySet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 /// Whether `username` is one of kube-controller-manager's controllers.
 pub fn is_kube_controller(username: &str) -> bool {
@@ -25,7 +27,12 @@ pub fn is_kube_controller(username: &str) -> bool {
 
 /// The changes from `old` to `new` that `username` may not make; empty when the
 /// update may go on. `berth` is berth's own identity, which may make them all.
-pub fn forbidden_changes(old: &PodView, new: &PodView, username: &str, berth: &str) -> Vec<String> {
+pub fn forbidden_changes(
+    old: &PodObject,
+    new: &PodObject,
+    username: &str,
+    berth: &str,
+) -> Vec<String> {
     let mut forbidden = Vec::new();
     if username == berth {
         return forbidden;
@@ -42,7 +49,7 @@ pub fn forbidden_changes(old: &PodView, new: &PodView, username: &str, berth: &s
             ));
         }
     }
-    let controllers = |p: &PodView| p.controllers().cloned().collect::<Vec<OwnerReference>>();
+    let controllers = |p: &PodObject| p.controllers().cloned().collect::<Vec<OwnerReference>>();
     if !is_kube_controller(username) && controllers(old) != controllers(new) {
         forbidden.push(
             "a pod's controller ownerReference is set by its controller, not changed afterwards"
@@ -55,7 +62,11 @@ pub fn forbidden_changes(old: &PodView, new: &PodView, username: &str, berth: &s
 /// Why a pod created by `requester` may not be: its `berth.io/applied` names an
 /// `avoid` policy but it does not carry the gate `berth.io/avoid`. DaemonSet pods
 /// are never held. The admission policy `berth-holds` runs the same rule.
-pub fn unheld_record(pod: &PodView, requester: Requester, policies: &PolicySet) -> Option<String> {
+pub fn unheld_record(
+    pod: &PodObject,
+    requester: Requester,
+    policies: &PolicySet,
+) -> Option<String> {
     if pod.is_daemonset_pod(requester) || pod.scheduling_gates().any(|g| g == AVOID_GATE) {
         return None;
     }
@@ -73,13 +84,13 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn pod(applied: &str, gates: &[&str], owner: Option<&str>) -> PodView {
+    fn pod(applied: &str, gates: &[&str], owner: Option<&str>) -> PodObject {
         let owners: Vec<_> = owner
             .map(|kind| json!({"apiVersion": "apps/v1", "kind": kind, "name": "x", "uid": "u", "controller": true}))
             .into_iter()
             .collect();
         let gates: Vec<_> = gates.iter().map(|g| json!({"name": g})).collect();
-        PodView::read(&json!({"kind": "Pod",
+        PodObject::read(&json!({"kind": "Pod",
             "metadata": {"annotations": {"berth.io/applied": applied}, "ownerReferences": owners},
             "spec": {"schedulingGates": gates}}))
         .unwrap()

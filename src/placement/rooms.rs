@@ -51,7 +51,7 @@ pub fn rooms<'p>(
 /// Counts every pod bound to a node (and not finished) as placed there.
 fn take_bound<'p>(rooms: &mut Rooms, pods: impl IntoIterator<Item = &'p PodObject>) {
     for pod in pods.into_iter().filter(|p| !p.is_terminated()) {
-        let Some(room) = pod.spec.node_name.as_ref().and_then(|n| rooms.get_mut(n)) else {
+        let Some(room) = pod.node_name().and_then(|n| rooms.get_mut(n)) else {
             continue;
         };
         room.take(&pod.requests());
@@ -189,11 +189,7 @@ impl Fit {
 /// finds feasible stays feasible, so they leave a pod predictable.
 fn predictable(pod: &PodObject) -> bool {
     let spec = &pod.spec;
-    let inter_pod = match spec.affinity.read() {
-        Some(Some(a)) => a.inter_pod_required(),
-        Some(None) => false,
-        None => true,
-    };
+    let inter_pod = pod.too_large() || spec.inter_pod_required();
     let host_port = spec
         .containers
         .iter()
@@ -243,7 +239,9 @@ mod tests {
             assert!(!predictable(&pod(spec.clone())), "{spec}");
         }
         // A field too large to read is not predicted either.
-        let huge = json!({"affinity": {"nodeAffinity": {"x": "y".repeat(crate::objects::PLACEMENT_FIELD_BYTES)}}});
+        let value = "y".repeat(crate::objects::pod::PLACEMENT_FIELD_BYTES);
+        let huge = json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "In", "values": [value]}]}]}}}});
         assert!(!predictable(&pod(huge.clone())));
         assert!(Placement::of_object(&pod(huge)).is_none());
     }

@@ -3,9 +3,9 @@
 use serde_json::{Value, json};
 
 use super::namespace::NamespaceIndex;
-use super::pod::PodView;
 use super::*;
 use crate::objects::NodeInfo;
+use crate::objects::PodObject;
 use crate::policy::{NamespaceConfig, PlacementPolicy};
 
 fn mk_policy(name: &str, spec: Value) -> PlacementPolicy {
@@ -79,7 +79,7 @@ fn admit_from(
         assert!(w.chars().count() < 120, "warning too long: {w}");
     }
     let patch = build_patch(pod, &decision.grants);
-    if let Ok(view) = PodView::read(pod) {
+    if let Ok(view) = PodObject::read(pod) {
         // The webhook's text of the patch holds the same operations.
         let text = super::patch::write_patch(&view, &decision.grants);
         let text = text
@@ -982,7 +982,7 @@ fn a_held_pod_that_names_its_node_is_pinned_there_and_refused_beside_a_pod_it_mu
         json!([{"key": "metadata.name", "operator": "In", "values": ["node4"]}])
     );
     let placement =
-        feasibility::Placement::after(&pod::PodView::read(&pod).unwrap(), &out.decision.grants);
+        feasibility::Placement::after(&PodObject::read(&pod).unwrap(), &out.decision.grants);
     assert_eq!(placement.node_name, None);
     assert!(feasibility::node_fits(&placement, "node4", &NodeInfo::default()).is_ok());
     assert!(feasibility::node_fits(&placement, "node5", &NodeInfo::default()).is_err());
