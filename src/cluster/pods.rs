@@ -21,6 +21,7 @@ use super::seen::{Hashes, Seen};
 use crate::bounds;
 use crate::names::APPLIED_ANNOTATION;
 use crate::objects::PodObject;
+use crate::objects::pod::MIRROR_ANNOTATION;
 use crate::placement::opt_in::applied_policies;
 
 /// What a pod event changes: the index of bound pods, the node the pod is bound
@@ -297,9 +298,14 @@ impl PodsByNode {
 /// of every pod in a large cluster stays small.
 pub(super) fn strip_pod(pod: &mut PodObject) {
     if let Some(annotations) = pod.metadata.annotations.as_mut() {
-        annotations.retain(|k, _| k == APPLIED_ANNOTATION);
+        annotations.retain(|k, _| k == APPLIED_ANNOTATION || k == MIRROR_ANNOTATION);
         if let Some(record) = annotations.get_mut(APPLIED_ANNOTATION) {
             *record = bounded_record(record);
+        }
+        // The missed scan leaves mirror pods alone (their kubelet owns them); the
+        // mark's key is all it reads.
+        if let Some(mark) = annotations.get_mut(MIRROR_ANNOTATION) {
+            mark.clear();
         }
     }
     // A held pod's fit is predicted and its node affinity narrowed when it is
@@ -371,6 +377,23 @@ mod tests {
     }
 
     #[test]
+    fn the_cache_keeps_a_mirror_pods_mark_and_not_its_value() {
+        let mut pod: PodObject = serde_json::from_value(json!({
+            "metadata": {"name": "p", "annotations": {
+                MIRROR_ANNOTATION: "x".repeat(100_000), APPLIED_ANNOTATION: "edge"}},
+            "spec": {"nodeName": "n1"}}))
+        .unwrap();
+        strip_pod(&mut pod);
+        assert!(
+            pod.is_mirror(),
+            "the missed scan must still see a mirror pod"
+        );
+        let annotations = pod.metadata.annotations.as_ref().unwrap();
+        assert_eq!(annotations[MIRROR_ANNOTATION], "");
+        assert_eq!(annotations[APPLIED_ANNOTATION], "edge");
+    }
+
+    #[test]
     fn the_cache_keeps_a_bounded_record_and_bounded_images_of_a_pod() {
         let names: Vec<String> = (0..100_000).map(|i| format!("p{i}")).collect();
         let long = "x".repeat(300);
@@ -391,6 +414,7 @@ mod tests {
             "no empty or overlong names"
         );
         assert_eq!(pod.metadata.annotations.as_ref().unwrap().len(), 1);
+        assert!(!pod.is_mirror());
         let images: Vec<Option<&str>> = pod
             .spec
             .containers
