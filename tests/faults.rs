@@ -562,7 +562,7 @@ impl Run {
         let views: Vec<_> = list
             .items
             .iter()
-            .map(support::audit::PodView::from_pod)
+            .map(support::audit::AuditedPod::from_pod)
             .filter(|v| v.node.is_none() && !v.terminating)
             .collect();
         let gated = views.iter().filter(|v| !v.gates.is_empty()).count();
@@ -1332,7 +1332,7 @@ fn the_audit_reads_images_as_berth_documents_them() {
 /// would show nothing): the policies of `policies/`, pods placed by hand.
 #[test]
 fn the_audit_finds_what_it_looks_for() {
-    use support::audit::{PodView, PolicyModel, check_all};
+    use support::audit::{AuditedPod, PolicyModel, check_all};
     let policies = ["cdn.yaml", "redis-master.yaml", "sidecar.yaml"]
         .map(|f| {
             let mut p: serde_json::Value = serde_yaml_ng::from_str(&policy_file(f)).unwrap();
@@ -1361,7 +1361,7 @@ fn the_audit_finds_what_it_looks_for() {
             .annotations(serde_json::Value::Object(annotations))
             .spec(json!({"nodeName": node}))
             .build();
-        PodView::from_pod(&pod)
+        AuditedPod::from_pod(&pod)
     };
     let redis = json!({"app": "redis-master"});
     let pods = vec![

@@ -190,7 +190,7 @@ pub fn glob(pattern: &str, text: &str) -> bool {
 
 /// A pod as far as the audit reads it.
 #[derive(Debug, Clone)]
-pub struct PodView {
+pub struct AuditedPod {
     pub uid: String,
     pub namespace: String,
     pub name: String,
@@ -206,12 +206,12 @@ pub struct PodView {
     pub unscheduled: Option<String>,
 }
 
-impl PodView {
-    pub fn from_pod(pod: &Pod) -> PodView {
+impl AuditedPod {
+    pub fn from_pod(pod: &Pod) -> AuditedPod {
         let meta = &pod.metadata;
         let spec = pod.spec.clone().unwrap_or_default();
         let status = pod.status.clone().unwrap_or_default();
-        PodView {
+        AuditedPod {
             uid: meta.uid.clone().unwrap_or_default(),
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
@@ -332,7 +332,7 @@ impl World {
     }
 
     /// Whether `policy` applies to `pod` by namespace, images and labels.
-    pub fn applies(&self, policy: &PolicyModel, pod: &PodView) -> bool {
+    pub fn applies(&self, policy: &PolicyModel, pod: &AuditedPod) -> bool {
         self.opts_in(&pod.namespace, &policy.name)
             && (policy.images.is_empty()
                 || pod.images.iter().any(|image| {
@@ -346,7 +346,7 @@ impl World {
     }
 
     /// The policies in force that apply to `pod` but that it lacks.
-    pub fn missing(&self, pod: &PodView) -> Vec<&str> {
+    pub fn missing(&self, pod: &AuditedPod) -> Vec<&str> {
         self.policies
             .iter()
             .filter(|p| self.applies(p, pod) && !pod.has_applied(&p.name))
@@ -355,7 +355,7 @@ impl World {
     }
 
     /// Whether `pod` counts for `policy`'s anchor (`avoid`/`colocateWith`).
-    fn counts_for(&self, policy: &PolicyModel, pod: &PodView) -> bool {
+    fn counts_for(&self, policy: &PolicyModel, pod: &AuditedPod) -> bool {
         policy.anchor_all || self.opts_in(&pod.namespace, &policy.name)
     }
 
@@ -370,7 +370,7 @@ impl World {
         &self,
         node: &str,
         labels: &Labels,
-        pods: &[&PodView],
+        pods: &[&AuditedPod],
     ) -> (Labels, BTreeSet<String>) {
         let mut want = Labels::new();
         let mut taints = BTreeSet::new();
@@ -465,7 +465,7 @@ impl Findings {
 }
 
 /// Checks `pod`, just bound, against the pods bound to its node at that point.
-fn check_binding(world: &World, pod: &PodView, others: &[&PodView], found: &mut Findings) {
+fn check_binding(world: &World, pod: &AuditedPod, others: &[&AuditedPod], found: &mut Findings) {
     let Some(node) = pod.node.as_deref() else {
         return;
     };
@@ -484,10 +484,10 @@ fn check_binding(world: &World, pod: &PodView, others: &[&PodView], found: &mut 
     }
     for policy in &world.policies {
         if let Some(avoid) = &policy.avoid {
-            let admitted = |p: &PodView| {
+            let admitted = |p: &AuditedPod| {
                 p.has_applied(&policy.name) && world.opts_in(&p.namespace, &policy.name)
             };
-            let avoided = |p: &PodView| matches(avoid, &p.labels) && world.counts_for(policy, p);
+            let avoided = |p: &AuditedPod| matches(avoid, &p.labels) && world.counts_for(policy, p);
             for other in others.iter().filter(|o| o.uid != pod.uid) {
                 if (admitted(pod) && avoided(other)) || (admitted(other) && avoided(pod)) {
                     let mut pair = [pod.key(), other.key()];
@@ -518,8 +518,8 @@ fn check_binding(world: &World, pod: &PodView, others: &[&PodView], found: &mut 
 }
 
 /// Checks every bound pod of `pods` against the others on its node.
-pub fn check_all(world: &World, pods: &[PodView], found: &mut Findings) {
-    let mut by_node: BTreeMap<&str, Vec<&PodView>> = BTreeMap::new();
+pub fn check_all(world: &World, pods: &[AuditedPod], found: &mut Findings) {
+    let mut by_node: BTreeMap<&str, Vec<&AuditedPod>> = BTreeMap::new();
     for pod in pods.iter().filter(|p| p.holds_node()) {
         by_node
             .entry(pod.node.as_deref().unwrap())
@@ -551,8 +551,8 @@ impl Recorder {
             tokio::spawn(async move {
                 let config = watcher::Config::default().labels(LOAD_LABEL);
                 let mut events = watcher::watcher(api, config).default_backoff().boxed();
-                let mut live: BTreeMap<String, PodView> = BTreeMap::new();
-                let mut relist: Option<BTreeMap<String, PodView>> = None;
+                let mut live: BTreeMap<String, AuditedPod> = BTreeMap::new();
+                let mut relist: Option<BTreeMap<String, AuditedPod>> = None;
                 let mut found = Findings::default();
                 let mut lists = 0u32;
                 loop {
@@ -567,7 +567,7 @@ impl Recorder {
                     let world = world.lock().unwrap().clone();
                     match event {
                         Event::Apply(pod) => {
-                            let view = PodView::from_pod(&pod);
+                            let view = AuditedPod::from_pod(&pod);
                             let before = live.insert(view.uid.clone(), view.clone());
                             observe(&world, &view, before.as_ref(), &live, &mut found);
                         }
@@ -576,7 +576,7 @@ impl Recorder {
                         }
                         Event::Init => relist = Some(BTreeMap::new()),
                         Event::InitApply(pod) => {
-                            let view = PodView::from_pod(&pod);
+                            let view = AuditedPod::from_pod(&pod);
                             relist
                                 .get_or_insert_default()
                                 .insert(view.uid.clone(), view);
@@ -614,9 +614,9 @@ impl Recorder {
 /// first seen, and any pod is checked when it becomes bound.
 fn observe(
     world: &World,
-    view: &PodView,
-    before: Option<&PodView>,
-    live: &BTreeMap<String, PodView>,
+    view: &AuditedPod,
+    before: Option<&AuditedPod>,
+    live: &BTreeMap<String, AuditedPod>,
     found: &mut Findings,
 ) {
     if before.is_none() && view.owned {
@@ -630,7 +630,7 @@ fn observe(
     let newly_bound = view.holds_node() && before.is_none_or(|b| b.node.is_none());
     if newly_bound {
         let node = view.node.as_deref();
-        let others: Vec<&PodView> = live
+        let others: Vec<&AuditedPod> = live
             .values()
             .filter(|p| p.holds_node() && p.node.as_deref() == node)
             .collect();
@@ -644,7 +644,7 @@ pub async fn final_state(client: &Client) -> Result<Findings, kube::Error> {
     let world = World::read(client).await?;
     let pods: Api<Pod> = Api::all(client.clone());
     let list = pods.list(&ListParams::default().labels(LOAD_LABEL)).await?;
-    let views: Vec<PodView> = list.items.iter().map(PodView::from_pod).collect();
+    let views: Vec<AuditedPod> = list.items.iter().map(AuditedPod::from_pod).collect();
     let mut found = Findings::default();
     check_all(&world, &views, &mut found);
     for view in views.iter().filter(|v| v.node.is_none() && !v.terminating) {
@@ -669,7 +669,7 @@ pub async fn unbound(client: &Client) -> Result<usize, kube::Error> {
     Ok(list
         .items
         .iter()
-        .map(PodView::from_pod)
+        .map(AuditedPod::from_pod)
         .filter(|v| v.node.is_none() && !v.terminating)
         .count())
 }
@@ -684,20 +684,20 @@ pub async fn node_errors(
 ) -> Result<Vec<String>, kube::Error> {
     let (world, objects) = World::read_with_objects(client).await?;
     let pods: Api<Pod> = Api::all(client.clone());
-    let views: Vec<PodView> = pods
+    let views: Vec<AuditedPod> = pods
         .list(&ListParams::default())
         .await?
         .items
         .iter()
-        .map(PodView::from_pod)
-        .filter(PodView::holds_node)
+        .map(AuditedPod::from_pod)
+        .filter(AuditedPod::holds_node)
         .collect();
     let nodes: Api<Node> = Api::all(client.clone());
     let mut errors = Vec::new();
     for node in nodes.list(&ListParams::default()).await?.items {
         let name = node.metadata.name.clone().unwrap_or_default();
         let labels = node.metadata.labels.clone().unwrap_or_default();
-        let on_node: Vec<&PodView> = views
+        let on_node: Vec<&AuditedPod> = views
             .iter()
             .filter(|p| p.node.as_deref() == Some(name.as_str()))
             .collect();
