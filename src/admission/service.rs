@@ -4,10 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use serde::Deserialize;
-use serde_json::Value;
-
-use super::review::{AdmissionRequest, AdmissionResponse, Object};
+use super::review::{AdmissionRequest, AdmissionResponse, Object, Policy};
 use super::state::GroupState;
 use crate::names::is_owned_node_key;
 use crate::objects::NodeIndex;
@@ -20,7 +17,8 @@ use crate::placement::pod::PodView;
 use crate::placement::records::{forbidden_changes, unheld_record};
 use crate::placement::warning::bounded;
 use crate::placement::{Decision, Input, Requester, decide};
-use crate::policy::{CompiledPolicy, NamespaceConfig, PlacementPolicy, PolicySet};
+use crate::policy::compile::Labels;
+use crate::policy::{CompiledPolicy, NamespaceConfig, PolicySet};
 
 /// What one admission sees of the cluster (the controller's pass sees
 /// [`crate::controller::context::Snapshot`]).
@@ -101,14 +99,12 @@ pub fn mutate(request: &AdmissionRequest, snapshot: &ReviewState) -> (AdmissionR
     if let Some(refusal) = refuse_unreadable(request) {
         return refusal;
     }
-    if request.is_kind("apps", "DaemonSet")
-        && let Some(object) = request.object.as_ref().and_then(Object::json)
-    {
-        let patch = crate::placement::daemonset::template_patch(
-            object,
-            snapshot.policies,
-            snapshot.namespace,
-        );
+    if let Some(Object::DaemonSet(template)) = &request.object {
+        let patch = template
+            .as_deref()
+            .map_or(json_patch::Patch(Vec::new()), |pod| {
+                crate::placement::daemonset::view_patch(pod, snapshot.policies, snapshot.namespace)
+            });
         let outcome = if patch.0.is_empty() {
             "unchanged"
         } else {
@@ -198,12 +194,8 @@ pub fn validate(
     }
     let problems = match object {
         Object::Pod(pod) if request.is_pod() => pod_problems(request, pod, snapshot),
-        Object::Json(json) if request.is_kind("", "Namespace") => {
-            namespace_problems(json, snapshot.policies)
-        }
-        Object::Json(json) if request.is_kind(crate::names::GROUP, "PlacementPolicy") => {
-            policy_problems(json, snapshot)
-        }
+        Object::Namespace(annotations) => namespace_problems(annotations, snapshot.policies),
+        Object::Policy(policy) => policy_problems(policy, snapshot),
         _ => Problems::default(),
     };
     match problems.denial {
@@ -300,12 +292,8 @@ fn pod_problems(request: &AdmissionRequest, object: &Pod, snapshot: &ReviewState
 }
 
 /// Namespaces: berth annotations must parse; naming an unknown policy is a warning.
-fn namespace_problems(object: &Value, policies: &PolicySet) -> Problems {
-    let annotations = object
-        .pointer("/metadata/annotations")
-        .and_then(|a| serde_json::from_value(a.clone()).ok())
-        .unwrap_or_default();
-    match NamespaceConfig::parse(&annotations) {
+fn namespace_problems(annotations: &Labels, policies: &PolicySet) -> Problems {
+    match NamespaceConfig::parse(annotations) {
         Err(e) => Problems {
             denial: Some(e.to_string()),
             warnings: Vec::new(),
@@ -324,29 +312,25 @@ fn namespace_problems(object: &Value, policies: &PolicySet) -> Problems {
 
 /// PlacementPolicies: what the schema cannot check (globs, selectors, operators),
 /// and warnings for pools that claim nodes another pool already has.
-fn policy_problems(object: &Value, snapshot: &ReviewState) -> Problems {
+fn policy_problems(object: &Policy, snapshot: &ReviewState) -> Problems {
     // The controller's probe of the webhook path (controller::webhook_path): its
     // answer is this refusal, and a probe is never stored.
-    if object
-        .pointer("/metadata/annotations")
-        .and_then(Value::as_object)
-        .is_some_and(|a| a.contains_key(crate::names::WEBHOOK_PROBE_ANNOTATION))
-    {
+    if object.probe {
         return Problems {
             denial: Some(crate::names::WEBHOOK_PROBE_ANSWER.to_owned()),
             warnings: Vec::new(),
         };
     }
-    let policy = match PlacementPolicy::deserialize(object) {
+    let policy = match &object.policy {
         Ok(policy) => policy,
         Err(e) => {
             return Problems {
-                denial: Some(format!("not a valid PlacementPolicy: {e}")),
+                denial: Some(e.clone()),
                 warnings: Vec::new(),
             };
         }
     };
-    let compiled = match CompiledPolicy::compile(&policy) {
+    let compiled = match CompiledPolicy::compile(policy) {
         Ok(compiled) => compiled,
         Err(e) => {
             return Problems {

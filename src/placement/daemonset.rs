@@ -177,11 +177,17 @@ fn template_grants(
 /// tolerates the node's taints and its node affinity admits the node, so pools are
 /// opened and closed to a DaemonSet here, not on its pods.
 pub fn template_patch(daemonset: &Value, policies: &PolicySet, namespace: &NamespaceInfo) -> Patch {
-    let Some(view) = template_pod(daemonset) else {
-        return Patch(Vec::new());
-    };
-    let (grants, _, _) = template_grants(&view, policies, namespace);
-    let mut patch = super::patch::build_patch(&view, &grants);
+    match template_pod(daemonset) {
+        Some(view) => view_patch(&view, policies, namespace),
+        None => Patch(Vec::new()),
+    }
+}
+
+/// [`template_patch`] for the template's pod as admission reads it
+/// ([`super::pod::ReadTemplate`]).
+pub fn view_patch(view: &PodView, policies: &PolicySet, namespace: &NamespaceInfo) -> Patch {
+    let (grants, _, _) = template_grants(view, policies, namespace);
+    let mut patch = super::patch::build_patch(view, &grants);
     // A template's annotations are the user's: leave them alone.
     patch
         .0
