@@ -20,13 +20,12 @@ use axum::body::{Body, Bytes};
 use http_body_util::BodyExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::review::read_cost;
 use super::share::{FairShare, Hold};
 
 /// How much of an unread body is kept to find the uid in.
 const PREFIX: usize = 64 * 1024;
 /// A request whose body and its read cost up to this much (most pods: a few kB of
-/// body, [`READ_COST`](super::review::READ_COST) times that read) is charged to a share of the budget that
+/// body, [`read_cost`](super::review::read_cost)) is charged to a share of the budget that
 /// large requests never use, so a flood of large ones never makes an ordinary pod
 /// wait for room; a costlier one is charged whole to the large share.
 const FREE: usize = 1024 * 1024;
@@ -36,8 +35,8 @@ const SMALL_LEAST: usize = 16 * FREE;
 /// The budget is counted in KiB.
 const UNIT: usize = 1024;
 /// While a body arrives, it holds this many times its size: the bytes, and a first
-/// share of what reading them holds. Once it is whole, it holds [`READ_COST`](super::review::READ_COST) times
-/// its size ([`BodyLimits::charge`]).
+/// share of what reading them holds. Once it is whole, it holds its
+/// [`read_cost`](super::review::read_cost) ([`BodyLimits::charge`]).
 const COST: usize = 2;
 /// The part of the budget kept for the first [`FREE`] of each request's cost.
 const SMALL_PART: usize = 4;
@@ -349,12 +348,11 @@ impl BodyLimits {
         }
     }
 
-    /// Holds what reading a body of `length` bytes, read whole, holds at most
-    /// ([`read_cost`]: [`READ_COST`](super::review::READ_COST) times its length, the bytes included), waiting at most
-    /// `budget_wait`, and not past `answer_by`, for room. The body is whole by
-    /// then, so waiting holds no connection's window.
-    pub async fn charge(&self, held: &mut Held, length: usize, answer_by: Instant) -> Charge {
-        let cost = read_cost(length);
+    /// Holds `cost` bytes of the budget for a body read whole (what reading it holds
+    /// at most, its bytes included: [`read_cost`](super::review::read_cost)),
+    /// waiting at most `budget_wait`, and not past `answer_by`, for room. The body
+    /// is whole by then, so waiting holds no connection's window.
+    pub async fn charge(&self, held: &mut Held, cost: usize, answer_by: Instant) -> Charge {
         let (_, large) = Held::units(cost);
         if large > self.large.capacity() {
             return Charge::Never {
@@ -379,7 +377,6 @@ enum Unread {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::review::READ_COST;
 
     /// A time to answer by that no test reaches.
     fn later() -> Instant {
@@ -478,15 +475,13 @@ mod tests {
             panic!("an ordinary pod waits");
         };
         assert_eq!(
-            limits.charge(&mut free, 40_000 / READ_COST, later()).await,
+            limits.charge(&mut free, 40_000, later()).await,
             Charge::Held
         );
         // What reading a body costs is charged once it is whole: more than is left
         // waits and is refused as busy, more than there is at all is refused.
         assert_eq!(
-            limits
-                .charge(&mut free, (FREE + 300_000) / READ_COST, later())
-                .await,
+            limits.charge(&mut free, FREE + 300_000, later()).await,
             Charge::Busy
         );
         assert!(matches!(
@@ -495,9 +490,7 @@ mod tests {
         ));
         drop(held);
         assert_eq!(
-            limits
-                .charge(&mut free, (FREE + 300_000) / READ_COST, later())
-                .await,
+            limits.charge(&mut free, FREE + 300_000, later()).await,
             Charge::Held
         );
         drop(free);
@@ -505,6 +498,35 @@ mod tests {
             .read(Body::from(vec![b'y'; 600_000]), peer(1), later())
             .await;
         assert!(matches!(third, ReadBody::Whole(..)));
+    }
+
+    /// String content is charged by its length only, whatever bytes it holds: a
+    /// review of strings up to the body limit (19 MiB) is read within the default
+    /// budget (128 MiB), commas, quotes and escapes included.
+    #[tokio::test]
+    async fn a_review_of_strings_up_to_the_limit_is_read_within_the_default_budget() {
+        use crate::admission::review::{items, read_cost};
+        let limits = BodyLimits::new(19 << 20, 128 << 20, Duration::from_secs(5));
+        let review = |value: &str| {
+            format!(
+                r#"{{"kind":"AdmissionReview","request":{{"object":{{"spec":{{"containers":
+                [{{"env":[{{"name":"X","value":"{value}"}}]}}]}}}}}}}}"#
+            )
+        };
+        let plain = review("x");
+        for content in [",", r#"\""#, r#"\u003c"#, "[{"] {
+            let body = review(&content.repeat(((19 << 20) - plain.len()) / content.len()));
+            assert!(body.len() <= 19 << 20);
+            assert_eq!(items(body.as_bytes()), items(plain.as_bytes()), "{content}");
+            let read = limits
+                .read(Body::from(body.clone()), peer(1), later())
+                .await;
+            let ReadBody::Whole(_, mut held) = read else {
+                panic!("{content}: not read whole");
+            };
+            let cost = read_cost(body.as_bytes());
+            assert_eq!(limits.charge(&mut held, cost, later()).await, Charge::Held);
+        }
     }
 
     #[tokio::test]

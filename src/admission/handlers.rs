@@ -305,9 +305,13 @@ async fn admit(
     let Some(turn) = state.limits.cpu_turn(body.len(), answer_by).await else {
         return late(state, path, started, &body);
     };
-    // Charged by its length before it is read: what reading it holds is at most
-    // `READ_COST` times that, whatever its shape.
-    match state.limits.charge(&mut held, body.len(), answer_by).await {
+    // Charged before it is read: what reading it holds is at most its read cost,
+    // whatever its shape (counted in the review's turn: a pass over its bytes).
+    let counted = body.clone();
+    let Some(cost) = turn.run(move || review::read_cost(&counted)).await else {
+        return late(state, path, started, &body);
+    };
+    match state.limits.charge(&mut held, cost, answer_by).await {
         Charge::Held => {}
         Charge::Busy => return busy(state, path, started, &body),
         Charge::Never { cost, most } => {

@@ -10,8 +10,7 @@
 //! any range), `status`, a container's env and probes. An object berth cannot read
 //! still leaves the uid, read apart, to answer with a denial. The lists berth walks
 //! are read within their bounds ([`crate::placement::bounds`]), so what a read holds
-//! is at most [`READ_COST`] times the body's length, which is what the memory
-//! budget charges it. Every answer is a 200 AdmissionReview echoing the request's
+//! is at most its [`read_cost`], which is what the memory budget charges it. Every answer is a 200 AdmissionReview echoing the request's
 //! uid; `patchType` is set exactly when a patch is.
 
 use base64::Engine;
@@ -27,24 +26,83 @@ use crate::policy::{PlacementPolicy, PlacementPolicySpec};
 
 const API_VERSION: &str = "admission.k8s.io/v1";
 
-/// What reading a review holds in memory, at most, per byte of its body (the body
-/// included): the memory budget charges a review [`read_cost`] of its length
-/// before it is read ([`super::body::BodyLimits::charge`]), and keeps no other
-/// count. The test `the_worst_reviews_hold_at_most_their_read_cost` pins it: the
-/// shapes that hold most per byte within berth's bounds (lists of `{}` one past a
-/// power of two, empty strings, many short keys), counted by the allocator while
-/// they are read. Lists of structs large and unbounded, or any JSON value kept
-/// whole, would break it: read within a bound ([`crate::placement::pod`]).
-pub const READ_COST: usize = 48;
+/// What reading a review may hold, the body included, charged to the memory
+/// budget before it is read ([`super::body::BodyLimits::charge`]); no other count
+/// is kept. It is an upper bound by what reading allocates, whatever the JSON:
+///
+/// - the body, and the strings read out of it: a string's content is never longer
+///   than its JSON (escapes only shorten it), and serde_json unescapes into one
+///   scratch buffer that may grow to twice the longest string and, while it
+///   grows, hold the old buffer too: at most [`PER_BYTE`] times the length;
+/// - each value kept in a list, a map or a struct: a slot in its `Vec` (up to
+///   three times its size while the `Vec` doubles) or its share of a B-tree node.
+///   Every such value is an item of an array or a member of an object, so it
+///   follows a `[`, `{` or `,` outside strings ([`items`]): at most [`PER_ITEM`]
+///   each;
+/// - the bounded lists of the largest items ([`crate::bounds`]: containers,
+///   node-selector requirements), which may hold more per item than [`PER_ITEM`]
+///   while they double, but never more than [`LEAST`] over it in all.
+///
+/// String content costs the length only, however many commas or quotes it holds:
+/// a review up to the body limit (19 MiB) of strings is read within the default
+/// budget. The test `the_worst_reviews_hold_at_most_their_read_cost` pins the
+/// constants: the shapes that hold most per byte and per item, counted by the
+/// allocator while they are read. A JSON value kept whole, or a list of large
+/// structs read without a bound, would break it: read within a bound
+/// ([`crate::placement::pod`]).
+pub fn read_cost(body: &[u8]) -> usize {
+    let items = items(body).saturating_mul(PER_ITEM);
+    LEAST
+        .saturating_add(body.len().saturating_mul(PER_BYTE))
+        .saturating_add(items)
+}
 
-/// The least length a review is charged for: a short one may still fill every
-/// bounded list (128 containers of `{}` take 400 bytes and hold 30 kB), which costs
-/// at most this many bytes times [`READ_COST`] whatever its length.
-pub const LEAST_CHARGED: usize = 4 * 1024;
+/// Per byte of the body: the body itself, a string's content copied out of it,
+/// and serde_json's scratch buffer for a string with escapes (up to twice its
+/// content while it doubles, the old buffer held as it grows). The worst shape,
+/// a kept string of escapes one byte past a power of two, holds 3.9 per byte.
+pub const PER_BYTE: usize = 4;
+/// Per item or member: a `Vec` slot of a `String` (24 bytes, up to three times
+/// that while the `Vec` doubles) or a map entry of two (a B-tree node holds up to
+/// 11 in 540 bytes, and at least 5). Measured, maps of empty strings hold about
+/// 65 per item; a B-tree at its least fill would hold about 105.
+pub const PER_ITEM: usize = 128;
+/// What any review is charged besides: the lists of large structs berth reads are
+/// bounded ([`crate::bounds`]), and at their bounds hold more than their items
+/// are charged, by about 32 KiB (two lists of containers, about 200 bytes each).
+pub const LEAST: usize = 64 * 1024;
 
-/// What reading a body of `length` bytes holds at most, the body included.
-pub fn read_cost(length: usize) -> usize {
-    length.max(LEAST_CHARGED).saturating_mul(READ_COST)
+/// The items and members of the body's arrays and objects, counted by the bytes
+/// that may open one outside strings (`[`, `{` and `,`; an empty `[]` or `{}`
+/// counts too, and a struct may be read from it). Strings are stepped over as
+/// serde_json reads them, to the first quote not escaped, so their content costs
+/// nothing here whatever it holds; where the JSON is malformed, serde_json stops
+/// reading at the first error, and what it read before is counted all the same.
+pub fn items(body: &[u8]) -> usize {
+    let structural = |bytes: &[u8]| {
+        bytes
+            .iter()
+            .filter(|&&b| matches!(b, b'[' | b'{' | b','))
+            .count()
+    };
+    let mut count = 0;
+    let mut rest = body;
+    while let Some(quote) = memchr::memchr(b'"', rest) {
+        count += structural(&rest[..quote]);
+        rest = &rest[quote + 1..];
+        // In a string: to its closing quote, an escape's next byte stepped over.
+        loop {
+            match memchr::memchr2(b'"', b'\\', rest) {
+                Some(at) if rest[at] == b'\\' => rest = rest.get(at + 2..).unwrap_or_default(),
+                Some(at) => {
+                    rest = &rest[at + 1..];
+                    break;
+                }
+                None => return count,
+            }
+        }
+    }
+    count + structural(rest)
 }
 
 /// What the apiserver asks about one object.
@@ -189,7 +247,7 @@ impl Decided {
     }
 }
 
-/// Reads a request body (charged to the budget before, [`READ_COST`]); the error
+/// Reads a request body (charged to the budget before, [`read_cost`]); the error
 /// is the reason for a 400.
 pub fn parse(body: &[u8]) -> Result<AdmissionRequest, String> {
     // JSON is UTF-8, in the parts berth skips too (serde_json reads past a stray
@@ -945,11 +1003,15 @@ mod tests {
     }
 
     /// What reading a review holds is at most its `read_cost`, the body included,
-    /// for the shapes that hold most per byte within berth's bounds: lists of
-    /// empty objects (each a struct of up to two hundred bytes) and of empty
-    /// strings, one item past a power of two (the list's growth by doubling), at
-    /// and over their bound; many short keys; every bounded list at its bound, or
-    /// one past half of it, at once; and the least review of each kind.
+    /// for the shapes that hold most per byte, per item and in all within berth's
+    /// bounds: lists of empty objects (each a struct of up to two hundred bytes)
+    /// and of empty strings, one item past a power of two (the list's growth by
+    /// doubling), at and over their bound; maps of short keys, filled from either
+    /// end; every bounded list at its bound, or one past half of it, at once; the
+    /// least review of each kind; and strings berth keeps, of commas, of escaped
+    /// quotes, and with escapes that grow serde_json's scratch buffer. The worst
+    /// per byte (the last) holds 97% of its charge; the worst per item (maps of
+    /// empty strings) about 65 bytes of [`PER_ITEM`]'s 128.
     #[test]
     fn the_worst_reviews_hold_at_most_their_read_cost() {
         let many = |item: &str, n: usize| vec![item; n].join(",");
@@ -1035,7 +1097,33 @@ mod tests {
                 &format!(r#""groups":[{}]"#, many(r#""""#, 16_385)),
             ),
         ]);
-        for n in [5, 33, 65] {
+        // Maps filled from the right and from the left (B-tree nodes split there
+        // half full), and strings berth keeps: of the bytes the count steps over,
+        // and with escapes, unescaped into serde_json's scratch buffer as it
+        // doubles (its content one byte past a power of two).
+        let backwards: Vec<String> = (0..16_385)
+            .rev()
+            .map(|i| format!(r#""{i:05}":"""#))
+            .collect();
+        let escaped = format!("{}ab", format!("{}\\n", "a".repeat(63)).repeat(1 << 14));
+        let strings = [",".repeat(1 << 20), r#"\""#.repeat(1 << 19), escaped];
+        bodies.push(review(&format!(
+            r#"{{"spec":{{"nodeSelector":{{{}}}}}}}"#,
+            backwards.join(",")
+        )));
+        for content in &strings {
+            bodies.extend([
+                review(&format!(
+                    r#"{{"metadata":{{"labels":{{"a":"{content}"}}}}}}"#
+                )),
+                review_of(
+                    "",
+                    "Namespace",
+                    &format!(r#"{{"metadata":{{"annotations":{{"{content}":"{content}"}}}}}}"#),
+                ),
+            ]);
+        }
+        for n in [5, 33, 65, 16_385] {
             let selector = format!(r#"{{"matchExpressions":[{}]}}"#, many("{}", n));
             let spec = format!(
                 r#"{{"namespaceSelector":{selector},"podSelector":{selector},"avoid":{selector},
@@ -1050,12 +1138,13 @@ mod tests {
         let mut worst = (0.0, 0);
         for body in &bodies {
             let held = held_reading(body) + body.len();
-            let share = held as f64 / read_cost(body.len()) as f64;
+            let cost = read_cost(body.as_bytes());
+            let share = held as f64 / cost as f64;
             if share > worst.0 {
                 worst = (share, body.len());
             }
             assert!(
-                held <= read_cost(body.len()),
+                held <= cost,
                 "{held} bytes held reading {} bytes: {}",
                 body.len(),
                 &body[..body.len().min(300)]

@@ -91,8 +91,8 @@ impl<T> std::ops::Deref for Present<T> {
 ///
 /// Hand-written (one visitor): a derived `Vec` would build every item before the
 /// bound is checked, and an item of a few bytes (`{}`) becomes a struct of a
-/// hundred, so what a review costs would no longer be a small multiple of its
-/// length (see `crate::admission::review::READ_COST`).
+/// hundred, so what a review holds would no longer be within what it is charged
+/// (see `crate::admission::review::read_cost`).
 #[derive(Debug, Clone, Default)]
 struct Bounded<T, const MOST: usize, R = T> {
     items: Vec<T>,
