@@ -97,8 +97,8 @@ pub const LEAST: usize = 64 * 1024;
 /// nothing here whatever it holds; where the JSON is malformed, serde_json stops
 /// reading at the first error, and what it read before is counted all the same.
 pub fn items(body: &[u8]) -> usize {
-    // One plain loop: faster than memchr's calls between short strings (by 20x
-    // on the bench's review), and on long ones a tenth of reading them.
+    // One plain loop, about a nanosecond a byte: faster than memchr's calls
+    // between short strings (by 4x on the bench's review).
     let (mut count, mut in_string, mut escaped) = (0, false, false);
     for &byte in body {
         if escaped {
