@@ -20,9 +20,8 @@ use std::sync::Arc;
 use axum::Json;
 use axum::body::Bytes;
 use axum::routing::post;
-use berth::admission::body::BodyLimits;
 use berth::admission::handlers::router;
-use berth::admission::review::read_within;
+use berth::admission::review::parse;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
@@ -51,12 +50,9 @@ fn allowed(uid: String) -> Json<Value> {
     )
 }
 
-/// Reads the review as berth reads a small one (in one pass, what it builds
-/// counted), then allows it.
+/// Reads the review as berth reads it, then allows it.
 async fn read_then_allow(body: Bytes) -> Json<Value> {
-    let allowance = BodyLimits::free_allowance(body.len());
-    let (request, _built) = read_within(&body, allowance).expect("read in one pass");
-    allowed(request.expect("a review").uid)
+    allowed(parse(&body).expect("a review").uid)
 }
 
 /// How much of berth's work a floor server does with each review.

@@ -273,19 +273,8 @@ fn warnings_are_short(warnings: &[String]) {
 
 fuzz_target!(|data: &[u8]| {
     // The admission edge sees the bytes first.
-    let parsed = berth::admission::review::parse(data);
-    // A read within an allowance stops on it, or reads what the whole read does,
-    // having counted no more than the walk that costs a review before it is read.
-    let allowance = data.len().wrapping_mul(7) % (64 * 1024);
-    if let Ok((within, built)) = berth::admission::review::read_within(data, allowance) {
-        assert!(built <= allowance);
-        assert!(built <= berth::admission::cost::parse_cost(data));
-        assert_eq!(format!("{within:?}"), format!("{parsed:?}"));
-    }
+    let _ = berth::admission::review::parse(data);
     let _ = berth::admission::review::uid_from_prefix(data);
-    if let Ok(text) = std::str::from_utf8(data) {
-        let _ = berth::lenient::read_json(text, berth::lenient::Skip::Status);
-    }
     let (pod_bytes, config) = match data.iter().rposition(|&b| b == 0) {
         Some(i) => (&data[..i], Some(&data[i + 1..])),
         None => (data, None),

@@ -24,19 +24,19 @@ use super::share::{FairShare, Hold};
 
 /// How much of an unread body is kept to find the uid in.
 const PREFIX: usize = 64 * 1024;
-/// A request whose body and JSON cost up to this much (most pods: a few kB of body,
-/// some tens of kB read) is charged to a share of the budget that large requests
-/// never use, so a flood of large ones never makes an ordinary pod wait for room;
-/// a costlier one is charged whole to the large share.
-const FREE: usize = 256 * 1024;
+/// A request whose body and its read cost up to this much (most pods: a few kB of
+/// body, [`read_cost`](super::review::read_cost)) is charged to a share of the budget that
+/// large requests never use, so a flood of large ones never makes an ordinary pod
+/// wait for room; a costlier one is charged whole to the large share.
+const FREE: usize = 1024 * 1024;
 /// The least the small share holds: room for many ordinary requests at once,
 /// whatever the budget.
 const SMALL_LEAST: usize = 16 * FREE;
 /// The budget is counted in KiB.
 const UNIT: usize = 1024;
 /// While a body arrives, it holds this many times its size: the bytes, and a first
-/// share of the JSON read from them. Once it is whole, it holds what reading it
-/// costs ([`BodyLimits::charge`]).
+/// share of what reading them holds. Once it is whole, it holds its
+/// [`read_cost`](super::review::read_cost) ([`BodyLimits::charge`]).
 const COST: usize = 2;
 /// The part of the budget kept for the first [`FREE`] of each request's cost.
 const SMALL_PART: usize = 4;
@@ -92,16 +92,10 @@ impl BodyLimits {
         length <= INLINE
     }
 
-    /// What reading a body of `length` bytes may build and still take nothing from
-    /// the budget (see [`super::review::read_within`]).
-    pub fn free_allowance(length: usize) -> usize {
-        FREE.saturating_sub(length)
-    }
-
     /// The turn on a core in which a review of `length` bytes is read and decided,
     /// if one comes free by `answer_by`: a small review's (read and decided at
     /// once, on the async worker that received it) is always free; a large one
-    /// holds one of the CPU slots from its first walk to its decision.
+    /// holds one of the CPU slots from its charge to its decision.
     ///
     /// Holding the slot across the steps is what keeps a flood of large reviews
     /// answering: with a slot taken per step, each review would wait behind every
@@ -114,7 +108,7 @@ impl BodyLimits {
     /// and may wait there for the budget with its core idle. It keeps the core: no
     /// review is charged outside a turn, so the budget it waits for is freed only by
     /// another turn's end or by a queued body given up, and the reviews in line
-    /// could do no more than their own cost walk before they too waited for it.
+    /// could do nothing before they too waited for it.
     pub async fn cpu_turn(&self, length: usize, answer_by: Instant) -> Option<CpuTurn> {
         let slot = if Self::is_small(length) {
             None
@@ -269,8 +263,8 @@ pub enum Charge {
     Held,
     /// Other requests hold the budget, and did for the whole wait.
     Busy,
-    /// It needs more than the whole budget, which is this many bytes.
-    Never(usize),
+    /// It needs `cost` bytes, more than the whole budget, `most` bytes.
+    Never { cost: usize, most: usize },
 }
 
 /// A body as read.
@@ -354,14 +348,17 @@ impl BodyLimits {
         }
     }
 
-    /// Holds at least `cost` bytes of the budget for a body read whole (its bytes and
-    /// what reading it costs, [`super::cost::parse_cost`]), waiting at most
-    /// `budget_wait`, and not past `answer_by`, for room. The body is whole by
-    /// then, so waiting holds no connection's window.
+    /// Holds `cost` bytes of the budget for a body read whole (what reading it holds
+    /// at most, its bytes included: [`read_cost`](super::review::read_cost)),
+    /// waiting at most `budget_wait`, and not past `answer_by`, for room. The body
+    /// is whole by then, so waiting holds no connection's window.
     pub async fn charge(&self, held: &mut Held, cost: usize, answer_by: Instant) -> Charge {
         let (_, large) = Held::units(cost);
         if large > self.large.capacity() {
-            return Charge::Never(self.large.capacity() as usize * UNIT);
+            return Charge::Never {
+                cost,
+                most: self.large.capacity() as usize * UNIT,
+            };
         }
         let until = answer_by.min(Instant::now() + self.budget_wait);
         if held.cover_until(cost, Some(until)).await {
@@ -452,10 +449,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_spent_budget_refuses_large_bodies_but_never_small_ones() {
-        let mut limits = BodyLimits::new(400_000, 0, Duration::from_secs(5));
+        let mut limits = BodyLimits::new(1_000_000, 0, Duration::from_secs(5));
         limits.budget_wait = Duration::from_millis(50);
         let ReadBody::Whole(_, held) = limits
-            .read(Body::from(vec![b'x'; 400_000]), peer(1), later())
+            .read(Body::from(vec![b'x'; 1_000_000]), peer(1), later())
             .await
         else {
             panic!("read");
@@ -464,7 +461,7 @@ mod tests {
         // now, and is given up at once rather than left half read, but its first
         // bytes are kept, to answer by its uid.
         let second = limits
-            .read(Body::from(vec![b'y'; 200_000]), peer(1), later())
+            .read(Body::from(vec![b'y'; 600_000]), peer(1), later())
             .await;
         let ReadBody::Busy(prefix) = second else {
             panic!("the second body is read while the budget is spent");
@@ -489,7 +486,7 @@ mod tests {
         );
         assert!(matches!(
             limits.charge(&mut free, 10 << 20, later()).await,
-            Charge::Never(_)
+            Charge::Never { .. }
         ));
         drop(held);
         assert_eq!(
@@ -498,9 +495,38 @@ mod tests {
         );
         drop(free);
         let third = limits
-            .read(Body::from(vec![b'y'; 200_000]), peer(1), later())
+            .read(Body::from(vec![b'y'; 600_000]), peer(1), later())
             .await;
         assert!(matches!(third, ReadBody::Whole(..)));
+    }
+
+    /// String content is charged by its length only, whatever bytes it holds: a
+    /// review of strings up to the body limit (19 MiB) is read within the default
+    /// budget (128 MiB), commas, quotes and escapes included.
+    #[tokio::test]
+    async fn a_review_of_strings_up_to_the_limit_is_read_within_the_default_budget() {
+        use crate::admission::review::{items, read_cost};
+        let limits = BodyLimits::new(19 << 20, 128 << 20, Duration::from_secs(5));
+        let review = |value: &str| {
+            format!(
+                r#"{{"kind":"AdmissionReview","request":{{"object":{{"spec":{{"containers":
+                [{{"env":[{{"name":"X","value":"{value}"}}]}}]}}}}}}}}"#
+            )
+        };
+        let plain = review("x");
+        for content in [",", r#"\""#, r#"\u003c"#, "[{"] {
+            let body = review(&content.repeat(((19 << 20) - plain.len()) / content.len()));
+            assert!(body.len() <= 19 << 20);
+            assert_eq!(items(body.as_bytes()), items(plain.as_bytes()), "{content}");
+            let read = limits
+                .read(Body::from(body.clone()), peer(1), later())
+                .await;
+            let ReadBody::Whole(_, mut held) = read else {
+                panic!("{content}: not read whole");
+            };
+            let cost = read_cost(body.as_bytes());
+            assert_eq!(limits.charge(&mut held, cost, later()).await, Charge::Held);
+        }
     }
 
     #[tokio::test]
@@ -533,10 +559,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_peer_holding_less_takes_the_budget_from_a_body_still_arriving() {
-        let limits = BodyLimits::new(400_000, 0, Duration::from_secs(5));
+        let limits = BodyLimits::new(2_000_000, 0, Duration::from_secs(5));
         // Another peer's body has taken the whole large share and sends no more.
         let (sender, body) = channel();
-        sender.send(Bytes::from(vec![b'x'; 400_000])).await.unwrap();
+        sender
+            .send(Bytes::from(vec![b'x'; 2_000_000]))
+            .await
+            .unwrap();
         let slow = tokio::spawn({
             let limits = limits.clone();
             async move { limits.read(body, peer(2), later()).await }
@@ -547,7 +576,7 @@ mod tests {
         // The apiserver's large review, from a peer that holds nothing, takes its
         // equal share: the slow body is refused as busy, not the review.
         let review = limits
-            .read(Body::from(vec![b'y'; 150_000]), peer(1), later())
+            .read(Body::from(vec![b'y'; 600_000]), peer(1), later())
             .await;
         assert!(
             matches!(review, ReadBody::Whole(..)),
@@ -563,7 +592,7 @@ mod tests {
         limits.cpu = Arc::new(Semaphore::new(1));
         let large = INLINE + 1;
         let first = limits.cpu_turn(large, later()).await.expect("a free core");
-        assert_eq!(first.run(|| 1).await, Some(1), "its walk");
+        assert_eq!(first.run(|| 1).await, Some(1), "its read");
         // A later review finds the core taken between the first one's steps, and
         // waits until its own deadline, no longer.
         let answer_by = Instant::now() + Duration::from_millis(100);

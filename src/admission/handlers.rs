@@ -18,8 +18,7 @@ use tokio::time::Instant;
 use tracing::Span;
 use tracing::field::Empty;
 
-use super::body::{BodyLimits, Charge, CpuTurn, Held, ReadBody};
-use super::cost;
+use super::body::{BodyLimits, Charge, Held, ReadBody};
 use super::review::{self, AdmissionRequest, AdmissionResponse};
 use super::server::{Caller, Trust};
 use super::service::{self, ReviewState, Verdict};
@@ -292,54 +291,6 @@ fn unread(
     answer(response)
 }
 
-/// A review's body, not read yet, and why the quick read gave up on it, if it
-/// tried.
-struct Unread<'b> {
-    body: &'b Bytes,
-    tried: Option<review::GaveUp>,
-}
-
-/// Reads a review once what reading it costs is charged to the budget: the walk
-/// ([`cost::parse_cost`]) finds the cost without allocating. Both run in the
-/// review's `turn`. The answer when it cannot be read by `answer_by` or within the
-/// budget.
-async fn read_charged(
-    state: &AppState,
-    path: &str,
-    started: std::time::Instant,
-    Unread { body, tried }: Unread<'_>,
-    turn: &CpuTurn,
-    held: &mut Held,
-    answer_by: Instant,
-) -> Result<Result<AdmissionRequest, String>, Response> {
-    let limits = &state.limits;
-    let scanned = body.clone();
-    let Some(cost) = turn.run(move || cost::parse_cost(&scanned)).await else {
-        return Err(late(state, path, started, body));
-    };
-    match limits
-        .charge(held, body.len().saturating_add(cost), answer_by)
-        .await
-    {
-        Charge::Held => {}
-        Charge::Busy => return Err(busy(state, path, started, body)),
-        Charge::Never(most) => {
-            let reason = format!(
-                "berth refuses a review whose JSON takes about {} MiB to read: all requests \
-                 being decided share {} MiB",
-                cost >> 20,
-                most >> 20
-            );
-            let why = ("too_large", StatusCode::PAYLOAD_TOO_LARGE, reason);
-            return Err(unread(state, path, started, body, why));
-        }
-    }
-    let read = body.clone();
-    turn.run(move || review::parse_after(&read, tried))
-        .await
-        .ok_or_else(|| late(state, path, started, body))
-}
-
 /// Reads, decides and answers one review, whose body has arrived, by
 /// `answer_by`. A decision is linear in a pod within berth's bounds; the time
 /// limit is the backstop.
@@ -351,28 +302,32 @@ async fn admit(
     answer_by: Instant,
     started: std::time::Instant,
 ) -> Response {
-    let small = BodyLimits::is_small(body.len());
     let Some(turn) = state.limits.cpu_turn(body.len(), answer_by).await else {
         return late(state, path, started, &body);
     };
-    // A small review is read at once, what it builds counted as it reads: one that
-    // builds no more than takes nothing from the budget needs no walk. Any other
-    // (costlier, larger, or not read in one pass) is costed first, and read once
-    // charged.
-    let quick = small.then(|| review::read_within(&body, BodyLimits::free_allowance(body.len())));
-    let parsed = match quick {
-        Some(Ok((parsed, _built))) => parsed,
-        tried => {
-            let unread = Unread {
-                body: &body,
-                tried: tried.and_then(Result::err),
-            };
-            let charged = read_charged(state, path, started, unread, &turn, &mut held, answer_by);
-            match charged.await {
-                Ok(parsed) => parsed,
-                Err(refused) => return refused,
-            }
+    // Charged before it is read: what reading it holds is at most its read cost,
+    // whatever its shape (counted in the review's turn: a pass over its bytes).
+    let counted = body.clone();
+    let Some(cost) = turn.run(move || review::read_cost(&counted)).await else {
+        return late(state, path, started, &body);
+    };
+    match state.limits.charge(&mut held, cost, answer_by).await {
+        Charge::Held => {}
+        Charge::Busy => return busy(state, path, started, &body),
+        Charge::Never { cost, most } => {
+            let reason = format!(
+                "berth refuses a review whose JSON takes about {} MiB to read: all requests \
+                 being decided share {} MiB",
+                cost >> 20,
+                most >> 20
+            );
+            let why = ("too_large", StatusCode::PAYLOAD_TOO_LARGE, reason);
+            return unread(state, path, started, &body, why);
         }
+    }
+    let read = body.clone();
+    let Some(parsed) = turn.run(move || review::parse(&read)).await else {
+        return late(state, path, started, &body);
     };
     let request = match parsed {
         Ok(request) => {

@@ -3,7 +3,6 @@
 
 pub mod body;
 pub mod cel;
-pub mod cost;
 pub mod handlers;
 pub mod review;
 pub mod server;

@@ -1,27 +1,124 @@
-//! `admission.k8s.io/v1` AdmissionReview, read and written by hand.
+//! `admission.k8s.io/v1` AdmissionReview: read once, typed, and answered.
 //!
-//! A Pod is read straight from the review's bytes into berth's view of it
-//! ([`PodObject`]: the fields berth decides on, and which objects and lists the pod
-//! has, for the patch), and nothing else of it is kept: no JSON value is built to
-//! be read again and dropped. Every other object stays JSON (`serde_json::Value`),
-//! read leniently. Either way `metadata.managedFields` (free-form, any depth,
-//! timestamps a user may set out of any range), `status` and all berth neither
-//! reads nor patches are stepped over without being parsed, and the object is read
-//! apart from the envelope, so an object berth cannot read still leaves the uid to
-//! answer with a denial. Every answer is a 200 AdmissionReview echoing the
-//! request's uid; `patchType` is set exactly when a patch is.
+//! The envelope is read with the object and the old object left raw (borrowed from
+//! the body, stepped over rather than parsed), then each object on its own into the
+//! one type berth decides on for the request's kind: a Pod into the one pod model
+//! ([`PodObject`], by its one reader); a DaemonSet as [`DaemonSetObject`] (its
+//! template that same pod); a Namespace's annotations; a PlacementPolicy. Every field those types do not name is skipped unparsed, and
+//! serde_json skips a value without recursion, so no depth there can fail the read:
+//! `metadata.managedFields` (free-form, any depth, timestamps a user may set out of
+//! any range), `status`, a container's env and probes. An object berth cannot read
+//! still leaves the uid, read apart, to answer with a denial. The lists berth walks
+//! are read within their bounds ([`crate::placement::bounds`]), so what a read holds
+//! is at most its [`read_cost`], which is what the memory budget charges it. Every answer is a 200 AdmissionReview echoing the request's
+//! uid; `patchType` is set exactly when a patch is.
 
 use base64::Engine;
-use serde::de::{DeserializeSeed, Error, IgnoredAny, MapAccess, Visitor};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use crate::lenient::{Key, LenientObject, Meter, OptionSeed, Skip};
-use crate::objects::PodObject;
 use crate::objects::pod::ReadPod;
+use crate::objects::{DaemonSetObject, PodObject};
+use crate::policy::compile::Labels;
+use crate::policy::{PlacementPolicy, PlacementPolicySpec};
 
 const API_VERSION: &str = "admission.k8s.io/v1";
+
+/// What reading a review may hold, the body included, charged to the memory
+/// budget before it is read ([`super::body::BodyLimits::charge`]); no other count
+/// is kept. It is an upper bound by what reading allocates, whatever the JSON:
+///
+/// - the body, and the strings read out of it: a string's content is never longer
+///   than its JSON (escapes only shorten it), and serde_json unescapes into one
+///   scratch buffer that may grow to twice the longest string and, while it
+///   grows, hold the old buffer too: at most [`PER_BYTE`] times the length;
+/// - each value kept in a list, a map or a struct: a slot in its `Vec` (up to
+///   three times its size while the `Vec` doubles) or its share of a B-tree node.
+///   Every such value is an item of an array or a member of an object, so it
+///   follows a `[`, `{` or `,` outside strings ([`items`]): at most [`PER_ITEM`]
+///   each;
+/// - the bounded lists of the largest items ([`crate::bounds`]: containers,
+///   node-selector requirements), which may hold more per item than [`PER_ITEM`]
+///   while they double, but never more than [`LEAST`] over it in all.
+///
+/// In a review over 64 KiB, string content costs its length only, however many
+/// commas or quotes it holds: a review up to the body limit (19 MiB) of strings
+/// is read within the default budget. The test `the_worst_reviews_hold_at_most_their_read_cost` pins the
+/// constants: the shapes that hold most per byte and per item, counted by the
+/// allocator while they are read. A JSON value kept whole, or a list of large
+/// structs read without a bound, would break it: read within a bound
+/// ([`crate::objects::pod`]).
+pub fn read_cost(body: &[u8]) -> usize {
+    // A small review (read at once, on the async worker) counts those bytes in its
+    // strings too, in a pass a twentieth of the time of stepping over strings (0.2
+    // against 5 µs on the bench's review): an upper bound still, its strings adding
+    // at most 128 times 64 KiB, which the budget holds. A large one steps over
+    // strings, so that string content costs its length only.
+    let items = if super::body::BodyLimits::is_small(body.len()) {
+        body.chunks(255)
+            .map(|chunk| chunk.iter().fold(0u8, |n, &b| n + u8::from(opens(b))))
+            .map(usize::from)
+            .sum()
+    } else {
+        items(body)
+    };
+    let items = items.saturating_mul(PER_ITEM);
+    LEAST
+        .saturating_add(body.len().saturating_mul(PER_BYTE))
+        .saturating_add(items)
+}
+
+/// Whether `byte` may open an item or a member: `[`, `{` or `,`.
+fn opens(byte: u8) -> bool {
+    matches!(byte, b'[' | b'{' | b',')
+}
+
+/// Per byte of the body: the body itself, a string's content copied out of it,
+/// and serde_json's scratch buffer for a string with escapes (up to twice its
+/// content while it doubles, the old buffer held as it grows). The worst shape,
+/// a kept string of escapes one byte past a power of two, holds 3.9 per byte.
+pub const PER_BYTE: usize = 4;
+/// Per item or member: a `Vec` slot of a `String` (24 bytes, up to three times
+/// that while the `Vec` doubles) or a map entry of two (a B-tree node holds up to
+/// 11 in 540 bytes, and at least 5). Measured, maps of empty strings hold about
+/// 65 per item; a B-tree at its least fill would hold about 105.
+pub const PER_ITEM: usize = 128;
+/// What any review is charged besides: the lists of large structs berth reads are
+/// bounded ([`crate::bounds`]), and at their bounds hold more than their items
+/// are charged, by about 32 KiB (two lists of containers, about 200 bytes each).
+pub const LEAST: usize = 64 * 1024;
+
+/// The items and members of the body's arrays and objects, counted by the bytes
+/// that may open one outside strings (`[`, `{` and `,`; an empty `[]` or `{}`
+/// counts too, and a struct may be read from it). Strings are stepped over as
+/// serde_json reads them, to the first quote not escaped, so their content costs
+/// nothing here whatever it holds; where the JSON is malformed, serde_json stops
+/// reading at the first error, and what it read before is counted all the same.
+pub fn items(body: &[u8]) -> usize {
+    // One plain loop, about a nanosecond a byte: faster than memchr's calls
+    // between short strings (by 4x on the bench's review).
+    let (mut count, mut in_string, mut escaped) = (0, false, false);
+    for &byte in body {
+        if escaped {
+            escaped = false;
+        } else if in_string {
+            match byte {
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match byte {
+                b'"' => in_string = true,
+                _ => count += usize::from(opens(byte)),
+            }
+        }
+    }
+    count
+}
 
 /// What the apiserver asks about one object.
 #[derive(Debug, Clone)]
@@ -36,7 +133,8 @@ pub struct AdmissionRequest {
     pub user_info: UserInfo,
     /// A server-side dry run: berth then writes nothing to the cluster.
     pub dry_run: bool,
-    /// The object, read leniently (see the module comment).
+    /// The object, read as berth reads its kind (none for kinds it does not decide
+    /// on).
     pub object: Option<Object>,
     pub old_object: Option<Object>,
     /// Why the object (or the old object) could not be read; berth then refuses.
@@ -50,24 +148,31 @@ pub enum Object {
     /// why berth cannot read it (a field it needs of the wrong shape, a list over
     /// its bound): the pod is then refused.
     Pod(Box<Result<PodObject, String>>),
-    /// An object of any other kind, as JSON.
-    Json(Value),
+    /// A DaemonSet, its template read as a pod; none when berth cannot read it (it
+    /// then patches nothing).
+    DaemonSet(Option<Box<DaemonSetObject>>),
+    /// A Namespace: its annotations (none when they are not a map of strings).
+    Namespace(Labels),
+    /// A PlacementPolicy.
+    Policy(Box<Policy>),
 }
 
 impl Object {
     pub fn pod(&self) -> Option<&Result<PodObject, String>> {
         match self {
             Object::Pod(pod) => Some(pod.as_ref()),
-            Object::Json(_) => None,
+            _ => None,
         }
     }
+}
 
-    pub fn json(&self) -> Option<&Value> {
-        match self {
-            Object::Json(value) => Some(value),
-            Object::Pod(_) => None,
-        }
-    }
+/// A PlacementPolicy under review.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// It carries the controller's probe annotation (`controller::webhook_path`).
+    pub probe: bool,
+    /// The policy, or why it is not a valid one.
+    pub policy: Result<PlacementPolicy, String>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -94,33 +199,21 @@ impl AdmissionRequest {
     }
 
     pub fn is_kind(&self, group: &str, kind: &str) -> bool {
-        self.kind.group == group && self.kind.kind == kind && self.sub_resource.is_none()
+        is_kind(&self.kind, self.sub_resource.as_deref(), group, kind)
     }
+}
+
+fn is_kind(gvk: &GroupVersionKind, sub_resource: Option<&str>, group: &str, kind: &str) -> bool {
+    gvk.group == group && gvk.kind == kind && sub_resource.is_none()
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Envelope<R> {
+struct Envelope<'a> {
     api_version: Option<String>,
     kind: Option<String>,
-    request: Option<R>,
-}
-
-impl<R> Envelope<R> {
-    /// The request, once the envelope is an AdmissionReview berth speaks.
-    fn request(self) -> Result<R, String> {
-        if self.kind.as_deref() != Some("AdmissionReview") {
-            return Err("the body is not an AdmissionReview: kind must be AdmissionReview".into());
-        }
-        if self.api_version.as_deref() != Some(API_VERSION) {
-            return Err(format!(
-                "unsupported AdmissionReview version {:?}; berth speaks {API_VERSION}",
-                self.api_version.unwrap_or_default()
-            ));
-        }
-        self.request
-            .ok_or_else(|| "the AdmissionReview has no request".to_string())
-    }
+    #[serde(borrow)]
+    request: Option<RawRequest<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -146,103 +239,58 @@ struct RawRequest<'a> {
     old_object: Option<&'a RawValue>,
 }
 
-/// Whether objects of `kind` are Pods, read into berth's view of a pod.
-fn is_pod_kind(kind: &GroupVersionKind) -> bool {
-    kind.group.is_empty() && kind.kind == "Pod"
+/// The kinds berth decides on, whose objects it reads.
+#[derive(Debug, Clone, Copy)]
+enum Decided {
+    Pod,
+    DaemonSet,
+    Namespace,
+    Policy,
 }
 
-/// What is skipped of an object of `kind` read as JSON: a pod's container details
-/// are neither read nor patched (see `Skip`).
-fn skip_for(kind: &GroupVersionKind) -> Skip {
-    if is_pod_kind(kind) {
-        Skip::PodContainerDetail
-    } else {
-        Skip::Status
+impl Decided {
+    fn of(request: &RawRequest) -> Option<Decided> {
+        let is = |group, kind| is_kind(&request.kind, request.sub_resource.as_deref(), group, kind);
+        [
+            (is("", "Pod"), Decided::Pod),
+            (is("apps", "DaemonSet"), Decided::DaemonSet),
+            (is("", "Namespace"), Decided::Namespace),
+            (is(crate::names::GROUP, "PlacementPolicy"), Decided::Policy),
+        ]
+        .into_iter()
+        .find_map(|(is, decided)| is.then_some(decided))
     }
 }
 
-/// Reads a request body whose cost is charged; the error is the reason for a 400.
-///
-/// A well-formed review is read in one pass ([`read_within`]); anything else (an
-/// object berth cannot read, an object before its kind, a duplicate field) is read
-/// again in two, which finds the uid whatever the object holds and says what is
-/// wrong. The two read every review they both read alike.
+/// Reads a request body (charged to the budget before, [`read_cost`]); the error
+/// is the reason for a 400.
 pub fn parse(body: &[u8]) -> Result<AdmissionRequest, String> {
-    parse_after(body, None)
-}
-
-/// [`parse`] for a body [`read_within`] has already tried (`tried`, why it gave
-/// up): one it could not read for its shape goes straight to the two passes.
-pub fn parse_after(body: &[u8], tried: Option<GaveUp>) -> Result<AdmissionRequest, String> {
-    if tried != Some(GaveUp::Shape)
-        && let Ok((request, _)) = read_within(body, usize::MAX)
-    {
-        return request;
-    }
-    parse_in_two(body)
-}
-
-/// Why [`read_within`] gave up on a review.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GaveUp {
-    /// It would have built more than its allowance: read it once charged.
-    Allowance,
-    /// One pass cannot read it (an object before its kind, a duplicate field, an
-    /// object the lenient read refuses, malformed JSON): two passes can say what
-    /// is wrong, and find the uid.
-    Shape,
-}
-
-/// Reads a well-formed review in one pass, building at most `allowance` (in the
-/// units of [`crate::lenient`]): the request, or why its envelope is refused, and
-/// what the read built. The read stops at the first surprise or once it would
-/// build more, and says which.
-pub fn read_within(
-    body: &[u8],
-    allowance: usize,
-) -> Result<(Result<AdmissionRequest, String>, usize), GaveUp> {
-    let meter = Meter::within(allowance);
-    // The meter counts what it refused too: past the allowance, that is why.
-    let gave_up = |_| {
-        if meter.spent() > allowance {
-            GaveUp::Allowance
-        } else {
-            GaveUp::Shape
-        }
-    };
-    // JSON is UTF-8: checked once here, so that serde_json need not check each
-    // string it reads (a body that is not goes to the two passes, which say so).
-    let text = std::str::from_utf8(body).map_err(|_| GaveUp::Shape)?;
-    let mut deserializer = serde_json::Deserializer::from_str(text);
-    let envelope = OnePass(&meter)
-        .deserialize(&mut deserializer)
-        .map_err(gave_up)?;
-    deserializer.end().map_err(gave_up)?;
-    Ok((envelope.request(), meter.spent()))
-}
-
-/// Reads the envelope with the objects raw, then each object on its own.
-fn parse_in_two(body: &[u8]) -> Result<AdmissionRequest, String> {
     // JSON is UTF-8, in the parts berth skips too (serde_json reads past a stray
     // byte in a string it ignores).
     let text = std::str::from_utf8(body)
         .map_err(|e| format!("the body is not an AdmissionReview: it is not UTF-8 ({e})"))?;
-    let envelope: Envelope<RawRequest> = serde_json::from_str(text)
+    let envelope: Envelope = serde_json::from_str(text)
         .map_err(|e| format!("the body is not an AdmissionReview: {e}"))?;
-    let raw = envelope.request()?;
-    let skip = skip_for(&raw.kind);
-    let pod = is_pod_kind(&raw.kind);
+    if envelope.kind.as_deref() != Some("AdmissionReview") {
+        return Err("the body is not an AdmissionReview: kind must be AdmissionReview".into());
+    }
+    if envelope.api_version.as_deref() != Some(API_VERSION) {
+        return Err(format!(
+            "unsupported AdmissionReview version {:?}; berth speaks {API_VERSION}",
+            envelope.api_version.unwrap_or_default()
+        ));
+    }
+    let raw = envelope
+        .request
+        .ok_or_else(|| "the AdmissionReview has no request".to_string())?;
+    let decided = Decided::of(&raw);
     let mut unreadable = None;
-    let read_object = |raw: &RawValue| match pod {
-        true => read_pod(raw.get()),
-        false => crate::lenient::read_json(raw.get(), skip).map(|o| o.map(Object::Json)),
-    };
-    let mut read = |raw: Option<&RawValue>, what: &str| match raw.map(read_object).transpose() {
-        Ok(object) => object.flatten(),
-        Err(e) => {
+    let mut read = |raw: Option<&RawValue>, what: &str| {
+        let object = read_object(decided?, raw?.get());
+        object.unwrap_or_else(|e| {
             unreadable.get_or_insert(format!("{what}: {e}"));
             None
-        }
+        })
     };
     let object = read(raw.object, "the object");
     let old_object = read(raw.old_object, "the old object");
@@ -261,259 +309,157 @@ fn parse_in_two(body: &[u8]) -> Result<AdmissionRequest, String> {
     })
 }
 
-/// A Pod's JSON read into its view, as one pass reads it. One the typed read
-/// refuses (a field of the wrong shape, a field written twice) is read as JSON,
-/// where a repeated key keeps its last value, as the apiserver reads it; its view
-/// then says what berth cannot read, if anything.
-fn read_pod(text: &str) -> serde_json::Result<Option<Object>> {
-    if let Ok(pod) = serde_json::from_str::<Option<ReadPod>>(text) {
-        return Ok(pod.map(|ReadPod(pod)| Object::Pod(pod)));
-    }
-    let json = crate::lenient::read_json(text, Skip::PodContainerDetail)?;
-    Ok(json.map(|json| Object::Pod(Box::new(PodObject::read(&json)))))
-}
-
-/// Sets a field once: a second one is a surprise.
-fn once<T, E: Error>(field: &mut Option<T>, value: T, name: &'static str) -> Result<(), E> {
-    match field.replace(value) {
-        None => Ok(()),
-        Some(_) => Err(E::duplicate_field(name)),
-    }
-}
-
-/// A string, counted on the meter.
-fn metered_string<'de, A: MapAccess<'de>>(map: &mut A, meter: &Meter) -> Result<String, A::Error> {
-    let text = map.next_value::<String>()?;
-    meter.charge_text(text.len())?;
-    Ok(text)
-}
-
-/// An optional string (`null` is none), counted on the meter.
-fn metered_option<'de, A: MapAccess<'de>>(
-    map: &mut A,
-    meter: &Meter,
-) -> Result<Option<String>, A::Error> {
-    let text = map.next_value::<Option<String>>()?;
-    meter.charge_text(text.as_ref().map_or(0, String::len))?;
-    Ok(text)
-}
-
-/// A review read in one pass, counted on the meter, its objects read leniently
-/// where they stand: the apiserver writes `kind` before them, and says by it what
-/// to skip. Any surprise is an error, and [`parse`] reads the body again in two
-/// passes.
-#[derive(Clone, Copy)]
-struct OnePass<'m>(&'m Meter);
-
-impl<'de> DeserializeSeed<'de> for OnePass<'_> {
-    type Value = Envelope<AdmissionRequest>;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for OnePass<'_> {
-    type Value = Envelope<AdmissionRequest>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("an AdmissionReview")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let (mut api_version, mut kind, mut request) = (None, None, None);
-        while let Some(Key(key)) = map.next_key()? {
-            match &*key {
-                "apiVersion" => once(
-                    &mut api_version,
-                    metered_option(&mut map, self.0)?,
-                    "apiVersion",
-                )?,
-                "kind" => once(&mut kind, metered_option(&mut map, self.0)?, "kind")?,
-                "request" => {
-                    let value = map.next_value_seed(OptionSeed(OnePassRequest(self.0)))?;
-                    once(&mut request, value, "request")?;
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
+/// An object of a kind berth decides on, from its JSON; `null` is none. The error
+/// is JSON berth cannot read (malformed, nested deeper than serde_json reads, a
+/// field it needs of the wrong shape outside a pod's view).
+fn read_object(kind: Decided, text: &str) -> serde_json::Result<Option<Object>> {
+    Ok(match kind {
+        Decided::Pod => read_pod(text)?.map(Object::Pod),
+        Decided::DaemonSet => match serde_json::from_str::<Option<DaemonSetObject>>(text) {
+            Ok(daemonset) => daemonset.map(|d| Object::DaemonSet(Some(Box::new(d)))),
+            Err(e) if e.is_data() => {
+                serde_json::from_str::<Shape>(text)?;
+                Some(Object::DaemonSet(None))
             }
+            Err(e) => return Err(e),
+        },
+        Decided::Namespace => serde_json::from_str::<Option<Named>>(text)?.map(|namespace| {
+            let annotations = namespace.metadata.and_then(|m| m.annotations);
+            let read = annotations.and_then(|a| serde_json::from_str(a.get()).ok());
+            Object::Namespace(read.unwrap_or_default())
+        }),
+        Decided::Policy => serde_json::from_str::<Option<PolicyObject>>(text)?
+            .map(|policy| Object::Policy(Box::new(policy.into_policy()))),
+    })
+}
+
+/// A pod from `text` ([`ReadPod`]): a pod of the wrong shape is read as why berth
+/// refuses it, unless its JSON is one berth cannot read at all (the error).
+fn read_pod(text: &str) -> serde_json::Result<Option<Box<Result<PodObject, String>>>> {
+    match serde_json::from_str::<Option<ReadPod>>(text) {
+        Ok(read) => Ok(read.map(|ReadPod(pod)| pod)),
+        Err(e) if e.is_data() => {
+            serde_json::from_str::<Shape>(text)?;
+            Ok(Some(Box::new(Err(format!("not a readable Pod: {e}")))))
         }
-        Ok(Envelope {
-            api_version: api_version.flatten(),
-            kind: kind.flatten(),
-            request: request.flatten(),
-        })
+        Err(e) => Err(e),
     }
 }
 
-/// `request`, read in one pass (see [`OnePass`]).
-#[derive(Clone, Copy)]
-struct OnePassRequest<'m>(&'m Meter);
+/// Any JSON, read for its shape only: nothing is built, and serde_json's limit on
+/// nesting holds, as it does in every typed read but not when a value is skipped
+/// (`IgnoredAny`). Hand-written (one visitor): it tells JSON berth cannot read at
+/// all from a pod of the wrong shape, which a typed read stops at first.
+struct Shape;
 
-impl<'de> DeserializeSeed<'de> for OnePassRequest<'_> {
-    type Value = AdmissionRequest;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_map(self)
+impl<'de> Deserialize<'de> for Shape {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Shape, D::Error> {
+        deserializer.deserialize_any(Shape)
     }
 }
 
-impl<'de> Visitor<'de> for OnePassRequest<'_> {
-    type Value = AdmissionRequest;
+impl<'de> Visitor<'de> for Shape {
+    type Value = Shape;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("an admission request")
+        f.write_str("any JSON value")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AdmissionRequest, A::Error> {
-        let meter = self.0;
-        let (mut uid, mut kind, mut sub_resource, mut operation) = (None, None, None, None);
-        let (mut namespace, mut name, mut user_info, mut dry_run) = (None, None, None, None);
-        let (mut object, mut old_object) = (None, None);
-        while let Some(Key(key)) = map.next_key()? {
-            match &*key {
-                "uid" => once(&mut uid, metered_string(&mut map, meter)?, "uid")?,
-                "kind" => {
-                    let gvk = map.next_value::<GroupVersionKind>()?;
-                    meter.charge_text(gvk.group.len() + gvk.version.len() + gvk.kind.len())?;
-                    once(&mut kind, gvk, "kind")?;
-                }
-                "subResource" => once(
-                    &mut sub_resource,
-                    metered_option(&mut map, meter)?,
-                    "subResource",
-                )?,
-                "operation" => once(
-                    &mut operation,
-                    metered_string(&mut map, meter)?,
-                    "operation",
-                )?,
-                "namespace" => once(
-                    &mut namespace,
-                    metered_option(&mut map, meter)?,
-                    "namespace",
-                )?,
-                "name" => once(&mut name, metered_option(&mut map, meter)?, "name")?,
-                "userInfo" => {
-                    let value = map.next_value_seed(UserInfoSeed(meter))?;
-                    once(&mut user_info, value, "userInfo")?;
-                }
-                "dryRun" => once(&mut dry_run, map.next_value::<Option<bool>>()?, "dryRun")?,
-                "object" | "oldObject" => {
-                    let kind = kind
-                        .as_ref()
-                        .ok_or_else(|| A::Error::custom("an object before its kind"))?;
-                    let value = if is_pod_kind(kind) {
-                        map.next_value_seed(OptionSeed(PodSeed(meter)))?
-                    } else {
-                        let json = map.next_value_seed(LenientObject(skip_for(kind), meter))?;
-                        json.map(Object::Json)
-                    };
-                    let (field, name) = match &*key {
-                        "object" => (&mut object, "object"),
-                        _ => (&mut old_object, "oldObject"),
-                    };
-                    once(field, value, name)?;
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(AdmissionRequest {
-            uid: uid.ok_or_else(|| A::Error::missing_field("uid"))?,
-            kind: kind.ok_or_else(|| A::Error::missing_field("kind"))?,
-            sub_resource: sub_resource.flatten(),
-            operation: operation.ok_or_else(|| A::Error::missing_field("operation"))?,
-            namespace: namespace.flatten(),
-            name: name.flatten(),
-            user_info: user_info.unwrap_or_default(),
-            dry_run: dry_run.flatten().unwrap_or(false),
-            object: object.flatten(),
-            old_object: old_object.flatten(),
-            unreadable: None,
-        })
+    fn visit_bool<E>(self, _: bool) -> Result<Shape, E> {
+        Ok(Shape)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Shape, E> {
+        Ok(Shape)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Shape, E> {
+        Ok(Shape)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Shape, E> {
+        Ok(Shape)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Shape, E> {
+        Ok(Shape)
+    }
+
+    fn visit_unit<E>(self) -> Result<Shape, E> {
+        Ok(Shape)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Shape, A::Error> {
+        while seq.next_element::<Shape>()?.is_some() {}
+        Ok(Shape)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
+        while map.next_entry::<IgnoredAny, Shape>()?.is_some() {}
+        Ok(Shape)
     }
 }
 
-/// A Pod under review, read straight into its view ([`ReadPod`]), what it
-/// allocates counted on the meter.
-struct PodSeed<'m>(&'m Meter);
-
-impl<'de> DeserializeSeed<'de> for PodSeed<'_> {
-    type Value = Object;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Object, D::Error> {
-        let ReadPod(pod) = self
-            .0
-            .charge_allocated(|| ReadPod::deserialize(deserializer))?;
-        Ok(Object::Pod(pod))
-    }
+/// Of a Namespace, its annotations, raw: read as strings, or as none.
+#[derive(Deserialize)]
+struct Named<'a> {
+    #[serde(default, borrow)]
+    metadata: Option<Annotated<'a>>,
 }
 
-/// `request.userInfo`, as [`UserInfo`] reads it, each string counted on the meter.
-#[derive(Clone, Copy)]
-struct UserInfoSeed<'m>(&'m Meter);
-
-impl<'de> DeserializeSeed<'de> for UserInfoSeed<'_> {
-    type Value = UserInfo;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<UserInfo, D::Error> {
-        deserializer.deserialize_map(self)
-    }
+#[derive(Deserialize)]
+struct Annotated<'a> {
+    #[serde(default, borrow)]
+    annotations: Option<&'a RawValue>,
 }
 
-impl<'de> Visitor<'de> for UserInfoSeed<'_> {
-    type Value = UserInfo;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("the requester's user info")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<UserInfo, A::Error> {
-        let (mut username, mut groups) = (None, None);
-        while let Some(Key(key)) = map.next_key()? {
-            match &*key {
-                "username" => once(&mut username, metered_string(&mut map, self.0)?, "username")?,
-                "groups" => once(&mut groups, map.next_value_seed(Groups(self.0))?, "groups")?,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(UserInfo {
-            username: username.unwrap_or_default(),
-            groups: groups.unwrap_or_default(),
-        })
-    }
+/// A PlacementPolicy: of its metadata what validation reads, and its spec, raw, so
+/// that a spec that is not a valid one is refused for it.
+#[derive(Deserialize)]
+struct PolicyObject<'a> {
+    #[serde(default)]
+    metadata: Option<PolicyMeta>,
+    #[serde(default, borrow)]
+    spec: Option<&'a RawValue>,
 }
 
-/// `userInfo.groups`, each counted on the meter.
-struct Groups<'m>(&'m Meter);
-
-impl<'de> DeserializeSeed<'de> for Groups<'_> {
-    type Value = Vec<String>;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Vec<String>, D::Error> {
-        deserializer.deserialize_seq(self)
-    }
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PolicyMeta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    annotations: Option<Labels>,
+    #[serde(default)]
+    creation_timestamp: Option<Time>,
 }
 
-impl<'de> Visitor<'de> for Groups<'_> {
-    type Value = Vec<String>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a list of groups")
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
-        let mut groups = Vec::new();
-        while let Some(group) = seq.next_element::<String>()? {
-            self.0.charge_text(group.len())?;
-            self.0.push(&mut groups, group)?;
-        }
-        Ok(groups)
+impl PolicyObject<'_> {
+    fn into_policy(self) -> Policy {
+        let meta = self.metadata.unwrap_or(PolicyMeta {
+            name: None,
+            annotations: None,
+            creation_timestamp: None,
+        });
+        let probe = meta
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(crate::names::WEBHOOK_PROBE_ANNOTATION));
+        let spec = match self.spec {
+            Some(spec) => serde_json::from_str::<PlacementPolicySpec>(spec.get()),
+            None => Err(serde::de::Error::missing_field("spec")),
+        };
+        let policy = spec
+            .map(|spec| {
+                let mut policy =
+                    PlacementPolicy::new(meta.name.as_deref().unwrap_or_default(), spec);
+                policy.metadata.name = meta.name;
+                policy.metadata.annotations = meta.annotations;
+                policy.metadata.creation_timestamp = meta.creation_timestamp;
+                policy
+            })
+            .map_err(|e| format!("not a valid PlacementPolicy: {e}"));
+        Policy { probe, policy }
     }
 }
 
@@ -725,14 +671,83 @@ pub struct Review {
 
 #[cfg(test)]
 mod tests {
+    use std::alloc::{GlobalAlloc, Layout};
+    use std::cell::Cell;
+
     use super::*;
-    use crate::admission::body::BodyLimits;
+
+    /// berth's allocator, counting on each thread the bytes it holds and the most
+    /// it held: berth's unit tests run with it (see `lib.rs`), so that what a read
+    /// holds is measured, not estimated. A `realloc` counts as the new block taken
+    /// before the old one is given back, as when it moves.
+    struct Counting;
+
+    thread_local! {
+        static HELD: Cell<usize> = const { Cell::new(0) };
+        static PEAK: Cell<usize> = const { Cell::new(0) };
+    }
+
+    fn count(taken: usize, given_back: usize) {
+        let _ = HELD.try_with(|held| {
+            let most = held.get() + taken;
+            let _ = PEAK.try_with(|peak| peak.set(peak.get().max(most)));
+            // A block freed here may have been taken on another thread.
+            held.set(most.saturating_sub(given_back));
+        });
+    }
+
+    // SAFETY: every call is passed on to jemalloc as it came.
+    #[allow(unsafe_code)]
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            count(layout.size(), 0);
+            unsafe { tikv_jemallocator::Jemalloc.alloc(layout) }
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            count(layout.size(), 0);
+            unsafe { tikv_jemallocator::Jemalloc.alloc_zeroed(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            count(0, layout.size());
+            unsafe { tikv_jemallocator::Jemalloc.dealloc(ptr, layout) }
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            count(new_size, layout.size());
+            unsafe { tikv_jemallocator::Jemalloc.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: Counting = Counting;
+
+    /// The most this thread held beyond what it held before while `body` was
+    /// read, its request included.
+    fn held_reading(body: &str) -> usize {
+        let before = HELD.with(Cell::get);
+        PEAK.with(|peak| peak.set(before));
+        let request = parse(body.as_bytes());
+        let most = PEAK.with(Cell::get);
+        assert!(request.is_ok(), "{request:?}");
+        drop(request);
+        most - before
+    }
 
     fn review(object: &str) -> String {
         format!(
             r#"{{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{{"uid":"u-1",
             "kind":{{"group":"","version":"v1","kind":"Pod"}},"operation":"CREATE",
             "userInfo":{{"username":"tenant","groups":["system:authenticated"]}},"object":{object}}}}}"#
+        )
+    }
+
+    /// A review of `object` as an object of `group` and `kind`.
+    fn review_of(group: &str, kind: &str, object: &str) -> String {
+        review(object).replace(
+            r#"{"group":"","version":"v1","kind":"Pod"}"#,
+            &format!(r#"{{"group":"{group}","version":"v1","kind":"{kind}"}}"#),
         )
     }
 
@@ -768,39 +783,11 @@ mod tests {
                             {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}}})
     }
 
-    /// A pod one pass cannot read into its view is read as JSON, for its view to
-    /// say why: of its spec, only what admission reads.
-    #[test]
-    fn a_pod_read_as_json_keeps_only_what_admission_reads_of_its_spec() {
-        let text = deployment_pod().to_string();
-        let object = crate::lenient::read_json(&text, Skip::PodContainerDetail)
-            .unwrap()
-            .unwrap();
-        let whole = deployment_pod();
-        for list in ["initContainers", "containers"] {
-            let kept: Vec<&Value> = object["spec"][list].as_array().unwrap().iter().collect();
-            let expected: Vec<Value> = whole["spec"][list]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|c| json!({"name": c["name"], "image": c["image"], "resources": c["resources"]}))
-                .collect();
-            assert_eq!(kept, expected.iter().collect::<Vec<_>>(), "{list}");
-        }
-        // What admission reads or patches outside the containers is read as sent;
-        // the rest of the spec not at all.
-        for key in ["tolerations", "affinity"] {
-            assert_eq!(object["spec"][key], whole["spec"][key], "{key}");
-        }
-        assert!(object["spec"].get("volumes").is_none());
-        assert_eq!(object["metadata"], whole["metadata"]);
-    }
-
     #[test]
     fn keys_written_with_escapes_are_read_as_what_they_spell() {
         let object = r#"{"kind":"Pod","spec":{"t\u006flerations":[],"v\u006flumes":[1],
             "containers":[{"n\u0061me":"c","im\u0061ge":"x","\u0065nv":[1]}]}}"#;
-        let request = in_one(&review(object)).expect("read in one pass");
+        let request = parse(review(object).as_bytes()).expect("readable");
         let pod = request.object.unwrap().pod().cloned().unwrap().unwrap();
         assert_eq!(pod.toleration_list(), Some(&[][..]));
         let images = pod.images();
@@ -871,14 +858,9 @@ mod tests {
             let body = review(&whole.to_string());
             let patch = build_patch(&whole, &grants);
             assert!(!patch.0.is_empty());
-            // Read in one pass, and in two (as JSON, then into its view).
-            for request in [
-                in_one(&body).unwrap(),
-                parse_in_two(body.as_bytes()).unwrap(),
-            ] {
-                let lean = request.object.unwrap().pod().cloned().unwrap();
-                assert_eq!(build_patch(&lean, &grants), patch, "{whole}");
-            }
+            let request = parse(body.as_bytes()).unwrap();
+            let lean = request.object.unwrap().pod().cloned().unwrap();
+            assert_eq!(build_patch(&lean, &grants), patch, "{whole}");
             // And the patch applies to the whole pod as sent.
             let mut patched = whole.clone();
             json_patch::patch(&mut patched, &patch).expect("applies");
@@ -891,25 +873,52 @@ mod tests {
         let request = parse(review(r#"{"kind":"Pod","spec":{"containers":null}}"#).as_bytes());
         let pod = request.unwrap().object.unwrap().pod().cloned().unwrap();
         assert!(pod.unwrap().images().is_empty());
-        let request = parse(review(r#"{"kind":"Pod","spec":{"containers":["app"]}}"#).as_bytes());
-        let why = request.unwrap().unreadable.unwrap();
-        assert!(why.contains("expected a container"), "{why}");
-        let request = parse(review(r#"{"kind":"Pod","spec":{"containers":{}}}"#).as_bytes());
-        let why = request.unwrap().unreadable.unwrap();
-        assert!(why.contains("expected a list of containers"), "{why}");
+        for (containers, why) in [
+            (r#"["app"]"#, "expected struct Container"),
+            ("{}", "expected a sequence"),
+        ] {
+            let object = format!(r#"{{"kind":"Pod","spec":{{"containers":{containers}}}}}"#);
+            let request = parse(review(&object).as_bytes()).unwrap();
+            assert!(request.unreadable.is_none());
+            let pod = request.object.unwrap().pod().cloned().unwrap();
+            let reason = pod.unwrap_err();
+            assert!(reason.starts_with("not a readable Pod"), "{reason}");
+            assert!(reason.contains(why), "{reason}");
+        }
     }
 
     #[test]
-    fn only_pods_lose_their_container_details() {
-        let daemonset = json!({"kind": "DaemonSet", "spec": {"template": {"spec": {"containers": [
-            {"name": "agent", "env": [{"name": "A", "value": "b"}]}]}}}});
-        let body = review(&daemonset.to_string()).replace(
-            r#"{"group":"","version":"v1","kind":"Pod"}"#,
-            r#"{"group":"apps","version":"v1","kind":"DaemonSet"}"#,
-        );
+    fn a_daemonset_is_read_as_the_pod_its_template_makes() {
+        use crate::placement::namespace::NamespaceInfo;
+        let daemonset = json!({"kind": "DaemonSet", "spec": {"template": {
+            "metadata": {"labels": {"app": "agent"}},
+            "spec": {"containers": [{"name": "agent", "image": "example/cdn-agent:1",
+                "env": [{"name": "A", "value": "b"}]}]}}},
+            "status": {"x": [1]}});
+        let body = review_of("apps", "DaemonSet", &daemonset.to_string());
         let request = parse(body.as_bytes()).unwrap();
-        assert_eq!(request.kind.kind, "DaemonSet");
-        assert_eq!(request.object.unwrap().json(), Some(&daemonset));
+        let Some(Object::DaemonSet(Some(pod))) = &request.object else {
+            panic!("{:?}", request.object)
+        };
+        assert_eq!(pod.labels().get("app").map(String::as_str), Some("agent"));
+        assert_eq!(pod.images()[0].image.written, "example/cdn-agent:1");
+        // The patch admission writes is the one the controller writes of the
+        // whole DaemonSet.
+        let policies =
+            crate::policy::test_policies(&[("cdn", json!({"pool": {"nodeNames": ["node2"]}}))]);
+        let mut namespace = NamespaceInfo::new("default");
+        let opt_in = (
+            crate::names::POLICIES_ANNOTATION.to_string(),
+            "cdn".to_string(),
+        );
+        namespace.annotations.extend([opt_in]);
+        let whole = crate::placement::daemonset::template_patch(&daemonset, &policies, &namespace);
+        let read = crate::placement::daemonset::view_patch(pod, &policies, &namespace);
+        assert_eq!(read, whole);
+        // A template berth cannot read as a pod is patched by neither.
+        let odd = r#"{"spec":{"template":{"spec":{"tolerations":"none"}}}}"#;
+        let request = parse(review_of("apps", "DaemonSet", odd).as_bytes()).unwrap();
+        assert!(matches!(request.object, Some(Object::DaemonSet(None))));
     }
 
     #[test]
@@ -926,14 +935,8 @@ mod tests {
         );
     }
 
-    /// Reads `body` in one pass only: `None` when that pass gives up or the
-    /// envelope is refused.
-    fn in_one(body: &str) -> Option<AdmissionRequest> {
-        read_within(body.as_bytes(), usize::MAX).ok()?.0.ok()
-    }
-
     #[test]
-    fn one_pass_and_two_read_every_review_alike() {
+    fn a_review_is_read_whatever_the_order_of_its_fields_and_refused_when_malformed() {
         let pod = deployment_pod().to_string();
         let request = |fields: &str| {
             format!(
@@ -941,62 +944,24 @@ mod tests {
             )
         };
         let kind = r#""kind":{"group":"","version":"v1","kind":"Pod"}"#;
-        let read_in_one = [
-            review(&pod),
-            review("null"),
-            review(
-                r#"{"kind":"Pod","status":{"phase":"Pending"},"spec":{"containers":[{"name":"c","env":[1]}]}}"#,
-            ),
-            // Deep in a field berth does not read: stepped over, as is all it
-            // does not read of a pod.
-            review(&format!(
-                r#"{{"x":{}1{}}}"#,
-                "[".repeat(126),
-                "]".repeat(126)
-            )),
-            // Over a bound: read, to be refused for it.
-            review(&format!(
-                r#"{{"spec":{{"tolerations":[{}]}}}}"#,
-                vec![r#"{"operator":"Exists"}"#; 200].join(",")
-            )),
+        let read = parse(
             request(&format!(
-                r#""uid":"u",{kind},"subResource":null,"operation":"UPDATE","namespace":"n","name":"p",
-                "dryRun":true,"extra":{{"a":[1,2]}},"object":{pod},"oldObject":{pod}"#
-            )),
-            request(&format!(
-                r#""\u0075id":"u",{kind},"operation":"CREATE","namespace":null,"object":{{}}"#
-            )),
-            request(&format!(
-                r#""uid":"u",{kind},"operation":"CREATE","userInfo":{{"username":"alice","uid":"1",
-                "groups":["a","b"],"extra":{{"x":["y"]}}}}"#
-            )),
-            review(
-                &json!({"kind": "DaemonSet", "spec": {"template": {"spec": {"containers": [
-                {"name": "agent", "env": [{"name": "A", "value": "b"}]}]}}}})
-                .to_string(),
-            )
-            .replace(
-                r#""group":"","version":"v1","kind":"Pod""#,
-                r#""group":"apps","version":"v1","kind":"DaemonSet""#,
-            ),
-        ];
-        let read_in_two = [
-            request(&format!(
-                r#""uid":"u","object":{pod},{kind},"operation":"CREATE""#
-            )),
+                r#""object":{pod},"\u0075id":"u","dryRun":true,"extra":{{"a":[1,2]}},"subResource":null,
+                "userInfo":{{"username":"alice","uid":"1","groups":["a","b"],"extra":{{"x":["y"]}}}},
+                "oldObject":null,{kind},"operation":"UPDATE","namespace":null"#
+            ))
+            .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!((read.uid.as_str(), read.dry_run), ("u", true));
+        assert_eq!(read.user_info.groups, ["a", "b"]);
+        assert!(read.object.unwrap().pod().unwrap().is_ok());
+        assert!(read.old_object.is_none() && read.namespace.is_none());
+        for malformed in [
             request(&format!(
                 r#""uid":"u","uid":"v",{kind},"operation":"CREATE""#
             )),
             request(r#""uid":"u","operation":"CREATE""#),
-            review(r#"{"kind":"Pod","spec":"not an object"}"#),
-            review(r#"{"kind":"Pod","spec":{"containers":{"name":"c"}}}"#),
-            // Deep where berth reads: its view cannot say what it is.
-            review(&format!(
-                r#"{{"metadata":{{"labels":{}1{}}}}}"#,
-                "[".repeat(126),
-                "]".repeat(126)
-            )),
-            review(&pod).replace("AdmissionReview", "Review"),
             request(&format!(r#"{kind},"operation":"CREATE""#)),
             request(&format!(
                 r#""uid":"u",{kind},"operation":"CREATE","userInfo":{{"groups":null}}"#
@@ -1004,34 +969,17 @@ mod tests {
             request(&format!(
                 r#""uid":"u",{kind},"operation":"CREATE","userInfo":{{"username":"a","username":"b"}}"#
             )),
-        ];
-        for body in &read_in_one {
-            let one = in_one(body).unwrap_or_else(|| panic!("one pass reads {body}"));
-            let two = parse_in_two(body.as_bytes()).unwrap();
-            assert_eq!(format!("{one:?}"), format!("{two:?}"), "{body}");
-            assert_eq!(
-                format!("{:?}", parse(body.as_bytes())),
-                format!("{:?}", Ok::<_, String>(two))
-            );
-        }
-        for body in &read_in_two {
-            assert!(in_one(body).is_none(), "{body}");
-            // Without an allowance, only its shape stops the one pass.
-            let gave_up = read_within(body.as_bytes(), usize::MAX).err();
-            assert_ne!(gave_up, Some(GaveUp::Allowance), "{body}");
-            let two = format!("{:?}", parse_in_two(body.as_bytes()));
-            assert_eq!(format!("{:?}", parse(body.as_bytes())), two, "{body}");
-            // Told that one pass gave up on its shape, the read goes to two.
-            let after = parse_after(body.as_bytes(), Some(GaveUp::Shape));
-            assert_eq!(format!("{after:?}"), two, "{body}");
+            review(&pod).replace("AdmissionReview", "Review"),
+        ] {
+            assert!(parse(malformed.as_bytes()).is_err(), "{malformed}");
         }
     }
 
     #[test]
     fn a_body_that_is_not_utf8_is_refused_wherever_the_byte_is() {
-        // JSON is UTF-8; the one pass checks it once rather than per string, and
-        // the two passes check it first: a stray byte in a string berth skips (in
-        // the object or in the envelope) is refused as one in a string it reads.
+        // JSON is UTF-8, checked once rather than per string: a stray byte in a
+        // string berth skips (in the object or in the envelope) is refused as one
+        // in a string it reads.
         let in_envelope =
             review("null").replace(r#""operation""#, r#""options":{"kind":"_"},"operation""#);
         for body in [
@@ -1042,93 +990,174 @@ mod tests {
             let mut body = body.into_bytes();
             let at = body.iter().rposition(|&b| b == b'_').unwrap();
             body[at] = 0xff;
-            assert_eq!(read_within(&body, usize::MAX).err(), Some(GaveUp::Shape));
             let why = parse(&body).unwrap_err();
             assert!(why.contains("not UTF-8"), "{why}");
         }
     }
 
-    /// A pod's view is counted once it is read: whatever shape a small review
-    /// takes, what the read allocates before the count stays a small multiple of
-    /// its bytes (what the contract states), so that one read per async worker
-    /// at a time can overshoot the free allowance only so far. The worst is a list
-    /// of empty strings one past a power of two: each string's slot, and the
-    /// list's growth by doubling.
+    /// What reading a review holds is at most its `read_cost`, the body included,
+    /// for the shapes that hold most per byte, per item and in all within berth's
+    /// bounds: lists of empty objects (each a struct of up to two hundred bytes)
+    /// and of empty strings, one item past a power of two (the list's growth by
+    /// doubling), at and over their bound; maps of short keys, filled from either
+    /// end; every bounded list at its bound, or one past half of it, at once; the
+    /// least review of each kind; and strings berth keeps, of commas, of escaped
+    /// quotes, and with escapes that grow serde_json's scratch buffer. The worst
+    /// per byte (the last) holds 97% of its charge; the worst per item (maps of
+    /// empty strings) about 65 bytes of [`PER_ITEM`]'s 128.
     #[test]
-    fn what_a_pod_view_allocates_is_a_small_multiple_of_its_bytes() {
+    fn the_worst_reviews_hold_at_most_their_read_cost() {
         let many = |item: &str, n: usize| vec![item; n].join(",");
         let keys = |n: usize| {
             let members: Vec<String> = (0..n).map(|i| format!(r#""{i:x}":"""#)).collect();
             members.join(",")
         };
-        let nested = |n| format!("[{}]", many(r#"{"a":[1]}"#, n));
-        let shapes = [
-            format!(
-                r#"{{"spec":{{"affinity":{{"nodeAffinity":{{"requiredDuringSchedulingIgnoredDuringExecution":
-                {{"nodeSelectorTerms":[{{"matchExpressions":[{{"key":"k","operator":"In","values":[{}]}}]}}]}}}}}}}}}}"#,
-                many(r#""""#, 16_385)
+        let term = |n: usize| format!(r#"{{"matchExpressions":[{}]}}"#, many("{}", n));
+        let mut pods = Vec::new();
+        for n in [1, 2, 3, 5, 9, 17, 33, 65, 129, 1_000] {
+            let empty = many("{}", n);
+            pods.extend([
+                format!(r#"{{"spec":{{"tolerations":[{empty}]}}}}"#),
+                format!(r#"{{"spec":{{"containers":[{empty}],"initContainers":[{empty}]}}}}"#),
+                format!(r#"{{"metadata":{{"ownerReferences":[{empty}]}}}}"#),
+                format!(r#"{{"spec":{{"schedulingGates":[{empty}]}}}}"#),
+                format!(
+                    r#"{{"spec":{{"affinity":{{"nodeAffinity":{{"requiredDuringSchedulingIgnoredDuringExecution":
+                    {{"nodeSelectorTerms":[{empty},{}]}},"preferredDuringSchedulingIgnoredDuringExecution":
+                    [{}]}}}}}}}}"#,
+                    term(n),
+                    many(&format!(r#"{{"preference":{}}}"#, term(n)), n.min(64)),
+                ),
+            ]);
+        }
+        for n in [1_025, 16_385, 65_537] {
+            let strings = many(r#""""#, n);
+            pods.extend([
+                format!(
+                    r#"{{"spec":{{"affinity":{{"nodeAffinity":{{"requiredDuringSchedulingIgnoredDuringExecution":
+                    {{"nodeSelectorTerms":[{{"matchExpressions":[{{"values":[{strings}]}}]}}]}}}}}}}}}}"#
+                ),
+                format!(r#"{{"spec":{{"nodeSelector":{{{}}}}}}}"#, keys(n)),
+                format!(r#"{{"metadata":{{"labels":{{{}}}}}}}"#, keys(n)),
+            ]);
+        }
+        // Every bounded list at its bound, each term with its requirements at theirs.
+        let full = |n| many("{}", n);
+        pods.push(format!(
+            r#"{{"metadata":{{"ownerReferences":[{}]}},"spec":{{"tolerations":[{}],"containers":[{}],
+            "initContainers":[{}],"schedulingGates":[{}],"affinity":{{"nodeAffinity":{{
+            "requiredDuringSchedulingIgnoredDuringExecution":{{"nodeSelectorTerms":[{}]}},
+            "preferredDuringSchedulingIgnoredDuringExecution":[{}]}}}}}}}}"#,
+            full(16),
+            full(128),
+            full(128),
+            full(128),
+            full(32),
+            many(&term(64), 32),
+            many(&format!(r#"{{"preference":{}}}"#, term(64)), 64),
+        ));
+        let half = |n: usize| many("{}", n / 2 + 1);
+        pods.push(format!(
+            r#"{{"metadata":{{"ownerReferences":[{}]}},"spec":{{"tolerations":[{}],"containers":[{}],
+            "initContainers":[{}],"schedulingGates":[{}],"affinity":{{"nodeAffinity":{{
+            "requiredDuringSchedulingIgnoredDuringExecution":{{"nodeSelectorTerms":[{}]}},
+            "preferredDuringSchedulingIgnoredDuringExecution":[{}]}}}}}}}}"#,
+            half(16),
+            half(128),
+            half(128),
+            half(128),
+            half(32),
+            many(&term(33), 17),
+            many(&format!(r#"{{"preference":{}}}"#, term(33)), 33),
+        ));
+        let mut bodies: Vec<String> = pods.iter().map(|pod| review(pod)).collect();
+        for pod in &pods {
+            let template = format!(r#"{{"spec":{{"template":{pod}}}}}"#);
+            bodies.push(review_of("apps", "DaemonSet", &template));
+        }
+        bodies.extend([
+            review("{}"),
+            review("null"),
+            review_of("", "Namespace", r#"{"metadata":{"annotations":{}}}"#),
+            review_of(
+                "",
+                "Namespace",
+                &format!(r#"{{"metadata":{{"annotations":{{{}}}}}}}"#, keys(16_385)),
             ),
-            format!(
-                r#"{{"spec":{{"affinity":{{"nodeAffinity":{{"requiredDuringSchedulingIgnoredDuringExecution":
-                {{"nodeSelectorTerms":[{{"matchExpressions":[{}]}}]}}}}}}}}}}"#,
-                many(r#"{"key":"","operator":""}"#, 2_049)
+            review_of(crate::names::GROUP, "PlacementPolicy", "{}"),
+            review(r#"{"kind":"Pod"}"#).replace(
+                r#""groups":["system:authenticated"]"#,
+                &format!(r#""groups":[{}]"#, many(r#""""#, 16_385)),
             ),
-            format!(r#"{{"spec":{{"nodeSelector":{{{}}}}}}}"#, keys(5_000)),
-            format!(r#"{{"metadata":{{"labels":{{{}}}}}}}"#, keys(5_000)),
-            format!(r#"{{"spec":{{"tolerations":[{}]}}}}"#, many("{}", 20_000)),
-            format!(r#"{{"spec":{{"containers":[{}]}}}}"#, many("{}", 20_000)),
-            format!(
-                r#"{{"metadata":{{"ownerReferences":[{}]}}}}"#,
-                many("{}", 20_000)
-            ),
-            format!(
-                r#"{{"spec":{{"containers":[{{"resources":{{"requests":{{"cpu":{}}}}}}}],"priority":{}}}}}"#,
-                nested(2_500),
-                nested(2_500)
-            ),
-            format!(
-                r#"{{"spec":{{"schedulingGates":[{}]}}}}"#,
-                many("{}", 20_000)
-            ),
-        ];
-        for object in shapes {
-            let body = review(&object);
-            assert!(BodyLimits::is_small(body.len()), "{} bytes", body.len());
-            let (request, built) = read_within(body.as_bytes(), usize::MAX).unwrap();
-            assert!(request.unwrap().object.unwrap().pod().is_some());
+        ]);
+        // Maps filled from the right and from the left (B-tree nodes split there
+        // half full), and strings berth keeps: of the bytes the count steps over,
+        // and with escapes, unescaped into serde_json's scratch buffer as it
+        // doubles (its content one byte past a power of two).
+        let backwards: Vec<String> = (0..16_385)
+            .rev()
+            .map(|i| format!(r#""{i:05}":"""#))
+            .collect();
+        let escaped = format!("{}ab", format!("{}\\n", "a".repeat(63)).repeat(1 << 14));
+        let strings = [",".repeat(1 << 20), r#"\""#.repeat(1 << 19), escaped];
+        bodies.push(review(&format!(
+            r#"{{"spec":{{"nodeSelector":{{{}}}}}}}"#,
+            backwards.join(",")
+        )));
+        for content in &strings {
+            bodies.extend([
+                review(&format!(
+                    r#"{{"metadata":{{"labels":{{"a":"{content}"}}}}}}"#
+                )),
+                review_of(
+                    "",
+                    "Namespace",
+                    &format!(r#"{{"metadata":{{"annotations":{{"{content}":"{content}"}}}}}}"#),
+                ),
+            ]);
+        }
+        for n in [5, 33, 65, 16_385] {
+            let selector = format!(r#"{{"matchExpressions":[{}]}}"#, many("{}", n));
+            let spec = format!(
+                r#"{{"namespaceSelector":{selector},"podSelector":{selector},"avoid":{selector},
+                "nodeAffinity":{{"required":[{}],"preferred":[{}]}},"images":[{}]}}"#,
+                many("{}", n),
+                many("{}", n),
+                many(r#""""#, n),
+            );
+            let policy = format!(r#"{{"metadata":{{"name":"p"}},"spec":{spec}}}"#);
+            bodies.push(review_of(crate::names::GROUP, "PlacementPolicy", &policy));
+        }
+        let mut worst = (0.0, 0);
+        for body in &bodies {
+            let held = held_reading(body) + body.len();
+            let cost = read_cost(body.as_bytes());
+            let share = held as f64 / cost as f64;
+            if share > worst.0 {
+                worst = (share, body.len());
+            }
             assert!(
-                built <= 36 * body.len(),
-                "{built} bytes built of {}: {}",
+                held <= cost,
+                "{held} bytes held reading {} bytes: {}",
                 body.len(),
-                &object[..80]
+                &body[..body.len().min(300)]
             );
         }
-        // Only a sender other than the apiserver (which writes every requirement's
-        // key and operator out) can send requirements left empty: the worst shape
-        // of all, bounded too.
-        let empty = format!(
-            r#"{{"spec":{{"affinity":{{"nodeAffinity":{{"requiredDuringSchedulingIgnoredDuringExecution":
-            {{"nodeSelectorTerms":[{{"matchExpressions":[{}]}}]}}}}}}}}}}"#,
-            many("{}", 16_385)
+        println!(
+            "the worst: {:.0}% of its read cost, a review of {} bytes",
+            worst.0 * 100.0,
+            worst.1
         );
-        let body = review(&empty);
-        let (_, built) = read_within(body.as_bytes(), usize::MAX).unwrap();
-        assert!(built <= 128 * body.len(), "{built} of {}", body.len());
     }
 
     #[test]
-    fn a_read_stops_once_it_would_build_more_than_it_may() {
-        let body = review(&deployment_pod().to_string());
-        let (request, built) = read_within(body.as_bytes(), usize::MAX).unwrap();
-        assert!(request.is_ok());
-        assert!(read_within(body.as_bytes(), built).is_ok());
-        assert_eq!(
-            read_within(body.as_bytes(), built - 1).err(),
-            Some(GaveUp::Allowance)
-        );
-        // The walk that costs a review before it is read counts at least as much:
-        // what the walk would let through free, the read does too.
-        assert!(built <= crate::admission::cost::parse_cost(body.as_bytes()));
+    fn what_berth_does_not_read_costs_it_nothing() {
+        let env = vec![r#"{"name":"a","value":"b"}"#; 20_000].join(",");
+        let pod = review(&format!(
+            r#"{{"metadata":{{"name":"p","managedFields":[{env}]}},"status":{{"x":[{env}]}},
+            "spec":{{"containers":[{{"name":"c","image":"nginx","env":[{env}]}}],"volumes":[{env}]}}}}"#
+        ));
+        assert!(held_reading(&pod) < 16_384, "{}", held_reading(&pod));
     }
 
     #[test]

@@ -4,13 +4,10 @@
 
 use std::collections::BTreeSet;
 
-use serde::Deserialize;
-use serde_json::Value;
-
-use super::review::{AdmissionRequest, AdmissionResponse, Object};
+use super::review::{AdmissionRequest, AdmissionResponse, Object, Policy};
 use super::state::GroupState;
 use crate::names::is_owned_node_key;
-use crate::objects::{DaemonSetObject, NodeIndex, PodObject};
+use crate::objects::{NodeIndex, PodObject};
 use crate::placement::canonical::{RequirementKey, requirement_key};
 use crate::placement::entitlement::breaches_in_words;
 use crate::placement::groups::GroupContext;
@@ -19,7 +16,8 @@ use crate::placement::patch::write_patch;
 use crate::placement::records::{forbidden_changes, unheld_record};
 use crate::placement::warning::bounded;
 use crate::placement::{Decision, Input, Requester, decide};
-use crate::policy::{CompiledPolicy, NamespaceConfig, PlacementPolicy, PolicySet};
+use crate::policy::compile::Labels;
+use crate::policy::{CompiledPolicy, NamespaceConfig, PolicySet};
 
 /// What one admission sees of the cluster (the controller's pass sees
 /// [`crate::controller::context::Snapshot`]).
@@ -100,17 +98,16 @@ pub fn mutate(request: &AdmissionRequest, snapshot: &ReviewState) -> (AdmissionR
     if let Some(refusal) = refuse_unreadable(request) {
         return refusal;
     }
-    if request.is_kind("apps", "DaemonSet")
-        && let Some(object) = request.object.as_ref().and_then(Object::json)
-    {
-        let patch = match DaemonSetObject::deserialize(object) {
-            Ok(daemonset) => crate::placement::daemonset::template_patch(
-                daemonset.template(),
-                snapshot.policies,
-                snapshot.namespace,
-            ),
-            Err(_) => json_patch::Patch(Vec::new()),
-        };
+    if let Some(Object::DaemonSet(daemonset)) = &request.object {
+        let patch = daemonset
+            .as_deref()
+            .map_or(json_patch::Patch(Vec::new()), |daemonset| {
+                crate::placement::daemonset::template_patch(
+                    daemonset.template(),
+                    snapshot.policies,
+                    snapshot.namespace,
+                )
+            });
         let outcome = if patch.0.is_empty() {
             "unchanged"
         } else {
@@ -200,12 +197,8 @@ pub fn validate(
     }
     let problems = match object {
         Object::Pod(pod) if request.is_pod() => pod_problems(request, pod, snapshot),
-        Object::Json(json) if request.is_kind("", "Namespace") => {
-            namespace_problems(json, snapshot.policies)
-        }
-        Object::Json(json) if request.is_kind(crate::names::GROUP, "PlacementPolicy") => {
-            policy_problems(json, snapshot)
-        }
+        Object::Namespace(annotations) => namespace_problems(annotations, snapshot.policies),
+        Object::Policy(policy) => policy_problems(policy, snapshot),
         _ => Problems::default(),
     };
     match problems.denial {
@@ -302,12 +295,8 @@ fn pod_problems(request: &AdmissionRequest, object: &Pod, snapshot: &ReviewState
 }
 
 /// Namespaces: berth annotations must parse; naming an unknown policy is a warning.
-fn namespace_problems(object: &Value, policies: &PolicySet) -> Problems {
-    let annotations = object
-        .pointer("/metadata/annotations")
-        .and_then(|a| serde_json::from_value(a.clone()).ok())
-        .unwrap_or_default();
-    match NamespaceConfig::parse(&annotations) {
+fn namespace_problems(annotations: &Labels, policies: &PolicySet) -> Problems {
+    match NamespaceConfig::parse(annotations) {
         Err(e) => Problems {
             denial: Some(e.to_string()),
             warnings: Vec::new(),
@@ -326,29 +315,25 @@ fn namespace_problems(object: &Value, policies: &PolicySet) -> Problems {
 
 /// PlacementPolicies: what the schema cannot check (globs, selectors, operators),
 /// and warnings for pools that claim nodes another pool already has.
-fn policy_problems(object: &Value, snapshot: &ReviewState) -> Problems {
+fn policy_problems(object: &Policy, snapshot: &ReviewState) -> Problems {
     // The controller's probe of the webhook path (controller::webhook_path): its
     // answer is this refusal, and a probe is never stored.
-    if object
-        .pointer("/metadata/annotations")
-        .and_then(Value::as_object)
-        .is_some_and(|a| a.contains_key(crate::names::WEBHOOK_PROBE_ANNOTATION))
-    {
+    if object.probe {
         return Problems {
             denial: Some(crate::names::WEBHOOK_PROBE_ANSWER.to_owned()),
             warnings: Vec::new(),
         };
     }
-    let policy = match PlacementPolicy::deserialize(object) {
+    let policy = match &object.policy {
         Ok(policy) => policy,
         Err(e) => {
             return Problems {
-                denial: Some(format!("not a valid PlacementPolicy: {e}")),
+                denial: Some(e.clone()),
                 warnings: Vec::new(),
             };
         }
     };
-    let compiled = match CompiledPolicy::compile(&policy) {
+    let compiled = match CompiledPolicy::compile(policy) {
         Ok(compiled) => compiled,
         Err(e) => {
             return Problems {

@@ -18,7 +18,6 @@ use serde_json::Value;
 
 use super::offline::{Ending, print};
 use super::workload::{Kind, Subject};
-use crate::lenient::{Skip, read_json};
 use crate::names::{AVOID_GATE, GROUP_GATES};
 use crate::objects::{MetaOnly, NamespaceMeta, NodeObject, PodObject, PolicyObject};
 use crate::objects::{NodeIndex, NodeInfo};
@@ -164,7 +163,7 @@ async fn requester(client: &Client, pod: &PodObject) -> Requester {
     }
 }
 
-/// One object as raw JSON, read as the webhook reads a pod.
+/// One object as raw JSON, without its `metadata.managedFields`.
 async fn get_raw(client: &Client, path: String, what: &str, name: &str) -> Result<Value, String> {
     let request = kube::core::Request::new(path)
         .get(name, &Default::default())
@@ -174,9 +173,12 @@ async fn get_raw(client: &Client, path: String, what: &str, name: &str) -> Resul
         Err(kube::Error::Api(e)) if e.code == 404 => return Err(format!("{what} not found")),
         Err(e) => return Err(format!("{what}: {e}")),
     };
-    read_json(&text, Skip::Nothing)
-        .map_err(|e| format!("{what}: {e}"))?
-        .ok_or_else(|| format!("{what} not found"))
+    let mut object: Value = serde_json::from_str(&text).map_err(|e| format!("{what}: {e}"))?;
+    // berth reads nothing of it, and it is most of an object's bytes.
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("managedFields");
+    }
+    Ok(object)
 }
 
 async fn read_scene(client: &Client, namespace: &str) -> Result<Scene, String> {

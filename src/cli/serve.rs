@@ -49,9 +49,9 @@ pub struct ServeArgs {
     /// six (`<` becomes `\u003c`). A larger one is denied by its uid.
     #[arg(long, env = "BERTH_MAX_BODY_BYTES", default_value_t = MAX_REVIEW_BYTES)]
     pub max_body_bytes: usize,
-    /// Memory, in MiB, that the request bodies being decided at once may take;
-    /// a request that finds no room within a second is denied, so memory stays
-    /// bounded under a flood of large pods.
+    /// Memory, in MiB, that the request bodies being decided at once may take,
+    /// each charged 48 times its length; a request that finds no room within a
+    /// second is denied, so memory stays bounded under a flood of large pods.
     #[arg(long, env = "BERTH_REQUEST_MEMORY_MIB", default_value_t = 128)]
     pub request_memory_mib: usize,
     /// Threads that serve requests and run the controller; defaults to the
