@@ -897,9 +897,10 @@ mod tests {
             "status": {"x": [1]}});
         let body = review_of("apps", "DaemonSet", &daemonset.to_string());
         let request = parse(body.as_bytes()).unwrap();
-        let Some(Object::DaemonSet(Some(pod))) = &request.object else {
+        let Some(Object::DaemonSet(Some(read))) = &request.object else {
             panic!("{:?}", request.object)
         };
+        let pod = read.template();
         assert_eq!(pod.labels().get("app").map(String::as_str), Some("agent"));
         assert_eq!(pod.images()[0].image.written, "example/cdn-agent:1");
         // The patch admission writes is the one the controller writes of the
@@ -912,8 +913,11 @@ mod tests {
             "cdn".to_string(),
         );
         namespace.annotations.extend([opt_in]);
-        let whole = crate::placement::daemonset::template_patch(&daemonset, &policies, &namespace);
-        let read = crate::placement::daemonset::view_patch(pod, &policies, &namespace);
+        let whole: DaemonSetObject = serde_json::from_value(daemonset).unwrap();
+        let whole =
+            crate::placement::daemonset::template_patch(whole.template(), &policies, &namespace);
+        let read = crate::placement::daemonset::template_patch(pod, &policies, &namespace);
+        assert!(!read.0.is_empty());
         assert_eq!(read, whole);
         // A template berth cannot read as a pod is patched by neither.
         let odd = r#"{"spec":{"template":{"spec":{"tolerations":"none"}}}}"#;

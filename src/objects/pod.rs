@@ -17,7 +17,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{NodeSelectorTerm, PreferredSchedulingTerm, Toleration};
+use k8s_openapi::api::core::v1::{
+    NodeSelectorRequirement, NodeSelectorTerm, PreferredSchedulingTerm, Toleration,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -76,22 +78,42 @@ impl<T> std::ops::DerefMut for Present<T> {
 /// A list of which berth keeps at most `MOST` items, its bound
 /// ([`crate::bounds`]): the rest are stepped over and only counted, so that a list
 /// over its bound costs no more to read than one at it, and is refused by its
-/// length.
+/// length. Each item is read as `R` (itself, or for a node-selector term a type
+/// that bounds the term's own lists, [`ReadTerm`]).
+///
+/// Hand-written (one visitor): a derived `Vec` would build every item before the
+/// bound is checked, and an item of a few bytes (`{}`) becomes a struct of a
+/// hundred, so what a review holds would no longer be within what it is charged
+/// (see `crate::admission::review::read_cost`).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Bounded<T, const MOST: usize> {
+pub struct Bounded<T, const MOST: usize, R = T> {
     items: Vec<T>,
     /// Items stepped over past the bound.
     over: usize,
+    /// The longest list within an item, kept or not (a term's requirements).
+    longest: usize,
+    read: std::marker::PhantomData<R>,
 }
 
-impl<T, const MOST: usize> Bounded<T, MOST> {
+/// An item of a [`Bounded`] list as read, and the length of its longest list.
+pub trait ReadItem<T> {
+    fn into_item(self) -> (T, usize);
+}
+
+impl<T> ReadItem<T> for T {
+    fn into_item(self) -> (T, usize) {
+        (self, 0)
+    }
+}
+
+impl<T, const MOST: usize, R> Bounded<T, MOST, R> {
     /// How many items the list has, kept or not.
     fn count(&self) -> usize {
         self.items.len() + self.over
     }
 }
 
-impl<T, const MOST: usize> std::ops::Deref for Bounded<T, MOST> {
+impl<T, const MOST: usize, R> std::ops::Deref for Bounded<T, MOST, R> {
     type Target = Vec<T>;
 
     fn deref(&self) -> &Vec<T> {
@@ -99,13 +121,13 @@ impl<T, const MOST: usize> std::ops::Deref for Bounded<T, MOST> {
     }
 }
 
-impl<T, const MOST: usize> std::ops::DerefMut for Bounded<T, MOST> {
+impl<T, const MOST: usize, R> std::ops::DerefMut for Bounded<T, MOST, R> {
     fn deref_mut(&mut self) -> &mut Vec<T> {
         &mut self.items
     }
 }
 
-impl<'a, T, const MOST: usize> IntoIterator for &'a Bounded<T, MOST> {
+impl<'a, T, const MOST: usize, R> IntoIterator for &'a Bounded<T, MOST, R> {
     type Item = &'a T;
     type IntoIter = std::slice::Iter<'a, T>;
 
@@ -114,16 +136,20 @@ impl<'a, T, const MOST: usize> IntoIterator for &'a Bounded<T, MOST> {
     }
 }
 
-impl<'de, T: Deserialize<'de>, const MOST: usize> Deserialize<'de> for Bounded<T, MOST> {
+impl<'de, T, R: Deserialize<'de> + ReadItem<T>, const MOST: usize> Deserialize<'de>
+    for Bounded<T, MOST, R>
+{
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_seq(BoundedVisitor(std::marker::PhantomData))
     }
 }
 
-struct BoundedVisitor<T, const MOST: usize>(std::marker::PhantomData<T>);
+struct BoundedVisitor<T, R, const MOST: usize>(std::marker::PhantomData<(T, R)>);
 
-impl<'de, T: Deserialize<'de>, const MOST: usize> Visitor<'de> for BoundedVisitor<T, MOST> {
-    type Value = Bounded<T, MOST>;
+impl<'de, T, R: Deserialize<'de> + ReadItem<T>, const MOST: usize> Visitor<'de>
+    for BoundedVisitor<T, R, MOST>
+{
+    type Value = Bounded<T, MOST, R>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a sequence")
@@ -133,17 +159,64 @@ impl<'de, T: Deserialize<'de>, const MOST: usize> Visitor<'de> for BoundedVisito
         let mut list = Bounded {
             items: Vec::new(),
             over: 0,
+            longest: 0,
+            read: std::marker::PhantomData,
         };
         while list.items.len() < MOST {
-            match seq.next_element()? {
-                Some(item) => list.items.push(item),
-                None => return Ok(list),
-            }
+            let Some(read) = seq.next_element::<R>()? else {
+                return Ok(list);
+            };
+            let (item, longest) = read.into_item();
+            list.items.push(item);
+            list.longest = list.longest.max(longest);
         }
         while seq.next_element::<IgnoredAny>()?.is_some() {
             list.over += 1;
         }
         Ok(list)
+    }
+}
+
+/// Requirements of a node-selector term, read within their bound.
+type Requirements = Option<Bounded<NodeSelectorRequirement, { TERM_REQUIREMENTS.most }>>;
+
+/// A node-selector term read with its requirements bounded ([`Bounded`]), as
+/// Kubernetes' type reads it otherwise.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadTerm {
+    #[serde(default)]
+    match_expressions: Requirements,
+    #[serde(default)]
+    match_fields: Requirements,
+}
+
+impl ReadItem<NodeSelectorTerm> for ReadTerm {
+    fn into_item(self) -> (NodeSelectorTerm, usize) {
+        let count = |list: &Requirements| list.as_ref().map_or(0, |l| l.count());
+        let longest = count(&self.match_expressions).max(count(&self.match_fields));
+        let term = NodeSelectorTerm {
+            match_expressions: self.match_expressions.map(|l| l.items),
+            match_fields: self.match_fields.map(|l| l.items),
+        };
+        (term, longest)
+    }
+}
+
+/// A preferred term, its requirements read as [`ReadTerm`] reads them.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct ReadPreferred {
+    #[serde(default)]
+    weight: i32,
+    #[serde(default)]
+    preference: Option<ReadTerm>,
+}
+
+impl ReadItem<PreferredSchedulingTerm> for ReadPreferred {
+    fn into_item(self) -> (PreferredSchedulingTerm, usize) {
+        let (preference, longest) = self.preference.map(ReadTerm::into_item).unwrap_or_default();
+        let weight = self.weight;
+        (PreferredSchedulingTerm { weight, preference }, longest)
     }
 }
 
@@ -602,14 +675,14 @@ struct NodeAffinity {
     #[serde(default, rename = "requiredDuringSchedulingIgnoredDuringExecution")]
     required: Option<NodeSelector>,
     #[serde(default, rename = "preferredDuringSchedulingIgnoredDuringExecution")]
-    preferred: Present<Bounded<PreferredSchedulingTerm, { PREFERRED_TERMS.most }>>,
+    preferred: Present<Bounded<PreferredSchedulingTerm, { PREFERRED_TERMS.most }, ReadPreferred>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct NodeSelector {
     #[serde(default)]
-    node_selector_terms: Present<Bounded<NodeSelectorTerm, { REQUIRED_TERMS.most }>>,
+    node_selector_terms: Present<Bounded<NodeSelectorTerm, { REQUIRED_TERMS.most }, ReadTerm>>,
 }
 
 /// Whether a pod has required inter-pod terms of a kind, read without keeping them.
@@ -771,14 +844,7 @@ impl PodSpec {
             .as_ref()
             .map(|r| &r.node_selector_terms);
         let preferred = &node_affinity.preferred;
-        let longest_term = terms
-            .iter()
-            .flat_map(|t| t.iter())
-            .chain(preferred.iter().map(|p| &p.preference))
-            .flat_map(|t| [t.match_expressions.as_ref(), t.match_fields.as_ref()])
-            .map(|list| list.map_or(0, Vec::len))
-            .max()
-            .unwrap_or(0);
+        let longest_term = terms.map_or(0, |t| t.longest).max(preferred.longest);
         vec![
             (TOLERATIONS, self.tolerations.count()),
             (SCHEDULING_GATES, self.scheduling_gates.count()),
@@ -846,7 +912,7 @@ impl PodSpec {
 }
 
 /// A list as the pod has it: `None` when it has none (absent or `null`).
-fn listed<T, const MOST: usize>(list: &Present<Bounded<T, MOST>>) -> Option<&[T]> {
+fn listed<T, const MOST: usize, R>(list: &Present<Bounded<T, MOST, R>>) -> Option<&[T]> {
     list.present.then_some(&list.value.items)
 }
 
@@ -1266,6 +1332,33 @@ mod tests {
         assert_eq!(view.node_name(), Some("node2"));
         assert_eq!(view.labels()["app"], "a");
         assert!(view.tolerations().is_empty());
+    }
+
+    #[test]
+    fn a_terms_requirements_are_kept_within_their_bound_and_counted_past_it() {
+        let term =
+            |n: usize| json!({"matchFields": vec![json!({"key": "k", "operator": "Exists"}); n]});
+        let within = json!({"spec": {"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term(64)]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 3, "preference": term(2)}]}}}});
+        let pod = PodObject::read(&within).unwrap();
+        let fields = pod.required_affinity().unwrap()[0].match_fields.as_ref();
+        assert_eq!(fields.map(Vec::len), Some(64));
+        assert_eq!(pod.preferred_terms()[0].weight, 3);
+        // Past the bound, in a required or a preferred term: refused by the count,
+        // having kept no more than the bound.
+        for over in [
+            json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                {"nodeSelectorTerms": [term(1), term(70)]}}}}}),
+            json!({"spec": {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution":
+                [{"weight": 1, "preference": term(70)}]}}}}),
+        ] {
+            let error = PodObject::read(&over).unwrap_err();
+            assert!(
+                error.contains("has 70 items; berth reads at most 64"),
+                "{error}"
+            );
+        }
     }
 
     #[test]
