@@ -431,12 +431,53 @@ where
     D: Deserializer<'de>,
     T: Deserialize<'de>,
 {
-    let Loose(list) = Loose::<Vec<Loose<T>>>::deserialize(deserializer)?;
-    Ok(list
-        .iter()
-        .flatten()
-        .filter_map(|item| item.0.as_ref())
-        .any(holds))
+    struct Items<T>(fn(&T) -> bool);
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for Items<T> {
+        type Value = bool;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+
+        // Each item is read and dropped before the next: none is held.
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+            let mut any = false;
+            while let Some(Loose(item)) = seq.next_element::<Loose<T>>()? {
+                any |= item.as_ref().is_some_and(self.0);
+            }
+            Ok(any)
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(false)
+        }
+
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<bool, E> {
+            Ok(false)
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<bool, E> {
+            Ok(false)
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<bool, E> {
+            Ok(false)
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<bool, E> {
+            Ok(false)
+        }
+
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<bool, E> {
+            Ok(false)
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<bool, E> {
+            Ok(false)
+        }
+    }
+    deserializer.deserialize_any(Items(holds))
 }
 
 /// Whether a pod's topology spread constraints include one the scheduler must
