@@ -550,8 +550,58 @@ struct PodFields {
     >,
     #[serde(default)]
     spec: Option<PodSpec>,
-    #[serde(default, deserialize_with = "nullable")]
+    #[serde(default, deserialize_with = "status")]
     status: PodStatus,
+}
+
+/// A pod's status when it is an object; of any other shape (a user's, in a
+/// review) it is stepped over unread, whatever its depth, and reads as none.
+fn status<'de, D: Deserializer<'de>>(deserializer: D) -> Result<PodStatus, D::Error> {
+    struct Status;
+    impl<'de> Visitor<'de> for Status {
+        type Value = PodStatus;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<PodStatus, A::Error> {
+            PodStatus::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<PodStatus, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(PodStatus::default())
+        }
+
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<PodStatus, E> {
+            Ok(PodStatus::default())
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<PodStatus, E> {
+            Ok(PodStatus::default())
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<PodStatus, E> {
+            Ok(PodStatus::default())
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<PodStatus, E> {
+            Ok(PodStatus::default())
+        }
+
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<PodStatus, E> {
+            Ok(PodStatus::default())
+        }
+
+        fn visit_unit<E: serde::de::Error>(self) -> Result<PodStatus, E> {
+            Ok(PodStatus::default())
+        }
+    }
+    deserializer.deserialize_any(Status)
 }
 
 impl From<PodFields> for PodObject {
