@@ -175,13 +175,14 @@ pub async fn run<T: Writer>(
                 wishes.written(&key);
                 if let Err(error) = result {
                     let (then, object) = (error.retry(), T::object(&key));
-                    if then == Retry::Never {
-                        tracing::debug!(%object, %error, "cannot {}; {then}", T::WHAT);
-                    } else {
-                        tracing::warn!(%object, %error, "cannot {}; {then}", T::WHAT);
-                    }
-                    if let Retry::After(delay) = then {
-                        failed.push((tokio::time::Instant::now() + delay, key, wish));
+                    match then {
+                        Retry::Never => {
+                            tracing::debug!(%object, %error, "cannot {}; {then}", T::WHAT);
+                        }
+                        Retry::After(delay) => {
+                            tracing::warn!(%object, %error, "cannot {}; {then}", T::WHAT);
+                            failed.push((tokio::time::Instant::now() + delay, key, wish));
+                        }
                     }
                 }
             }
