@@ -92,24 +92,24 @@ impl BodyLimits {
         length <= INLINE
     }
 
-    /// The turn on a core in which a review of `length` bytes is read and decided,
-    /// if one comes free by `answer_by`: a small review's (read and decided at
-    /// once, on the async worker that received it) is always free; a large one
-    /// holds one of the CPU slots from its charge to its decision.
+    /// The CPU slot in which a review of `length` bytes is read and decided, if
+    /// one comes free by `answer_by`: a small review's (read and decided at once,
+    /// on the async worker that received it) is always free; a large one holds one
+    /// of the cores' slots from its charge to its decision.
     ///
     /// Holding the slot across the steps is what keeps a flood of large reviews
     /// answering: with a slot taken per step, each review would wait behind every
     /// later one's first step, and under more than the cores can do in time all of
-    /// them would miss their deadline half done. One turn each, they are decided in
+    /// them would miss their deadline half done. One slot each, they are decided in
     /// the order they came, and those whose deadline passes in line are refused
     /// before any of their work is done.
     ///
-    /// A review charges what reading it costs in its turn ([`BodyLimits::charge`]),
+    /// A review charges what reading it costs in its slot ([`BodyLimits::charge`]),
     /// and may wait there for the budget with its core idle. It keeps the core: no
-    /// review is charged outside a turn, so the budget it waits for is freed only by
-    /// another turn's end or by a queued body given up, and the reviews in line
+    /// review is charged outside a slot, so the budget it waits for is freed only by
+    /// another slot's end or by a queued body given up, and the reviews in line
     /// could do nothing before they too waited for it.
-    pub async fn cpu_turn(&self, length: usize, answer_by: Instant) -> Option<CpuTurn> {
+    pub async fn cpu_slot(&self, length: usize, answer_by: Instant) -> Option<CpuSlot> {
         let slot = if Self::is_small(length) {
             None
         } else {
@@ -118,22 +118,22 @@ impl BodyLimits {
                 tokio::time::timeout_at(answer_by, slot).await.ok()?.ok()?,
             ))
         };
-        Some(CpuTurn { slot, answer_by })
+        Some(CpuSlot { slot, answer_by })
     }
 }
 
-/// A review's turn on a core: its CPU work runs in it, answered by `answer_by`.
+/// A review's CPU slot: its CPU work runs in it, answered by `answer_by`.
 #[derive(Debug)]
-pub struct CpuTurn {
+pub struct CpuSlot {
     /// The CPU slot a large review holds; none for a small one. Shared with the
-    /// work running in the turn, so that the slot is free again only once the
+    /// work running in it, so that the slot is free again only once the
     /// review is answered and its work has ended.
     slot: Option<Arc<OwnedSemaphorePermit>>,
     answer_by: Instant,
 }
 
-impl CpuTurn {
-    /// Runs `work`; its result if it ends by the turn's deadline. A small review's
+impl CpuSlot {
+    /// Runs `work`; its result if it ends by the slot's deadline. A small review's
     /// work (under a millisecond) runs at once; a large review's would stall every
     /// other request and `/healthz` with it on the async workers, so it runs on a
     /// thread for blocking work. Work that overruns the deadline is not waited
@@ -591,20 +591,20 @@ mod tests {
         let mut limits = BodyLimits::new(400_000, 0, Duration::from_secs(5));
         limits.cpu = Arc::new(Semaphore::new(1));
         let large = INLINE + 1;
-        let first = limits.cpu_turn(large, later()).await.expect("a free core");
+        let first = limits.cpu_slot(large, later()).await.expect("a free core");
         assert_eq!(first.run(|| 1).await, Some(1), "its read");
         // A later review finds the core taken between the first one's steps, and
         // waits until its own deadline, no longer.
         let answer_by = Instant::now() + Duration::from_millis(100);
-        assert!(limits.cpu_turn(large, answer_by).await.is_none());
+        assert!(limits.cpu_slot(large, answer_by).await.is_none());
         assert_eq!(Instant::now(), answer_by);
         assert_eq!(first.run(|| 2).await, Some(2), "its decision");
         // A small review is read and decided at once, whoever holds the cores.
-        let small = limits.cpu_turn(INLINE, later()).await.expect("no wait");
+        let small = limits.cpu_slot(INLINE, later()).await.expect("no wait");
         assert_eq!(small.run(|| 3).await, Some(3));
         drop(first);
         assert!(
-            limits.cpu_turn(large, later()).await.is_some(),
+            limits.cpu_slot(large, later()).await.is_some(),
             "the core is free"
         );
     }
@@ -614,20 +614,20 @@ mod tests {
         let mut limits = BodyLimits::new(400_000, 0, Duration::from_secs(5));
         limits.cpu = Arc::new(Semaphore::new(1));
         let answer_by = Instant::now() + Duration::from_millis(20);
-        let turn = limits
-            .cpu_turn(INLINE + 1, answer_by)
+        let slot = limits
+            .cpu_slot(INLINE + 1, answer_by)
             .await
             .expect("a core");
         let (finish, finished) = std::sync::mpsc::channel::<()>();
-        let overrun = turn.run(move || finished.recv().is_ok()).await;
+        let overrun = slot.run(move || finished.recv().is_ok()).await;
         assert_eq!(
             overrun, None,
             "the review is not kept waiting past its deadline"
         );
-        drop(turn);
+        drop(slot);
         assert_eq!(limits.cpu.available_permits(), 0, "its work still runs");
         finish.send(()).unwrap();
-        let next = limits.cpu_turn(INLINE + 1, later()).await;
+        let next = limits.cpu_slot(INLINE + 1, later()).await;
         assert!(next.is_some(), "the core is free once the work has ended");
     }
 }

@@ -302,13 +302,13 @@ async fn admit(
     answer_by: Instant,
     started: std::time::Instant,
 ) -> Response {
-    let Some(turn) = state.limits.cpu_turn(body.len(), answer_by).await else {
+    let Some(slot) = state.limits.cpu_slot(body.len(), answer_by).await else {
         return late(state, path, started, &body);
     };
     // Charged before it is read: what reading it holds is at most its read cost,
-    // whatever its shape (counted in the review's turn: a pass over its bytes).
+    // whatever its shape (counted in the review's CPU slot: a pass over its bytes).
     let counted = body.clone();
-    let Some(cost) = turn.run(move || review::read_cost(&counted)).await else {
+    let Some(cost) = slot.run(move || review::read_cost(&counted)).await else {
         return late(state, path, started, &body);
     };
     match state.limits.charge(&mut held, cost, answer_by).await {
@@ -326,7 +326,7 @@ async fn admit(
         }
     }
     let read = body.clone();
-    let Some(parsed) = turn.run(move || review::parse(&read)).await else {
+    let Some(parsed) = slot.run(move || review::parse(&read)).await else {
         return late(state, path, started, &body);
     };
     let request = match parsed {
@@ -373,7 +373,7 @@ async fn admit(
     let groups = state.view.groups();
     let berth_user = state.berth_user.clone();
     let uid = request.uid.clone();
-    let deciding = turn.run(move || {
+    let deciding = slot.run(move || {
         let snapshot = ReviewState {
             policies: &policies,
             namespace: &namespace,
@@ -394,7 +394,7 @@ async fn admit(
         observe(state, path, "deadline", started);
         return answer(response);
     };
-    drop((held, turn));
+    drop((held, slot));
     response.warnings.splice(0..0, warnings);
     record(state, path, &response, &verdict, started);
     answer(response)
