@@ -305,22 +305,20 @@ impl<'de, const RAW: bool> Visitor<'de> for RequestVisitor<RAW> {
                 Field::UserInfo => once(&mut map, &mut user_info, "userInfo")?,
                 Field::DryRun => once(&mut map, &mut dry_run, "dryRun")?,
                 Field::Object | Field::OldObject => {
-                    let (slot, what) = match field {
+                    // A pod by what the request said before its object.
+                    let typed = !RAW
+                        && kind.as_ref().is_some_and(|kind| {
+                            let sub_resource = sub_resource.as_ref().and_then(Option::as_deref);
+                            matches!(Decided::of(kind, sub_resource), Some(Decided::Pod))
+                        });
+                    let (slot, name) = match field {
                         Field::Object => (&mut object, "object"),
                         _ => (&mut old_object, "oldObject"),
                     };
                     if slot.is_some() {
-                        return Err(A::Error::duplicate_field(what));
+                        return Err(A::Error::duplicate_field(name));
                     }
-                    let is_pod = kind.as_ref().is_some_and(|kind| {
-                        is_kind(
-                            kind,
-                            sub_resource.as_ref().and_then(Option::as_deref),
-                            "",
-                            "Pod",
-                        )
-                    });
-                    *slot = Some(if is_pod && !RAW {
+                    *slot = Some(if typed {
                         map.next_value::<Option<ReadPod>>()?
                             .map(|ReadPod(pod)| Slot::Pod(pod))
                     } else {
@@ -357,8 +355,8 @@ enum Decided {
 }
 
 impl Decided {
-    fn of<const RAW: bool>(request: &RawRequest<'_, RAW>) -> Option<Decided> {
-        let is = |group, kind| is_kind(&request.kind, request.sub_resource.as_deref(), group, kind);
+    fn of(gvk: &GroupVersionKind, sub_resource: Option<&str>) -> Option<Decided> {
+        let is = |group, kind| is_kind(gvk, sub_resource, group, kind);
         [
             (is("", "Pod"), Decided::Pod),
             (is("apps", "DaemonSet"), Decided::DaemonSet),
@@ -389,11 +387,12 @@ pub fn parse(body: &[u8]) -> Result<AdmissionRequest, String> {
     }
 }
 
-/// Whether the one pass read the objects as the request's kind wants them read:
-/// a pod typed only when the whole request says it is a pod, and nothing
-/// refused that a second pass could tell apart.
+/// Whether the one pass read the objects as the whole request says to: typed
+/// exactly when it is a pod (a `kind` or `subResource` after the object can
+/// change that).
 fn read_in_one_pass(request: &RawRequest<'_, false>) -> bool {
-    let pod = matches!(Decided::of(request), Some(Decided::Pod));
+    let decided = Decided::of(&request.kind, request.sub_resource.as_deref());
+    let pod = matches!(decided, Some(Decided::Pod));
     [&request.object, &request.old_object]
         .into_iter()
         .flatten()
@@ -416,7 +415,7 @@ fn into_request<const RAW: bool>(envelope: Envelope<'_, RAW>) -> Result<Admissio
     let raw = envelope
         .request
         .ok_or_else(|| "the AdmissionReview has no request".to_string())?;
-    let decided = Decided::of(&raw);
+    let decided = Decided::of(&raw.kind, raw.sub_resource.as_deref());
     let mut unreadable = None;
     let mut read = |slot: Option<Slot>, what: &str| match slot? {
         Slot::Pod(pod) => Some(Object::Pod(pod)),
