@@ -7,6 +7,7 @@ pub mod crd;
 pub mod exempt;
 pub mod groups;
 pub mod image;
+pub mod image_cel;
 pub mod node_labels;
 pub mod opt_in;
 
