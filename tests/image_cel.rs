@@ -49,11 +49,14 @@ fn realistic_images_are_decided() {
     }
 }
 
-/// Strings near the reference grammar: right and wrong components, ports,
-/// tags and digests, with a character sometimes changed.
+/// Strings near the reference grammar: mostly right components, ports, tags
+/// and digests, some wrong, sometimes too long, with a character sometimes
+/// changed.
 fn arb_image() -> impl Strategy<Value = String> {
     let hex64 = "0123456789abcdef".repeat(4);
     let registry = prop::sample::select(vec![
+        "",
+        "",
         "",
         "docker.io/",
         "index.docker.io/",
@@ -68,30 +71,32 @@ fn arb_image() -> impl Strategy<Value = String> {
         "-a.b/",
         "x:y/",
     ]);
-    let component = "[a-z0-9]{1,4}([._-]{1,2}[a-z0-9A-Z]{1,3})?";
+    let component = prop_oneof![
+        4 => "[a-z0-9]{1,5}(([._]|__|-{1,2})[a-z0-9]{1,3})?",
+        1 => "[a-z0-9]{1,3}[._-]{1,2}[a-z0-9A-Z]{0,3}",
+    ];
     let path = prop::collection::vec(component, 1..4).prop_map(|c| c.join("/"));
     let tag = prop_oneof![
-        Just(String::new()),
-        ":[A-Za-z0-9_][A-Za-z0-9_.-]{0,6}",
-        ":[.-][a-z]{0,3}",
-        Just(format!(":{}", "t".repeat(128))),
-        Just(format!(":{}", "t".repeat(129))),
+        4 => Just(String::new()),
+        4 => ":[A-Za-z0-9_][A-Za-z0-9_.-]{0,6}",
+        1 => ":[.-][a-z]{0,3}",
+        1 => Just(format!(":{}", "t".repeat(128))),
+        1 => Just(format!(":{}", "t".repeat(129))),
     ];
     let digest = prop_oneof![
-        Just(String::new()),
-        Just(format!("@sha256:{hex64}")),
-        Just(format!("@sha256:{}", hex64.to_uppercase())),
-        Just(format!("@sha256:{}", &hex64[1..])),
-        Just(format!("@sha512:{hex64}{hex64}")),
-        Just(format!("@sha384:{hex64}{}", &hex64[..32])),
-        Just(format!("@md5:{}", &hex64[..32])),
+        8 => Just(String::new()),
+        3 => Just(format!("@sha256:{hex64}")),
+        1 => Just(format!("@sha256:{}", hex64.to_uppercase())),
+        1 => Just(format!("@sha256:{}", &hex64[1..])),
+        1 => Just(format!("@sha512:{hex64}{hex64}")),
+        1 => Just(format!("@sha384:{hex64}{}", &hex64[..32])),
+        1 => Just(format!("@md5:{}", &hex64[..32])),
     ];
     let long = prop_oneof![
-        Just(String::new()),
-        Just(format!("/{}", "n".repeat(230))),
-        Just(format!("/{}", "n".repeat(250)))
+        8 => Just(String::new()),
+        1 => (225..260usize).prop_map(|n| format!("/{}", "n".repeat(n))),
     ];
-    let change = prop::option::weighted(0.3, (any::<Index>(), "[A-Z:@/._ \\n\u{e9}-]"));
+    let change = prop::option::weighted(0.15, (any::<Index>(), "[A-Z:@/._ \\n\u{e9}-]"));
     (registry, path, long, tag, digest, change).prop_map(
         |(registry, path, long, tag, digest, change)| {
             let mut image = format!("{registry}{path}{long}{tag}{digest}");
@@ -105,8 +110,25 @@ fn arb_image() -> impl Strategy<Value = String> {
     )
 }
 
+/// Images at oci-spec's length limit (a repository of 255 characters) and
+/// [`LONGEST_DECIDED`].
+fn long_images() -> Vec<String> {
+    let n = |count: usize| "n".repeat(count);
+    (244..=249)
+        .flat_map(|len| {
+            [
+                n(len),
+                format!("{}:t", n(len)),
+                format!("a/{}", n(len - 2)),
+                format!("docker.io/{}", n(len - 10)),
+                format!("x.io/{}", n(len - 5)),
+            ]
+        })
+        .collect()
+}
+
 proptest! {
-    #![proptest_config(Config { cases: 1000, ..Config::default() })]
+    #![proptest_config(Config { cases: 1000, failure_persistence: None, ..Config::default() })]
     /// Every decided image is a reference oci-spec parses, so its normal form
     /// is what the CEL builds, never the string kept as written.
     #[test]
@@ -241,6 +263,19 @@ fn berth_matches(set: &ImagePatterns, subject: &str) -> bool {
     subject.is_ascii() && set.first_match(&image).is_some()
 }
 
+/// Whether the regex's answer `regex_matches` for `subject` is berth's; but
+/// where globset sees no file name, in a string whose last `/` component is
+/// `..` (never a reference), berth can miss what the regex matches (see
+/// `glob_regex`).
+fn regex_agrees(set: &ImagePatterns, subject: &str, regex_matches: bool) -> bool {
+    let berth = berth_matches(set, subject);
+    if subject == ".." || subject.ends_with("/..") {
+        !berth || regex_matches
+    } else {
+        berth == regex_matches
+    }
+}
+
 /// The patterns compiled and the regex for them; `None` when berth refuses the
 /// globs, or the regex rightly does (a glob outside printable ASCII).
 fn compiled(patterns: &[String]) -> Result<Option<(ImagePatterns, String)>, String> {
@@ -276,12 +311,14 @@ fn the_regex_matches_what_the_globs_match() {
             };
             let re2 = Regex::new(&regex).map_err(|e| TestCaseError::fail(e.to_string()))?;
             for subject in &case.subjects {
-                let berth = berth_matches(&set, subject);
-                let counter = if berth { &matched } else { &missed };
+                let counter = if berth_matches(&set, subject) {
+                    &matched
+                } else {
+                    &missed
+                };
                 counter.set(counter.get() + 1);
-                prop_assert_eq!(
-                    re2.is_match(subject),
-                    berth,
+                prop_assert!(
+                    regex_agrees(&set, subject, re2.is_match(subject)),
                     "globs {:?} regex {} subject {:?}",
                     case.patterns,
                     regex,
@@ -338,6 +375,7 @@ mod in_cel {
         let images: Vec<String> = REALISTIC
             .iter()
             .map(|i| i.to_string())
+            .chain(long_images())
             .chain(generated(arb_image(), 4000))
             .collect();
         let expression = format!("images.map(i, {})", normalised_image_cel("i"));
@@ -359,7 +397,8 @@ mod in_cel {
         }
         // Both sides of the subset were tried, often.
         let decided = images.len() - undecided.len();
-        assert!(decided > images.len() / 3, "{decided} decided");
+        eprintln!("{decided} of {} images decided in CEL", images.len());
+        assert!(decided > images.len() / 4, "{decided} decided");
         assert!(undecided.len() > images.len() / 10, "{undecided:?}");
     }
 
@@ -367,7 +406,7 @@ mod in_cel {
     fn cel_matches_images_to_globs_as_berth_does() {
         let mut oracle = Oracle::start();
         let (mut matched, mut missed) = (0, 0);
-        for case in generated(arb_case(), 400) {
+        for case in generated(arb_case(), 600) {
             let Some((set, regex)) = compiled(&case.patterns).unwrap() else {
                 continue;
             };
@@ -375,7 +414,7 @@ mod in_cel {
             let expressions = [
                 format!("subjects.map(s, s.matches({regex}))"),
                 format!(
-                    "images.map(i, {}).map(n, [n, n.matches({regex})])",
+                    "images.map(i, {}).map(n, [n, n.matches({regex}) ? 'match' : 'miss'])",
                     normalised_image_cel("i")
                 ),
             ];
@@ -394,8 +433,11 @@ mod in_cel {
             assert_eq!(subjects.len(), case.subjects.len());
             assert_eq!(images.len(), case.images.len());
             for (subject, answer) in case.subjects.iter().zip(subjects) {
-                let berth = berth_matches(&set, subject);
-                assert_eq!(answer, &json!(berth), "{case:?} {regex} {subject:?}");
+                let cel = answer.as_bool().expect("a bool");
+                assert!(
+                    regex_agrees(&set, subject, cel),
+                    "{case:?} {regex} {subject:?}: {cel}"
+                );
             }
             for (image, answer) in case.images.iter().zip(images) {
                 let [normalised, cel_matches] = &answer.as_array().expect("a pair")[..] else {
@@ -405,7 +447,11 @@ mod in_cel {
                     continue;
                 }
                 let berth = set.first_match(&ImageRef::new(image)).is_some();
-                assert_eq!(cel_matches, &json!(berth), "{case:?} {regex} {image:?}");
+                assert_eq!(
+                    cel_matches,
+                    if berth { "match" } else { "miss" },
+                    "{case:?} {regex} {image:?}"
+                );
                 if berth {
                     matched += 1;
                 } else {
@@ -413,6 +459,7 @@ mod in_cel {
                 }
             }
         }
+        eprintln!("decided images: {matched} matched, {missed} missed");
         assert!(matched > 100, "{matched} images matched");
         assert!(missed > 100, "{missed} images missed");
     }

@@ -92,6 +92,11 @@ pub fn normalised_image_cel(image: &str) -> String {
 /// character outside printable ASCII is refused, as is anything in globset's
 /// regex this translation does not know; the reason names the glob.
 ///
+/// One exception, globset's: it finds no file name in a string whose last `/`
+/// component is `..`, and a glob it matches by name or extension (`*.`, `?.`)
+/// then misses such a string where the regex matches it. No reference, and so no
+/// normalised one, ends so.
+///
 /// An empty list is refused too: it means "every image", which needs no regex
 /// (and [`ImagePatterns::first_match`] matches nothing on it).
 pub fn glob_regex(patterns: &ImagePatterns) -> Result<String, String> {
@@ -201,6 +206,7 @@ mod tests {
     use regex::Regex;
 
     use super::*;
+    use crate::policy::ImageRef;
 
     #[test]
     fn realistic_images_are_decided() {
@@ -269,6 +275,21 @@ mod tests {
         for body in [r"(?i)a", r"(a)", r"\xe2", r"\d", "[a[b]", "[ab", "\u{e9}"] {
             assert!(re2(body).is_err(), "{body}");
         }
+    }
+
+    #[test]
+    fn globset_misses_a_name_of_two_dots_where_the_regex_matches() {
+        let set = ImagePatterns::new(&["*."]).unwrap();
+        let re = Regex::new(&glob_regex(&set).unwrap()).unwrap();
+        for subject in ["..", "a/.."] {
+            let image = ImageRef {
+                written: subject.into(),
+                normalised: subject.into(),
+            };
+            assert!(set.first_match(&image).is_none(), "{subject}");
+            assert!(re.is_match(subject), "{subject}");
+        }
+        assert!(re.is_match("a."));
     }
 
     #[test]
