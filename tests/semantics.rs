@@ -1242,3 +1242,185 @@ fn the_holds_policy_refuses_exactly_what_the_webhook_refuses() {
     }
     finish(&tally, &format!("berth-holds: {} pods", cases.len()));
 }
+
+// The oracle's own MutatingAdmissionPolicy and CEL answers, on hand-written cases
+// whose outcome is known: the ground under the differential tests of berth's
+// static placement policy and its CEL snippets.
+
+/// A MutatingAdmissionPolicy for CREATE of pods whose mutations are the given
+/// JSONPatch expressions, in order.
+fn mutating_policy(failure: &str, reinvocation: &str, patches: &[&str]) -> Value {
+    let mutations: Vec<Value> = patches
+        .iter()
+        .map(|e| json!({"patchType": "JSONPatch", "jsonPatch": {"expression": e}}))
+        .collect();
+    json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": "oracle-check"},
+        "spec": {"matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["CREATE"], "resources": ["pods"]}]},
+            "matchConditions": [{"name": "not-skipped",
+                "expression": "!has(object.metadata.labels) || !('skip' in object.metadata.labels)"}],
+            "failurePolicy": failure, "reinvocationPolicy": reinvocation, "mutations": mutations}})
+}
+
+fn mutation_case(labels: Value, tolerations: Option<Value>) -> Value {
+    let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "a", "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "nginx"}]}});
+    if let Some(tolerations) = tolerations {
+        pod["spec"]["tolerations"] = tolerations;
+    }
+    json!({"operation": "CREATE", "resource": "pods", "object": pod, "username": "tenant",
+        "namespace": {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a"}}})
+}
+
+/// The toleration `ADD_TOLERATION` adds.
+fn added_toleration() -> Value {
+    json!({"key": "k", "operator": "Exists"})
+}
+
+/// Adds `added_toleration()`, making the list first when the pod has none.
+const ADD_TOLERATION: &str = "(has(object.spec.tolerations) ? [] : \
+    [JSONPatch{op: 'add', path: '/spec/tolerations', value: []}]) + \
+    [JSONPatch{op: 'add', path: '/spec/tolerations/-', \
+    value: Object.spec.tolerations{key: 'k', operator: 'Exists'}}]";
+
+fn tolerations_of(object: &Option<Value>) -> Vec<Value> {
+    let object = object.as_ref().expect("the policy leaves a pod");
+    object["spec"]["tolerations"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_oracle_applies_a_mutating_policy_as_the_apiserver_does() {
+    let mut oracle = Oracle::start();
+    let other = json!({"key": "other", "operator": "Equal", "value": "v", "effect": "NoSchedule"});
+    let cases = [
+        mutation_case(json!({}), None),
+        mutation_case(json!({}), Some(json!([other]))),
+        mutation_case(json!({"skip": "yes"}), None),
+    ];
+    let policy = mutating_policy("Fail", "Never", &[ADD_TOLERATION]);
+    let answers = oracle.mutating_policy(&policy, &cases);
+    for answer in &answers[..2] {
+        assert!(
+            answer.matched && !answer.rejected && !answer.reinvoked,
+            "{answer:?}"
+        );
+        assert_eq!(answer.error, None, "{answer:?}");
+    }
+    assert_eq!(tolerations_of(&answers[0].object), [added_toleration()]);
+    assert_eq!(
+        tolerations_of(&answers[1].object),
+        [other.clone(), added_toleration()]
+    );
+    // The mutated pod is the one the apiserver holds: v1 defaults filled in.
+    let object = answers[0].object.as_ref().unwrap();
+    assert_eq!(object["spec"]["restartPolicy"], "Always", "{object}");
+    assert_eq!(object["metadata"]["labels"], json!(null), "{object}");
+    assert!(
+        answers[0].cost > 0,
+        "the mutation's CEL cost is counted: {} in {} ns",
+        answers[0].cost,
+        answers[0].nanos
+    );
+    // A matchCondition that is false leaves the pod alone.
+    assert!(
+        !answers[2].matched && answers[2].object.is_none(),
+        "{:?}",
+        answers[2]
+    );
+
+    // The params a binding selects (a cluster-scoped custom resource) are `params`.
+    let mut policy = mutating_policy(
+        "Fail",
+        "Never",
+        &["[JSONPatch{op: 'add', path: '/spec/nodeSelector', value: params.spec.nodeSelector}]"],
+    );
+    policy["spec"]["paramKind"] =
+        json!({"apiVersion": "berth.io/v1alpha1", "kind": "StaticPlacement"});
+    let mut case = cases[0].clone();
+    case["params"] = json!({"apiVersion": "berth.io/v1alpha1", "kind": "StaticPlacement",
+        "metadata": {"name": "gpu"}, "spec": {"nodeSelector": {"pool": "gpu"}}});
+    let answer = &oracle.mutating_policy(&policy, &[case])[0];
+    let object = answer.object.as_ref().expect("a pod");
+    assert_eq!(
+        object["spec"]["nodeSelector"],
+        json!({"pool": "gpu"}),
+        "{answer:?}"
+    );
+
+    // IfNeeded: the apiserver runs a policy that mutated a second time on its own
+    // output, so a mutation that is not idempotent applies twice.
+    let policy = mutating_policy("Fail", "IfNeeded", &[ADD_TOLERATION]);
+    let answers = oracle.mutating_policy(&policy, &cases[..1]);
+    assert!(answers[0].reinvoked, "{:?}", answers[0]);
+    assert_eq!(
+        tolerations_of(&answers[0].object),
+        [added_toleration(), added_toleration()]
+    );
+}
+
+#[test]
+fn the_oracle_skips_a_failing_mutation_under_ignore_as_the_apiserver_does() {
+    let mut oracle = Oracle::start();
+    let failing = "[JSONPatch{op: 'remove', path: '/metadata/annotations/missing'}]";
+    let cases = [mutation_case(json!({"app": "x"}), None)];
+
+    let policy = mutating_policy("Ignore", "Never", &[failing, ADD_TOLERATION]);
+    let answer = &oracle.mutating_policy(&policy, &cases)[0];
+    assert!(answer.matched && !answer.rejected, "{answer:?}");
+    let error = answer
+        .error
+        .as_deref()
+        .expect("the failing mutation's error");
+    assert!(error.contains("/metadata/annotations/missing"), "{error}");
+    assert_eq!(answer.errors.len(), 1, "{answer:?}");
+    assert_eq!(tolerations_of(&answer.object), [added_toleration()]);
+
+    // Under Fail the same error refuses the request: no pod.
+    let policy = mutating_policy("Fail", "Never", &[failing, ADD_TOLERATION]);
+    let answer = &oracle.mutating_policy(&policy, &cases)[0];
+    assert!(answer.rejected && answer.object.is_none(), "{answer:?}");
+    let error = answer.error.as_deref().expect("the refusal");
+    assert!(
+        error.contains("denied request") && error.contains("/metadata/annotations/missing"),
+        "{error}"
+    );
+}
+
+#[test]
+fn the_oracle_evaluates_cel_with_kubernetes_libraries() {
+    let mut oracle = Oracle::start();
+    assert_eq!(
+        oracle.cel("'a/b:c'.split('/')", &json!({})),
+        Ok(json!(["a", "b:c"]))
+    );
+    assert_eq!(
+        oracle.cel("x.matches('^a+$')", &json!({"x": "aaa"})),
+        Ok(json!(true))
+    );
+    assert_eq!(
+        oracle.cel("x.matches('^a+$')", &json!({"x": "ab"})),
+        Ok(json!(false))
+    );
+    // JSON integers are CEL ints, as in objects the apiserver decodes.
+    assert_eq!(oracle.cel("n + 1", &json!({"n": 2})), Ok(json!(3)));
+    let error = oracle.cel("x.nope()", &json!({"x": "a"})).unwrap_err();
+    assert!(error.contains("compilation failed"), "{error}");
+
+    let expressions: Vec<String> = [
+        "image.split(':')[0]",
+        "image.matches('^[a-z]+$')",
+        "image[9]",
+    ]
+    .iter()
+    .map(|e| e.to_string())
+    .collect();
+    let values = oracle.cel_many(&expressions, &json!({"image": "nginx:1.27"}));
+    assert_eq!(values[0], Ok(json!("nginx")));
+    assert_eq!(values[1], Ok(json!(false)));
+    assert!(values[2].is_err(), "{:?}", values[2]);
+}

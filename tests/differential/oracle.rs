@@ -49,6 +49,31 @@ pub struct PolicyAnswer {
     pub error: Option<String>,
 }
 
+/// What the apiserver's mutating-policy code makes of one request (see the
+/// oracle's `mapAnswer`, tests/cluster/oracle/map.go).
+#[derive(Debug, Clone, Deserialize)]
+pub struct MapAnswer {
+    /// matchConstraints and matchConditions select the request.
+    pub matched: bool,
+    /// The pod after the policy's mutations (v1, defaults applied); `None` when
+    /// the policy did not match or the request is rejected.
+    pub object: Option<Value>,
+    /// The apiserver refuses the request: an error under failurePolicy Fail, or
+    /// an internal one.
+    pub rejected: bool,
+    /// The policy ran a second time on its own output (reinvocationPolicy
+    /// IfNeeded); its errors then start with "reinvocation: ".
+    pub reinvoked: bool,
+    /// The rejection's message, or else the first error met (which failurePolicy
+    /// Ignore skips over).
+    pub error: Option<String>,
+    /// Every error a mutation or match condition met, in order.
+    pub errors: Vec<String>,
+    pub nanos: i64,
+    /// The CEL cost the policy's expressions used, variables included.
+    pub cost: i64,
+}
+
 pub struct Oracle {
     child: Child,
     stdin: ChildStdin,
@@ -84,7 +109,8 @@ impl Oracle {
         }
     }
 
-    fn ask(&mut self, request: &Value) -> Value {
+    /// The oracle's answer, an error answer included.
+    fn answer(&mut self, request: &Value) -> Value {
         let mut line = serde_json::to_vec(request).expect("a request");
         line.push(b'\n');
         self.stdin.write_all(&line).expect("write to the oracle");
@@ -93,7 +119,11 @@ impl Oracle {
         self.stdout
             .read_line(&mut answer)
             .expect("read from the oracle");
-        let answer: Value = serde_json::from_str(&answer).expect("the oracle answers JSON");
+        serde_json::from_str(&answer).expect("the oracle answers JSON")
+    }
+
+    fn ask(&mut self, request: &Value) -> Value {
+        let answer = self.answer(request);
         if let Some(error) = answer.get("error").and_then(Value::as_str) {
             panic!("the oracle refused the request: {error}");
         }
@@ -124,6 +154,52 @@ impl Oracle {
             serde_json::from_value(answer["results"].clone()).expect("policy answers");
         assert_eq!(answers.len(), cases.len(), "one answer per case");
         answers
+    }
+
+    /// The MutatingAdmissionPolicy `policy` (validated as the apiserver would a
+    /// CREATE of it) dispatched by the apiserver's own code on each case (the
+    /// fields of a `vap` case; `params` the paramKind object): one answer per
+    /// case, in order.
+    pub fn mutating_policy(&mut self, policy: &Value, cases: &[Value]) -> Vec<MapAnswer> {
+        let answer = self.ask(&json!({"op": "map", "policy": policy, "cases": cases}));
+        let answers: Vec<MapAnswer> =
+            serde_json::from_value(answer["results"].clone()).expect("mutating policy answers");
+        assert_eq!(answers.len(), cases.len(), "one answer per case");
+        answers
+    }
+
+    /// `expression` evaluated by cel-go in the environment admission policies run
+    /// in, each of `variables` (a JSON object) declared dyn and bound to its
+    /// value: the result as JSON, or the compilation or evaluation error.
+    pub fn cel(&mut self, expression: &str, variables: &Value) -> Result<Value, String> {
+        let answer = self.answer(&json!({
+            "op": "cel", "expression": expression, "variables": variables,
+        }));
+        cel_result(&answer)
+    }
+
+    /// Each of `expressions` evaluated as by [`Oracle::cel`], with the same
+    /// variables: one result per expression, in order.
+    pub fn cel_many(
+        &mut self,
+        expressions: &[String],
+        variables: &Value,
+    ) -> Vec<Result<Value, String>> {
+        let answer = self.ask(&json!({
+            "op": "cel", "expressions": expressions, "variables": variables,
+        }));
+        let values = answer["values"]
+            .as_array()
+            .expect("one value per expression");
+        assert_eq!(values.len(), expressions.len(), "one value per expression");
+        values.iter().map(cel_result).collect()
+    }
+}
+
+fn cel_result(answer: &Value) -> Result<Value, String> {
+    match answer.get("error") {
+        Some(error) => Err(error.as_str().unwrap_or_default().to_string()),
+        None => Ok(answer.get("value").cloned().expect("a value or an error")),
     }
 }
 

@@ -13,7 +13,15 @@
 //     TestPodMatchesNodeSelectorAndAffinityTerms, read from the module cache when
 //     the oracle was built;
 //   - {"op":"vap","policy":{...},"cases":[...]}: a ValidatingAdmissionPolicy
-//     compiled and run by the apiserver's own admission code on each case.
+//     compiled and run by the apiserver's own admission code on each case;
+//   - {"op":"map","policy":{...},"cases":[...]}: a MutatingAdmissionPolicy
+//     validated, compiled and dispatched by the apiserver's own admission code on
+//     each case: whether it matched, the pod after its mutations, its errors and
+//     whether they reject the request (map.go);
+//   - {"op":"cel","expression":"...","variables":{...}} (or "expressions":[...]):
+//     CEL expressions evaluated in the environment admission policies run in,
+//     each variable dyn and bound to its JSON value: {"value":...} or
+//     {"error":"..."} (or {"values":[...]}, one of those per expression; cel.go).
 //
 // The Kubernetes version is the control plane's (go.mod), so the oracle is the
 // cluster berth's end-to-end tests run against. Taint toleration comparison
@@ -36,6 +44,10 @@ type request struct {
 	Nodes  []json.RawMessage `json:"nodes,omitempty"`
 	Policy json.RawMessage   `json:"policy,omitempty"`
 	Cases  []vapCase         `json:"cases,omitempty"`
+	// The cel op's expression (or expressions) and variables.
+	Expression  *string                    `json:"expression,omitempty"`
+	Expressions []string                   `json:"expressions,omitempty"`
+	Variables   map[string]json.RawMessage `json:"variables,omitempty"`
 }
 
 func main() {
@@ -79,6 +91,10 @@ func handle(req *request) any {
 		return map[string]any{"seeds": seeds()}
 	case "vap":
 		return runPolicy(req.Policy, req.Cases)
+	case "map":
+		return runMutatingPolicy(req.Policy, req.Cases)
+	case "cel":
+		return celRequest(req)
 	default:
 		return map[string]string{"error": fmt.Sprintf("unknown op %q", req.Op)}
 	}
