@@ -249,13 +249,20 @@ fn decision_variables() -> Vec<Value> {
         variable(
             "decidable",
             format!(
-                "variables.namespaceReadable && {bounds} && size(variables.images) <= {MOST_IMAGES} && \
+                "variables.namespaceReadable && !{null_terms} && {bounds} && \
+                 size(variables.images) <= {MOST_IMAGES} && \
                  !variables.images.exists(i, i == '') && \
                  !(has(object.spec.nodeName) && object.spec.nodeName != '') && \
                  !(has(object.spec.priorityClassName) && \
                    object.spec.priorityClassName.startsWith('{QUEUE_CLASS_PREFIX}')) && \
                  !(has(object.spec.schedulingGates) && \
                    object.spec.schedulingGates.exists(g, g.name.startsWith('{GATE_PREFIX}')))",
+                // `nodeSelectorTerms: null` (which the apiserver refuses) is
+                // there and null: the bounds could not size it.
+                null_terms = "(has(object.spec.affinity) && has(object.spec.affinity.nodeAffinity) && \
+                    has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution) && \
+                    has(object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms) && \
+                    object.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms == null)",
                 bounds = within_bounds("object"),
             ),
         ),
@@ -290,9 +297,30 @@ fn decision_variables() -> Vec<Value> {
     ]
 }
 
-/// The variables of the patch: what berth wants, what the pod has, and the
-/// operations for each part.
-fn patch_variables() -> Vec<Value> {
+/// Operations for one part of the patch, CEL: the mutation's expression lists
+/// them (the type `JSONPatch` exists only there, not in variables).
+struct OpList {
+    expression: String,
+}
+
+/// `name` says what the operations are for, to the reader of this file.
+fn op_list(_name: &'static str, expression: String) -> Part {
+    Part::Ops(OpList { expression })
+}
+
+/// A variable, or a list of operations.
+enum Part {
+    Variable(Value),
+    Ops(OpList),
+}
+
+fn var(name: &str, expression: String) -> Part {
+    Part::Variable(variable(name, expression))
+}
+
+/// The variables of the patch (what berth wants, what the pod has) and the
+/// operations for each part, in order.
+fn patch_parts() -> Vec<Part> {
     let tolerations = "variables.tolerations";
     let wanted_tolerations = "variables.wantedTolerations";
     let terms = "variables.terms";
@@ -303,14 +331,14 @@ fn patch_variables() -> Vec<Value> {
     let applied_value = "variables.appliedNames.join(',')";
     let applied_key = escaped(APPLIED_ANNOTATION);
     vec![
-        variable("tolerations", or("object.spec", "tolerations", "[]")),
-        variable(
+        var("tolerations", or("object.spec", "tolerations", "[]")),
+        var(
             "wantedTolerations",
             "variables.applied.filter(p, has(p.toleration)).map(p, p.toleration)".into(),
         ),
         // berth's tolerations the pod has and berth no longer wants (or has twice),
         // highest index first, and those it wants and lacks.
-        variable(
+        op_list(
             "tolerationOps",
             format!(
                 "(size({missing}) > 0 && !has(object.spec.tolerations) ? \
@@ -338,14 +366,14 @@ fn patch_variables() -> Vec<Value> {
                 ),
             ),
         ),
-        variable(
+        var(
             "hasRequired",
             format!(
                 "has(object.spec.affinity) && has({node_affinity}) && \
                  has({node_affinity}.requiredDuringSchedulingIgnoredDuringExecution)"
             ),
         ),
-        variable(
+        var(
             "terms",
             format!(
                 "variables.hasRequired ? {} : []",
@@ -356,14 +384,14 @@ fn patch_variables() -> Vec<Value> {
                 )
             ),
         ),
-        variable(
+        var(
             "hasPreferred",
             format!(
                 "has(object.spec.affinity) && has({node_affinity}) && \
                  has({node_affinity}.preferredDuringSchedulingIgnoredDuringExecution)"
             ),
         ),
-        variable(
+        var(
             "preferred",
             format!(
                 "variables.hasPreferred ? \
@@ -373,7 +401,7 @@ fn patch_variables() -> Vec<Value> {
         // Required pools as one `In` (a node carries one pool label), each policy's
         // own requirements, and the exclusion of dedicated pools a wildcard
         // toleration would reach; each once.
-        variable(
+        var(
             "wantedRequired",
             distinct_by(
                 &format!(
@@ -394,7 +422,7 @@ fn patch_variables() -> Vec<Value> {
                 same_requirement,
             ),
         ),
-        variable(
+        var(
             "wantedPreferred",
             distinct_by(
                 &format!(
@@ -405,7 +433,7 @@ fn patch_variables() -> Vec<Value> {
                 |a, b| format!("({a}.weight == {b}.weight && {})", same_requirement(a, b)),
             ),
         ),
-        variable(
+        var(
             "missingPreferred",
             format!(
                 "{wanted_preferred}.filter(w, !{preferred}.exists(p, {}))",
@@ -413,7 +441,7 @@ fn patch_variables() -> Vec<Value> {
             ),
         ),
         // berth's preferences the pod has and berth no longer wants (or has twice).
-        variable(
+        var(
             "removedPreferred",
             format!(
                 "lists.range(size({preferred})).filter(i, \
@@ -426,16 +454,16 @@ fn patch_variables() -> Vec<Value> {
                 same_jw = same_preference(&format!("{preferred}[j]"), "w"),
             ),
         ),
-        variable(
+        var(
             "newRequired",
             format!("!variables.hasRequired && size({wanted_required}) > 0"),
         ),
-        variable(
+        var(
             "newPreferred",
             "!variables.hasPreferred && size(variables.missingPreferred) > 0".into(),
         ),
         // The objects the pod lacks, each added empty, then the lists in them.
-        variable(
+        op_list(
             "affinityOps",
             format!(
                 "((variables.newRequired || variables.newPreferred) && !has(object.spec.affinity) ? \
@@ -500,7 +528,7 @@ fn patch_variables() -> Vec<Value> {
                 ),
             ),
         ),
-        variable(
+        op_list(
             "preferredOps",
             format!(
                 "(variables.newPreferred ? [{create}] : []) + \
@@ -532,7 +560,7 @@ fn patch_variables() -> Vec<Value> {
         ),
         // The namespace's scheduler, else the first applied policy's by name; a
         // pod that names another scheduler than the default keeps it.
-        variable(
+        var(
             "wantedScheduler",
             format!(
                 "'{SCHEDULER_ANNOTATION}' in variables.annotations ? \
@@ -541,7 +569,7 @@ fn patch_variables() -> Vec<Value> {
                  variables.applied.filter(p, has(p.schedulerName))[0].schedulerName : ''"
             ),
         ),
-        variable(
+        op_list(
             "schedulerOps",
             format!(
                 "variables.wantedScheduler != '' && \
@@ -555,7 +583,7 @@ fn patch_variables() -> Vec<Value> {
                 ),
             ),
         ),
-        variable(
+        op_list(
             "appliedOps",
             format!(
                 "size(variables.appliedNames) == 0 ? ({recorded} ? [{remove}] : []) : \
@@ -621,7 +649,13 @@ fn match_conditions() -> Value {
 /// `berth-placement`.
 fn placement(berth_user: &str) -> Value {
     let mut variables = decision_variables();
-    variables.extend(patch_variables());
+    let mut ops = Vec::new();
+    for part in patch_parts() {
+        match part {
+            Part::Variable(v) => variables.push(v),
+            Part::Ops(list) => ops.push(format!("({})", list.expression)),
+        }
+    }
     // Without its params (berth's controller has not written them yet) the
     // policy does nothing: parameterNotFoundAction Allow.
     json!({
@@ -637,9 +671,10 @@ fn placement(berth_user: &str) -> Value {
             "variables": variables,
             "mutations": [{
                 "patchType": "JSONPatch",
-                "jsonPatch": {"expression": "variables.decidable && !variables.webhookOnly ? \
-                    variables.tolerationOps + variables.affinityOps + variables.preferredOps + \
-                    variables.schedulerOps + variables.appliedOps : []"},
+                "jsonPatch": {"expression": format!(
+                    "variables.decidable && !variables.webhookOnly ? {} : []",
+                    ops.join(" + ")
+                )},
             }],
         },
     })
