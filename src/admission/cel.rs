@@ -48,13 +48,13 @@ use crate::names::{
 use crate::policy::exempt::{BERTH_NAMESPACE, Exempt, SYSTEM_NAMESPACES};
 
 /// A CEL list of string literals.
-fn list(items: &[&str]) -> String {
+pub(super) fn list(items: &[&str]) -> String {
     let quoted: Vec<String> = items.iter().map(|i| format!("'{i}'")).collect();
     format!("[{}]", quoted.join(", "))
 }
 
 /// Whether the LabelSelector `s` matches the string map `labels` (both CEL).
-fn selector_matches(s: &str, labels: &str) -> String {
+pub(super) fn selector_matches(s: &str, labels: &str) -> String {
     format!(
         "((!has({s}.matchLabels) || {s}.matchLabels.all(k, k in {labels} && {labels}[k] == {s}.matchLabels[k])) && \
          (!has({s}.matchExpressions) || {s}.matchExpressions.all(e, \
@@ -65,7 +65,7 @@ fn selector_matches(s: &str, labels: &str) -> String {
     )
 }
 
-fn variable(name: &str, expression: String) -> Value {
+pub(super) fn variable(name: &str, expression: String) -> Value {
     json!({"name": name, "expression": expression})
 }
 
@@ -134,7 +134,7 @@ fn node_affinity_paths(o: &str) -> (String, String, String) {
 /// Whether the pod `o` is within [`crate::bounds`]: every list the
 /// policies walk, checked before they walk it (CEL's `&&` stops at the first
 /// false, so a pod over a bound costs a few size checks).
-fn within_bounds(o: &str) -> String {
+pub(super) fn within_bounds(o: &str) -> String {
     let (node_affinity, required, preferred) = node_affinity_paths(o);
     let terms = format!("{required}.nodeSelectorTerms");
     let spec = format!("{o}.spec");
@@ -265,7 +265,7 @@ fn every_policy() -> Value {
 
 /// Namespaces the shipped admission configurations leave alone: the system's and
 /// berth's own (from its ServiceAccount's username).
-fn namespace_selector(berth_user: &str) -> Value {
+pub(super) fn namespace_selector(berth_user: &str) -> Value {
     let own = berth_user
         .strip_prefix("system:serviceaccount:")
         .and_then(|rest| rest.split(':').next())
@@ -284,7 +284,7 @@ pub const NOT_FROM_NODES: &str = "!(request.userInfo.username.startsWith('system
 const KUBE_CONTROLLER: &str = "request.userInfo.username.startsWith('system:serviceaccount:kube-system:') || \
                                request.userInfo.username == 'system:kube-controller-manager'";
 
-fn not_from_nodes() -> Value {
+pub(super) fn not_from_nodes() -> Value {
     json!({"name": "not-from-nodes", "expression": NOT_FROM_NODES})
 }
 
@@ -309,7 +309,7 @@ fn params() -> Value {
 /// The variable `daemonSetPod`: the DaemonSet controller sends the pod and its
 /// controller ownerReference is an `apps/v1` DaemonSet
 /// ([`crate::placement::pod::PodObject::is_daemonset_pod`]).
-fn daemonset_pod() -> Value {
+pub(super) fn daemonset_pod() -> Value {
     variable(
         "daemonSetPod",
         format!(

@@ -9,5 +9,6 @@ pub mod server;
 pub mod service;
 pub mod share;
 pub mod state;
+pub mod static_cel;
 pub mod tls;
 pub mod webhooks;

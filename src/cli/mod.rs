@@ -93,6 +93,11 @@ enum Command {
         /// ServiceAccount berth runs as.
         #[arg(long, default_value = crate::names::BERTH_SERVICE_ACCOUNT)]
         berth_user: String,
+        /// Print instead the policies that place pods with berth down
+        /// (manifests/placement-policy.yaml): the MutatingAdmissionPolicy
+        /// berth-placement and the ValidatingAdmissionPolicy berth-placed.
+        #[arg(long)]
+        placement: bool,
     },
 }
 
@@ -187,15 +192,26 @@ pub fn run() -> ExitCode {
                 .into(),
         ),
         Command::Crd => {
-            print!("{}", crate::policy::crd::crd_yaml());
+            print!(
+                "{}---\n{}",
+                crate::policy::crd::crd_yaml(),
+                crate::policy::static_placement::crd_yaml()
+            );
             Ok(Ending::Done)
         }
         Command::Webhooks => {
             print!("{}", crate::admission::webhooks::manifests());
             Ok(Ending::Done)
         }
-        Command::AdmissionPolicy { berth_user } => {
-            print!("{}", crate::admission::cel::manifests(&berth_user));
+        Command::AdmissionPolicy {
+            berth_user,
+            placement,
+        } => {
+            if placement {
+                print!("{}", crate::admission::static_cel::manifests(&berth_user));
+            } else {
+                print!("{}", crate::admission::cel::manifests(&berth_user));
+            }
             Ok(Ending::Done)
         }
     };

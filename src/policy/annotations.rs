@@ -56,15 +56,7 @@ impl NamespaceConfig {
                 if !is_valid_policy_name(policy) {
                     return Err(AnnotationError::new(key, bad_name(policy)));
                 }
-                let patterns: Vec<&str> = value.split(',').map(str::trim).collect();
-                if patterns.iter().all(|p| p.is_empty()) {
-                    return Err(AnnotationError::new(key, "lists no image pattern"));
-                }
-                if let Some(i) = patterns.iter().position(|p| p.is_empty()) {
-                    return Err(AnnotationError::new(key, empty_entry(i)));
-                }
-                let compiled = ImagePatterns::new(&patterns)
-                    .map_err(|e| AnnotationError::new(key, e.to_string()))?;
+                let compiled = image_override(value).map_err(|e| AnnotationError::new(key, e))?;
                 config.images.insert(policy.to_owned(), compiled);
             } else if key == SCHEDULER_ANNOTATION {
                 let name = value.trim();
@@ -92,6 +84,18 @@ impl NamespaceConfig {
     pub fn is_empty(&self) -> bool {
         self.policies.is_empty() && self.images.is_empty() && self.scheduler_name.is_none()
     }
+}
+
+/// The globs of a `berth.io/images.<policy>` value, separated by commas.
+pub fn image_override(value: &str) -> Result<ImagePatterns, String> {
+    let patterns: Vec<&str> = value.split(',').map(str::trim).collect();
+    if patterns.iter().all(|p| p.is_empty()) {
+        return Err("lists no image pattern".into());
+    }
+    if let Some(i) = patterns.iter().position(|p| p.is_empty()) {
+        return Err(empty_entry(i));
+    }
+    ImagePatterns::new(&patterns).map_err(|e| e.to_string())
 }
 
 fn parse_policy_list(key: &str, value: &str) -> Result<Vec<String>, AnnotationError> {
