@@ -87,8 +87,8 @@ pub async fn run(
         if !*leadership.borrow() {
             continue;
         }
-        let wanted = wanted(&cluster.in_force().set, &cluster.namespaces());
-        match bring(&api, &writes, held.take(), wanted).await {
+        let spec = wanted(&cluster.in_force().set, &cluster.namespaces());
+        match bring(&api, &writes, held.take(), spec).await {
             Ok(now) => {
                 held = Some(Some(now));
                 retry = None;
