@@ -87,6 +87,9 @@ pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 /// Namespaces whose DaemonSets a pool takes when it names none
 /// (`daemonSetNamespaces` absent): the system's node agents (kube-proxy, the CNI).
 pub const SYSTEM_DAEMONSET_NAMESPACES: [&str; 1] = ["kube-system"];
+/// The MutatingAdmissionPolicy that places pods with berth down
+/// (`crate::admission::static_cel`), as status and `explain` name it.
+pub const PLACEMENT_POLICY: &str = "berth-placement";
 /// Field manager for every write berth makes.
 pub const FIELD_MANAGER: &str = "berth";
 /// Policy names feed label keys, whose name part is at most 63 characters

@@ -128,7 +128,8 @@ pub struct Metrics {
 }
 
 /// A controller write: what it wrote (`node`, `policy_status`, `finalizer`,
-/// `daemonset`, `release`, `eviction`, `pod_group`, `priority_class`, `sweep`)
+/// `daemonset`, `release`, `eviction`, `pod_group`, `priority_class`, `sweep`,
+/// `static_placement`)
 /// and how it ended (`ok`, `conflict`, `not_found`, `error`, `timeout`,
 /// `not_leader`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

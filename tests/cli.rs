@@ -1017,3 +1017,50 @@ fn explain_says_which_pools_do_not_take_a_tenants_daemonset() {
                     edge: daemonSetNamespaces does not select tenant\n";
     assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
 }
+
+#[test]
+fn explain_says_which_applied_policies_the_apiserver_also_applies() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("explain-in-apiserver");
+    std::fs::create_dir_all(&dir).unwrap();
+    let policies = [
+        fixtures::policy(
+            "plain",
+            json!({"podSelector": {"matchLabels": {"app": "db"}}, "pool": {"nodeNames": ["node1"]}}),
+        ),
+        fixtures::policy(
+            "apart",
+            json!({"podSelector": {"matchLabels": {"app": "db"}},
+                "avoid": {"matchLabels": {"app": "web"}}}),
+        ),
+    ];
+    let file = dir.join("policies.yaml");
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": policies});
+    std::fs::write(&file, list.to_string()).unwrap();
+    let out = berth(
+        &["explain", "-f", "-", "--policies", file.to_str().unwrap()],
+        Some(&pod(json!({"app": "db"}), "db:1").to_string()),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let plain = text
+        .split("  plain, because:")
+        .nth(1)
+        .expect("plain applies");
+    assert!(
+        plain.contains("\n    also applied by the apiserver (berth-placement)\n"),
+        "{text}"
+    );
+    let apart = text
+        .split("  apart, because:")
+        .nth(1)
+        .expect("apart applies");
+    let line = apart
+        .lines()
+        .skip(1)
+        .find(|l| !l.starts_with("    - "))
+        .unwrap();
+    assert_eq!(
+        line, "    webhook only: avoid needs the cluster's state, which only the webhook sees",
+        "{text}"
+    );
+}

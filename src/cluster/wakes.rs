@@ -62,6 +62,9 @@ impl Changes {
 pub struct Wakes {
     pub releases: Notify,
     pub nodes: Notify,
+    /// The StaticPlacement writer, which compiles the policies and the namespaces'
+    /// image overrides ([`crate::controller::static_placement`]).
+    pub placement: Notify,
     for_nodes: Changes,
     for_rooms: Changes,
     /// Something only the policies' status reports changed.
@@ -101,10 +104,11 @@ impl Wakes {
     }
 
     /// Something every node and every held pod depend on changed (a policy, a
-    /// namespace): wakes both loops.
+    /// namespace): wakes both loops, and the StaticPlacement writer.
     pub fn all(&self) {
         self.everything();
         self.releases.notify_one();
+        self.placement.notify_one();
     }
 
     /// Something only the policies' status reports changed (a gang timed out):

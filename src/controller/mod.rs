@@ -18,6 +18,7 @@ pub mod queues;
 pub mod release;
 pub mod releaser;
 pub mod run;
+pub mod static_placement;
 pub mod status;
 pub mod sweep;
 pub mod webhook_path;

@@ -15,7 +15,9 @@
 //! finalizers ([`super::policy_writer`]), DaemonSet templates
 //! ([`super::daemonsets`]), queue PriorityClasses ([`super::queues`]) and the
 //! sweep's deletes ([`super::sweep`]) for the nodes loop, and the PodGroups
-//! ([`super::podgroups`]) for the releases loop. They run side by side, so that
+//! ([`super::podgroups`]) for the releases loop; and the StaticPlacement writer
+//! ([`super::static_placement`]), a task that looks on its own at the policies
+//! and the namespaces. They run side by side, so that
 //! node writes (a new pool over a thousand nodes takes seconds at the write rate)
 //! delay neither a release nor a policy's status, and a burst of releases never
 //! delays a node.
@@ -91,6 +93,7 @@ pub async fn run(
     // The PodGroups the PodGroup writer made sure of, for the releases loop.
     let pod_groups = PodGroups::default();
     let writes = Writes::new(metrics.clone(), leadership.clone(), options.write_rates);
+    let resync = options.resync;
     let context = Context {
         client: client.clone(),
         metrics: metrics.clone(),
@@ -140,6 +143,13 @@ pub async fn run(
         writes: writes.clone(),
         client: client.clone(),
     };
+    let placement = super::static_placement::run(
+        cluster.clone(),
+        writes.clone(),
+        resync,
+        leadership.clone(),
+        writers_stop.clone(),
+    );
     let daemonsets = DaemonSetWriter {
         writes,
         client,
@@ -192,6 +202,7 @@ pub async fn run(
             move |_: &_, _| on_pod_group.wakes.releases.notify_one(),
             writers_stop.clone(),
         )),
+        tokio::spawn(placement),
     ];
     let releases = tokio::spawn(super::releaser::run(
         context.clone(),

@@ -15,11 +15,12 @@ use super::events::{Reported, event};
 use super::policy_writer;
 use super::wishes::{Part, PolicyWish};
 use crate::cluster::Stores;
-use crate::names::{POOL_LABEL, POOL_TAINT, policy_of_node_label};
+use crate::names::{PLACEMENT_POLICY, POOL_LABEL, POOL_TAINT, policy_of_node_label};
 use crate::objects::{NodeObject, PolicyObject};
 use crate::placement::desired::{DesiredNode, DesiredNodes};
 use crate::policy::CompiledPolicy;
 use crate::policy::crd::PlacementPolicyStatus;
+use crate::policy::static_placement::StaticPolicy;
 
 /// Live policies get the finalizer before they have any effect on nodes. Returns
 /// the policies that have it: one whose finalizer could not be added (it changed a
@@ -159,6 +160,23 @@ fn ready(snapshot: &Snapshot, name: &str, previous: &[Condition]) -> Condition {
                 previous,
             )
         }
+    }
+}
+
+/// `InApiserver`: whether the admission policy `berth-placement` applies `policy`
+/// with berth down, as the StaticPlacement writer compiles it
+/// ([`StaticPolicy::compile`]); when it cannot, why, so that an operator knows
+/// which policies hold only while berth answers.
+fn in_apiserver(policy: &CompiledPolicy, previous: &[Condition]) -> Condition {
+    match StaticPolicy::compile(policy).webhook_only {
+        None => condition(
+            "InApiserver",
+            true,
+            "Compiled",
+            format!("{PLACEMENT_POLICY} applies this policy in the apiserver with berth down"),
+            previous,
+        ),
+        Some(reason) => condition("InApiserver", false, "WebhookOnly", reason, previous),
     }
 }
 
@@ -508,6 +526,7 @@ impl Statuses {
             ),
             missed_condition(groups.missed.get(&name), previous),
         ];
+        conditions.extend(compiled.map(|p| in_apiserver(p, previous)));
         conditions.extend(compiled.and_then(|p| self_set_condition(p, &refused, previous)));
         if apart {
             let message = if clashing.is_empty() {

@@ -55,11 +55,14 @@ pub enum Kind {
     PriorityClass,
     /// An object berth made and no longer needs, deleted.
     Sweep,
+    /// `StaticPlacement/berth`, the params of the admission policies that place
+    /// pods with berth down.
+    StaticPlacement,
 }
 
 /// How many kinds there are: one rate limit and one failure count each, indexed
 /// by `kind as usize`.
-const KINDS: usize = Kind::Sweep as usize + 1;
+const KINDS: usize = Kind::StaticPlacement as usize + 1;
 
 impl Kind {
     pub fn as_str(self) -> &'static str {
@@ -73,6 +76,7 @@ impl Kind {
             Kind::PodGroup => "pod_group",
             Kind::PriorityClass => "priority_class",
             Kind::Sweep => "sweep",
+            Kind::StaticPlacement => "static_placement",
         }
     }
 }

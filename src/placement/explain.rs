@@ -10,13 +10,17 @@ use std::collections::BTreeMap;
 
 use super::feasibility::{Placement, describe_requirement, node_fits, with_pool_state};
 use super::interpod::{Neighbours, Required};
+use super::namespace::NamespaceInfo;
 use super::patch::{added, required_matches_no_node};
 use super::{Decision, Input};
 use crate::names::{
-    ANCHOR_LABEL_PREFIX, APPLIED_ANNOTATION, GANG_GATE, PLACED_LABEL_PREFIX, POOL_LABEL, RANK_GATE,
+    ANCHOR_LABEL_PREFIX, APPLIED_ANNOTATION, GANG_GATE, IMAGES_ANNOTATION_PREFIX,
+    PLACED_LABEL_PREFIX, PLACEMENT_POLICY, POOL_LABEL, RANK_GATE,
 };
 use crate::objects::PodObject;
 use crate::policy::compile::Labels;
+use crate::policy::static_placement::{StaticPlacementSpec, StaticPolicy};
+use crate::policy::{CompiledPolicy, PolicySet};
 
 /// Explains `decision` for the pod in `input`.
 /// With `neighbours` (the pods bound now, `explain pod` on a live cluster), the
@@ -46,6 +50,9 @@ pub fn explain(
             let _ = writeln!(out, "  {}, because:", applied.policy);
             for why in &applied.why {
                 let _ = writeln!(out, "    - {why}");
+            }
+            if let Some(policy) = input.policies.get(&applied.policy) {
+                let _ = writeln!(out, "    {}", in_apiserver(policy, input.namespace));
             }
         }
     }
@@ -147,6 +154,29 @@ fn explain_nodes(
         [] => writeln!(out, "The pod fits no given node; it would stay Pending."),
         names => writeln!(out, "The pod may land on: {}.", names.join(", ")),
     };
+}
+
+/// Whether the apiserver's `berth-placement` also applies `policy` to pods of
+/// `namespace` with berth down, as the controller compiles it for the apiserver
+/// ([`StaticPolicy::compile`]), or why only the webhook does: the policy needs
+/// what only the webhook sees, or the namespace overrides images with globs CEL
+/// cannot express (then the apiserver leaves all its pods to the webhook).
+fn in_apiserver(policy: &CompiledPolicy, namespace: &NamespaceInfo) -> String {
+    // An override compiles to "" when CEL cannot match its globs.
+    let unmatched = namespace.annotations.iter().find(|(key, value)| {
+        key.starts_with(IMAGES_ANNOTATION_PREFIX)
+            && StaticPlacementSpec::compile(&PolicySet::default(), [value.as_str()]).image_overrides
+                [value.as_str()]
+            .is_empty()
+    });
+    match (StaticPolicy::compile(policy).webhook_only, unmatched) {
+        (Some(reason), _) => format!("webhook only: {reason}"),
+        (None, Some((key, _))) => format!(
+            "webhook only: the apiserver cannot match the globs of the namespace's {key}, so \
+             it leaves the namespace's pods to the webhook"
+        ),
+        (None, None) => format!("also applied by the apiserver ({PLACEMENT_POLICY})"),
+    }
 }
 
 /// How a line of [`changes`] stands towards the patch.
@@ -340,4 +370,33 @@ fn toleration(t: &Toleration) -> String {
         t.value.as_deref().unwrap_or("*"),
         t.effect.as_deref().unwrap_or("*")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::test_policies;
+
+    #[test]
+    fn a_namespace_override_the_apiserver_cannot_match_leaves_its_pods_to_the_webhook() {
+        let set = test_policies(&[("plain", serde_json::json!({"pool": {"nodeNames": ["n1"]}}))]);
+        let plain = set.get("plain").unwrap();
+        let namespace = |annotations: &[(&str, &str)]| {
+            let annotations = annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            NamespaceInfo::with("shop", Labels::new(), annotations)
+        };
+        assert_eq!(
+            in_apiserver(plain, &namespace(&[("berth.io/policies", "plain")])),
+            "also applied by the apiserver (berth-placement)"
+        );
+        // A value that lists no glob compiles to no regex, whatever CEL can match.
+        assert_eq!(
+            in_apiserver(plain, &namespace(&[("berth.io/images.other", " , ")])),
+            "webhook only: the apiserver cannot match the globs of the namespace's \
+             berth.io/images.other, so it leaves the namespace's pods to the webhook"
+        );
+    }
 }
