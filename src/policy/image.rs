@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
-use globset::{Candidate, GlobBuilder, GlobSet, GlobSetBuilder};
+use globset::{Candidate, Glob, GlobBuilder, GlobSet, GlobSetBuilder};
 use oci_spec::distribution::Reference;
 
 /// A container image as a pod names it, and its normalised form.
@@ -100,6 +100,15 @@ pub struct GlobError {
     pub reason: String,
 }
 
+/// `pattern` compiled as policies' image globs are, in one place so that
+/// [`ImagePatterns`] and its RE2 translation (`image_cel`) cannot drift apart.
+pub(crate) fn glob(pattern: &str) -> Result<Glob, globset::Error> {
+    GlobBuilder::new(pattern)
+        .literal_separator(false)
+        .backslash_escape(true)
+        .build()
+}
+
 impl ImagePatterns {
     /// Compiles `patterns`; `*` also matches `/`, so `*cdn*` finds `cdn` anywhere.
     pub fn new<S: AsRef<str>>(patterns: &[S]) -> Result<ImagePatterns, GlobError> {
@@ -116,11 +125,7 @@ impl ImagePatterns {
             if pattern.trim() != pattern {
                 return Err(error("a pattern may not start or end with spaces".into()));
             }
-            let glob = GlobBuilder::new(pattern)
-                .literal_separator(false)
-                .backslash_escape(true)
-                .build()
-                .map_err(|e| error(e.kind().to_string()))?;
+            let glob = glob(pattern).map_err(|e| error(e.kind().to_string()))?;
             builder.add(glob);
         }
         let set = builder.build().map_err(|e| GlobError {
