@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use berth::names;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingWebhookConfiguration,
+    MutatingAdmissionPolicy, MutatingWebhookConfiguration, ValidatingAdmissionPolicy,
+    ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
@@ -56,9 +57,25 @@ fn parse(yaml: &str) -> Vec<Value> {
         .collect()
 }
 
+/// What `helm template --api-versions` says the cluster serves, as
+/// `.Capabilities.APIVersions.Has` reads it: MutatingAdmissionPolicy v1
+/// (Kubernetes 1.36 and later), which the placement policy is...
+const MUTATING_ADMISSION_POLICY: &str = "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy";
+/// ...and the kind of its params, which `helm install` creates from crds/ before it
+/// reads the cluster's APIs (and `helm upgrade` never does).
+const STATIC_PLACEMENT: &str = "berth.io/v1alpha1/StaticPlacement";
+/// A cluster where `placementPolicy.enabled=auto` installs the placement policy.
+const SERVES_PLACEMENT: [&str; 2] = [MUTATING_ADMISSION_POLICY, STATIC_PLACEMENT];
+
 /// `helm template` of the chart as release `berth` in `namespace`, CRDs included,
-/// with `--set`-style `values`.
+/// with `--set`-style `values`, for a cluster that serves MutatingAdmissionPolicy v1
+/// and has the StaticPlacement CRD (a first `helm install` on Kubernetes 1.36+).
 fn render(namespace: &str, values: &[&str]) -> Vec<Value> {
+    render_for(namespace, &SERVES_PLACEMENT, values)
+}
+
+/// `render` for a cluster that serves `api_versions` on top of helm's defaults.
+fn render_for(namespace: &str, api_versions: &[&str], values: &[&str]) -> Vec<Value> {
     let mut args = vec![
         "template",
         "berth",
@@ -67,6 +84,9 @@ fn render(namespace: &str, values: &[&str]) -> Vec<Value> {
         namespace,
         "--include-crds",
     ];
+    for api_version in api_versions {
+        args.extend(["--api-versions", api_version]);
+    }
     for value in values {
         args.extend(["--set", value]);
     }
@@ -219,17 +239,22 @@ fn with_cert_manager_the_chart_renders_the_cert_manager_overlay() {
 
 #[test]
 fn the_charts_generated_files_are_berths_output() {
-    // The CRD and the policy template's source are berth's output, as
-    // manifests/crd.yaml and manifests/admission-policy.yaml are (tests/cli.rs).
+    // The CRDs and the policy templates' sources are berth's output, as
+    // manifests/crd.yaml, manifests/admission-policy.yaml and
+    // manifests/placement-policy.yaml are (tests/cli.rs).
     for (command, file) in [
-        ("crd", "charts/berth/crds/placementpolicies.berth.io.yaml"),
+        ("crd", "charts/berth/crds/berth.io.yaml"),
         (
             "admission-policy",
             "charts/berth/files/admission-policy.yaml",
         ),
+        (
+            "admission-policy --placement",
+            "charts/berth/files/placement-policy.yaml",
+        ),
     ] {
         let output = Command::new(env!("CARGO_BIN_EXE_berth"))
-            .arg(command)
+            .args(command.split(' '))
             .output()
             .expect("run berth");
         let generated = succeeded(&format!("berth {command}"), output);
@@ -308,6 +333,11 @@ fn excluded_namespaces_and_the_release_namespace_reach_every_selector() {
             "{policy}"
         );
     }
+    let placement = object(&objects, "MutatingAdmissionPolicy /berth-placement");
+    assert_eq!(
+        excluded(&placement["spec"]["matchConstraints"]["namespaceSelector"]),
+        all
+    );
     // berth is the release's ServiceAccount: only it may change berth's records.
     let records = object(&objects, "ValidatingAdmissionPolicy /berth-records");
     let conditions = records["spec"]["matchConditions"].as_array().unwrap();
@@ -354,6 +384,70 @@ fn admission_policies_can_be_left_out_and_nothing_else_changes() {
         .count();
     assert_eq!(all.len() - others.len(), shipped);
     assert_same_objects(&without, &others);
+}
+
+/// Whether `objects` hold the placement policy: the MutatingAdmissionPolicy
+/// berth-placement and its binding, both or neither.
+fn has_placement_policy(objects: &BTreeMap<String, Value>) -> bool {
+    let policy = objects.contains_key("MutatingAdmissionPolicy /berth-placement");
+    let binding = objects.contains_key("MutatingAdmissionPolicyBinding /berth-placement");
+    assert_eq!(
+        policy, binding,
+        "the policy without its binding, or the reverse"
+    );
+    policy
+}
+
+#[test]
+fn the_placement_policy_is_rendered_where_the_cluster_serves_it_unless_turned_off() {
+    let served = chart("berth-system", &[]);
+    assert!(has_placement_policy(&served));
+    let mut others = served.clone();
+    others.retain(|_, o| {
+        !o["kind"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("MutatingAdmissionPolicy")
+    });
+    assert_eq!(served.len() - others.len(), 2);
+    // `auto`, the default, leaves the policy out, and changes nothing else, on a
+    // cluster without MutatingAdmissionPolicy v1 (before 1.36), and on one without
+    // the StaticPlacement CRD (an upgrade whose CRDs were not applied first), where
+    // the apiserver would refuse every pod the policy matches.
+    for api_versions in [&[][..], &[STATIC_PLACEMENT], &[MUTATING_ADMISSION_POLICY]] {
+        // A release upgraded with `--reuse-values` has the old chart's values,
+        // without placementPolicy: it is `auto` too.
+        for values in [
+            &[][..],
+            &["placementPolicy.enabled=auto"],
+            &["placementPolicy=null"],
+        ] {
+            let auto = normalized(render_for("berth-system", api_versions, values), true);
+            assert_same_objects(&auto, &others);
+        }
+    }
+    for api_versions in [&[][..], &SERVES_PLACEMENT] {
+        // `false` never renders it; `true` always does, as `auto` does where the
+        // cluster can run it.
+        let off = normalized(
+            render_for(
+                "berth-system",
+                api_versions,
+                &["placementPolicy.enabled=false"],
+            ),
+            true,
+        );
+        assert_same_objects(&off, &others);
+        let on = normalized(
+            render_for(
+                "berth-system",
+                api_versions,
+                &["placementPolicy.enabled=true"],
+            ),
+            true,
+        );
+        assert_same_objects(&on, &served);
+    }
 }
 
 #[test]
@@ -597,6 +691,10 @@ fn values_the_chart_cannot_honour_fail_the_render() {
             "webhook.timeoutSeconds=31",
             "webhook.timeoutSeconds must be 1 to 30",
         ),
+        (
+            "placementPolicy.enabled=yes",
+            "placementPolicy.enabled must be auto, true or false",
+        ),
     ] {
         let out = helm(&["template", "berth", CHART, "--set", value]);
         assert!(!out.status.success(), "{value} rendered");
@@ -727,6 +825,17 @@ async fn helm_install_runs_seed_000_and_helm_uninstall_removes_the_webhooks() {
         .output()
         .expect("run helm install");
     succeeded("helm install", out);
+    // The test cluster serves MutatingAdmissionPolicy v1: `auto` installed the
+    // placement policy, which without a StaticPlacement object does nothing.
+    let placement: Api<MutatingAdmissionPolicy> = Api::all(client.clone());
+    assert!(
+        placement
+            .get_opt("berth-placement")
+            .await
+            .unwrap()
+            .is_some(),
+        "helm install left out the placement policy on a cluster that serves it"
+    );
 
     // berth as the chart's ServiceAccount, with the chart's RBAC and nothing more.
     let berth_kubeconfig = service_account_kubeconfig(cluster);
@@ -848,6 +957,13 @@ async fn helm_install_runs_seed_000_and_helm_uninstall_removes_the_webhooks() {
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
     assert!(mutating.get_opt("berth").await.unwrap().is_none());
     assert!(validating.get_opt("berth").await.unwrap().is_none());
+    assert!(
+        placement
+            .get_opt("berth-placement")
+            .await
+            .unwrap()
+            .is_none()
+    );
     let left = policies.list(&ListParams::default()).await.unwrap();
     assert!(
         left.items.iter().all(|p| !p

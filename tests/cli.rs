@@ -372,6 +372,44 @@ fn berth_admission_policy_matches_the_checked_in_manifest() {
 }
 
 #[test]
+fn berth_admission_policy_placement_matches_the_checked_in_manifest() {
+    let out = berth(&["admission-policy", "--placement"], None);
+    assert!(out.status.success());
+    let checked_in = std::fs::read_to_string(repo("manifests/placement-policy.yaml")).unwrap();
+    assert!(
+        stdout(&out) == checked_in,
+        "manifests/placement-policy.yaml is stale: run `berth admission-policy --placement > manifests/placement-policy.yaml`"
+    );
+    // berth's namespace, from its user, is one the policy never sees.
+    let other = berth(
+        &[
+            "admission-policy",
+            "--placement",
+            "--berth-user",
+            "system:serviceaccount:ops:berth",
+        ],
+        None,
+    );
+    assert!(other.status.success());
+    let selector = |yaml: &str| -> Value {
+        let policy: Value = serde_yaml_ng::Deserializer::from_str(yaml)
+            .map(|d| serde::Deserialize::deserialize(d).expect("valid YAML"))
+            .find(|o: &Value| o["kind"] == "MutatingAdmissionPolicy")
+            .expect("a MutatingAdmissionPolicy");
+        policy["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"][0]["values"]
+            .clone()
+    };
+    assert_eq!(
+        selector(&checked_in),
+        json!(["kube-system", "kube-node-lease", "berth-system"])
+    );
+    assert_eq!(
+        selector(&stdout(&other)),
+        json!(["kube-system", "kube-node-lease", "ops"])
+    );
+}
+
+#[test]
 fn example_cdn_policy_sends_cdn_pods_to_node2() {
     let (p, _) = mutate_json(
         &pod(json!({}), "registry.example.com/cdn/edge:2"),

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 
+use serde::Deserialize;
 use serde_json::Value;
 
 fn repo() -> PathBuf {
@@ -29,7 +30,8 @@ struct Field {
     range: Option<String>,
 }
 
-/// The CRD from `berth crd`, as JSON.
+/// The PlacementPolicy CRD from `berth crd` (which prints the StaticPlacement CRD
+/// after it), as JSON.
 fn generated_crd() -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_berth"))
         .arg("crd")
@@ -40,7 +42,10 @@ fn generated_crd() -> Value {
         "berth crd: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_yaml_ng::from_slice(&out.stdout).expect("berth crd prints YAML")
+    serde_yaml_ng::Deserializer::from_slice(&out.stdout)
+        .map(|doc| Value::deserialize(doc).expect("berth crd prints YAML"))
+        .find(|crd| crd["metadata"]["name"] == "placementpolicies.berth.io")
+        .expect("berth crd prints the PlacementPolicy CRD")
 }
 
 fn property_names(schema: &Value) -> BTreeSet<&str> {

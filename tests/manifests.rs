@@ -31,6 +31,8 @@ fn the_manifests_apply_with_server_side_dry_run() {
         "kind: ValidatingWebhookConfiguration",
         "kind: ValidatingAdmissionPolicy",
         "kind: ValidatingAdmissionPolicyBinding",
+        "kind: MutatingAdmissionPolicy",
+        "kind: MutatingAdmissionPolicyBinding",
     ] {
         assert!(rendered.contains(kind), "{kind} missing from manifests/");
     }

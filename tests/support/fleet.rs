@@ -3,8 +3,8 @@
 //! sends the apiserver's connections to a replica whose `/readyz` answers), and
 //! reaching the apiserver through a link of their own that the suite can cut.
 //!
-//! `tests/cluster/berth-up` installs berth first (CRD, RBAC, admission policies,
-//! certificates, webhook configurations); its single process is then stopped and the
+//! `tests/cluster/berth-up` installs berth first (CRDs, RBAC, admission policies,
+//! the placement policy, certificates, webhook configurations); its single process is then stopped and the
 //! webhook configurations point at the Service instead. Every replica acts as the
 //! ServiceAccount of `manifests/rbac.yaml`, and is recorded in the cluster's `pids`
 //! file, so `down` (and the reaper of a test binary that died) stops it too.
