@@ -25,8 +25,8 @@ mod differential;
 
 use berth::admission::static_cel;
 use berth::placement::namespace::NamespaceInfo;
+use berth::placement::static_placement::{STATIC_PLACEMENT_NAME, StaticPlacementSpec};
 use berth::placement::{Input, Requester, build_patch, decide};
-use berth::policy::static_placement::{STATIC_PLACEMENT_NAME, StaticPlacementSpec};
 use berth::policy::{PlacementPolicy, PolicySet};
 use differential::oracle::Oracle;
 use differential::world::{DAEMONSET_CONTROLLER, World, arb_world};
@@ -73,18 +73,28 @@ const IMAGES: [&str; 13] = [
 /// The namespace overrides of images.
 const OVERRIDES: [&str; 3] = ["*cdn*", "ghcr.io/*, docker.io/*", "[bad"];
 
+/// Added to a policy: its globs (an index into GLOBS), a podSelector,
+/// `coscheduled`, a scheduler, and `avoid` (which makes it webhook-only).
+type PolicyExtras = (Option<usize>, bool, bool, Option<&'static str>, bool);
+/// Added to a namespace: an image override (into OVERRIDES), a scheduler, and a
+/// broken berth annotation.
+type NamespaceExtras = (Option<usize>, Option<&'static str>, bool);
+/// Added to a pod: its images (into IMAGES), an `app` label, the `coscheduled`
+/// label, the label an `avoid` selects, and a scheduler.
+type PodExtras = (
+    Vec<usize>,
+    Option<&'static str>,
+    bool,
+    bool,
+    Option<&'static str>,
+);
+
 /// What is added to a generated world: per policy, per namespace and per pod.
 #[derive(Debug, Clone)]
 struct Extras {
-    policies: Vec<(Option<usize>, bool, bool, Option<&'static str>, bool)>,
-    namespaces: Vec<(Option<usize>, Option<&'static str>, bool)>,
-    pods: Vec<(
-        Vec<usize>,
-        Option<&'static str>,
-        bool,
-        bool,
-        Option<&'static str>,
-    )>,
+    policies: Vec<PolicyExtras>,
+    namespaces: Vec<NamespaceExtras>,
+    pods: Vec<PodExtras>,
 }
 
 fn arb_extras() -> impl Strategy<Value = Extras> {

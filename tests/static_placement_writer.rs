@@ -9,9 +9,9 @@ mod support;
 use std::time::Duration;
 
 use berth::names::IMAGES_ANNOTATION_PREFIX;
+use berth::placement::static_placement::{StaticPlacement, StaticPlacementSpec};
 use berth::policy::annotations::image_override;
 use berth::policy::image_cel::glob_regex;
-use berth::policy::static_placement::{StaticPlacement, StaticPlacementSpec};
 use berth::policy::{PlacementPolicy, PolicySet};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};

@@ -4,7 +4,7 @@
 //! prints it; `manifests/placement-policy.yaml` is that output.
 //!
 //! `berth-placement` takes the one
-//! [`StaticPlacement`](crate::policy::static_placement) object as its params and
+//! [`StaticPlacement`](crate::placement::static_placement) object as its params and
 //! gives a pod at CREATE what the webhook would: the pools' tolerations and
 //! requirements ANDed into every term, the preferences, the scheduler and
 //! `berth.io/applied`. It runs before the webhook, which then finds nothing to
@@ -43,11 +43,10 @@ use crate::names::{
     MAX_POLICY_NAME, PLACED_LABEL_PREFIX, POLICIES_ANNOTATION, POOL_LABEL, POOL_TAINT,
     QUEUE_CLASS_PREFIX, SCHEDULER_ANNOTATION,
 };
+use crate::placement::static_placement::STATIC_PLACEMENT_NAME;
 use crate::policy::image_cel::normalised_image_cel;
-use crate::policy::static_placement::STATIC_PLACEMENT_NAME;
 
-/// The MutatingAdmissionPolicy's name (and its binding's).
-pub const PLACEMENT_POLICY: &str = "berth-placement";
+pub use crate::names::PLACEMENT_POLICY;
 /// The most distinct images a pod may have for the apiserver to decide it: each
 /// is matched against each policy's regex, and CEL's cost must stay within its
 /// budget for any pod within berth's bounds. A pod with more is the webhook's.
@@ -425,11 +424,9 @@ fn patch_parts() -> Vec<Part> {
         var(
             "wantedPreferred",
             distinct_by(
-                &format!(
-                    "variables.applied.map(p, has(p.preferred) ? p.preferred.map(w, \
-                     {{'weight': dyn(int(w.weight)), 'key': dyn(w.key), 'operator': dyn(w.operator), \
-                       'values': dyn(has(w.values) ? w.values.map(v, string(v)) : [])}}) : []).flatten()"
-                ),
+                "variables.applied.map(p, has(p.preferred) ? p.preferred.map(w, \
+                 {'weight': dyn(int(w.weight)), 'key': dyn(w.key), 'operator': dyn(w.operator), \
+                   'values': dyn(has(w.values) ? w.values.map(v, string(v)) : [])}) : []).flatten()",
                 |a, b| format!("({a}.weight == {b}.weight && {})", same_requirement(a, b)),
             ),
         ),

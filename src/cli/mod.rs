@@ -93,9 +93,9 @@ enum Command {
         /// ServiceAccount berth runs as.
         #[arg(long, default_value = crate::names::BERTH_SERVICE_ACCOUNT)]
         berth_user: String,
-        /// Print instead the policies that place pods with berth down
-        /// (manifests/placement-policy.yaml): the MutatingAdmissionPolicy
-        /// berth-placement and the ValidatingAdmissionPolicy berth-placed.
+        /// Print instead the MutatingAdmissionPolicy berth-placement and its
+        /// binding, which place pods with berth down
+        /// (manifests/placement-policy.yaml).
         #[arg(long)]
         placement: bool,
     },
@@ -195,7 +195,7 @@ pub fn run() -> ExitCode {
             print!(
                 "{}---\n{}",
                 crate::policy::crd::crd_yaml(),
-                crate::policy::static_placement::crd_yaml()
+                crate::placement::static_placement::crd_yaml()
             );
             Ok(Ending::Done)
         }

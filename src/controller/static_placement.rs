@@ -34,10 +34,10 @@ use super::writes::{Kind, WRITE_TIMEOUT, Writes};
 use crate::cluster::Cluster;
 use crate::names::{FIELD_MANAGER, IMAGES_ANNOTATION_PREFIX};
 use crate::placement::namespace::NamespaceIndex;
-use crate::policy::PolicySet;
-use crate::policy::static_placement::{
+use crate::placement::static_placement::{
     STATIC_PLACEMENT_NAME, StaticPlacement, StaticPlacementSpec,
 };
+use crate::policy::PolicySet;
 
 /// Changes within this window after the first are looked at once.
 const BATCH: Duration = Duration::from_millis(100);

@@ -18,9 +18,9 @@ use crate::cluster::Stores;
 use crate::names::{PLACEMENT_POLICY, POOL_LABEL, POOL_TAINT, policy_of_node_label};
 use crate::objects::{NodeObject, PolicyObject};
 use crate::placement::desired::{DesiredNode, DesiredNodes};
+use crate::placement::static_placement::StaticPolicy;
 use crate::policy::CompiledPolicy;
 use crate::policy::crd::PlacementPolicyStatus;
-use crate::policy::static_placement::StaticPolicy;
 
 /// Live policies get the finalizer before they have any effect on nodes. Returns
 /// the policies that have it: one whose finalizer could not be added (it changed a

@@ -18,8 +18,8 @@ use crate::names::{
     PLACED_LABEL_PREFIX, PLACEMENT_POLICY, POOL_LABEL, RANK_GATE,
 };
 use crate::objects::PodObject;
+use crate::placement::static_placement::{StaticPlacementSpec, StaticPolicy};
 use crate::policy::compile::Labels;
-use crate::policy::static_placement::{StaticPlacementSpec, StaticPolicy};
 use crate::policy::{CompiledPolicy, PolicySet};
 
 /// Explains `decision` for the pod in `input`.

@@ -27,6 +27,7 @@ pub mod records;
 pub mod rooms;
 pub mod scheduler;
 pub mod selection;
+pub mod static_placement;
 pub mod warning;
 
 use std::collections::BTreeSet;

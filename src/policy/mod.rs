@@ -10,7 +10,6 @@ pub mod image;
 pub mod image_cel;
 pub mod node_labels;
 pub mod opt_in;
-pub mod static_placement;
 
 pub use annotations::{AnnotationError, NamespaceConfig};
 pub use compile::{CompiledPolicy, PolicyError, PolicySet};

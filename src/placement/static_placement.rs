@@ -25,11 +25,11 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::annotations::image_override;
-use super::compile::{CompiledPolicy, PolicySet};
-use super::image_cel::glob_regex;
+use super::grants::grants_for;
 use crate::names::POOL_LABEL;
-use crate::placement::grants::grants_for;
+use crate::policy::annotations::image_override;
+use crate::policy::image_cel::glob_regex;
+use crate::policy::{CompiledPolicy, PolicySet};
 
 /// The name of the one `StaticPlacement` object.
 pub const STATIC_PLACEMENT_NAME: &str = "berth";
