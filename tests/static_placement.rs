@@ -531,3 +531,139 @@ fn the_apiserver_places_pods_as_the_webhook_does() {
         tally.decided
     );
 }
+
+/// The largest pod within berth's bounds that the policy still decides: 128
+/// tolerations (berth's own among them, to be compared pairwise), 32 required
+/// terms and 64 preferred ones of 64 expressions each, 16 distinct images among
+/// 128 containers and 128 init containers, 64 labels; in a namespace every one of
+/// `policies` policies applies to, each with images, a podSelector, a pool,
+/// node affinity and a scheduler.
+fn worst_case(policies: usize) -> (Value, Value, PolicySet) {
+    let requirement =
+        |i: usize| json!({"key": format!("k{i}"), "operator": "In", "values": ["a", "b", "c"]});
+    let term = || json!({"matchExpressions": (0..64).map(requirement).collect::<Vec<_>>()});
+    let tolerations: Vec<Value> = (0..128)
+        .map(|i| {
+            if i % 2 == 0 {
+                json!({"key": berth::names::POOL_TAINT, "operator": "Equal", "value": format!("p{}", i % 7), "effect": "NoSchedule"})
+            } else {
+                json!({"key": format!("t{i}"), "operator": "Exists"})
+            }
+        })
+        .collect();
+    let containers = |prefix: &str| -> Vec<Value> {
+        (0..128)
+            .map(|i| json!({"name": format!("{prefix}{i}"), "image": format!("registry.example.com/team/app{}:v1", i % 16)}))
+            .collect()
+    };
+    let labels: serde_json::Map<String, Value> =
+        (0..64).map(|i| (format!("l{i}"), json!("v"))).collect();
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "worst", "namespace": "ns-all", "labels": labels},
+        "spec": {"containers": containers("c"), "initContainers": containers("i"),
+            "tolerations": tolerations,
+            "affinity": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": (0..32).map(|_| term()).collect::<Vec<_>>()},
+                "preferredDuringSchedulingIgnoredDuringExecution": (0..64).map(|_| json!({"weight": 10, "preference": term()})).collect::<Vec<_>>()}}}});
+    let list: Vec<PlacementPolicy> = (0..policies)
+        .map(|i| {
+            serde_json::from_value(json!({"apiVersion": "berth.io/v1alpha1", "kind": "PlacementPolicy",
+                "metadata": {"name": format!("p{i}")},
+                "spec": {"namespaceSelector": {}, "images": [format!("registry.example.com/*/app{}:*", i % 16), "*:v2"],
+                    "podSelector": {"matchLabels": {"l1": "v"}, "matchExpressions": [{"key": "l2", "operator": "Exists"}]},
+                    "pool": {"nodeNames": [format!("n{i}")], "placement": if i % 2 == 0 { "Required" } else { "Preferred" }},
+                    "nodeAffinity": {"required": [{"key": "zone", "operator": "In", "values": ["a", "b"]}],
+                        "preferred": [{"weight": 5, "preference": {"key": format!("disk{i}"), "operator": "Exists"}}]},
+                    "schedulerName": "batch"}}))
+            .expect("a PlacementPolicy")
+        })
+        .collect();
+    let (set, errors) = PolicySet::compile(&list);
+    assert!(errors.is_empty(), "{errors:?}");
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": "ns-all", "labels": {"kubernetes.io/metadata.name": "ns-all"}}});
+    (pod, namespace, set)
+}
+
+/// What the policy costs the apiserver, for an ordinary pod and for the worst one
+/// within bounds, printed (`--nocapture`) for docs/benchmarks.md, where the
+/// webhook's figures stand beside them. The worst case must be decided within
+/// the apiserver's CEL budget: over it, `failurePolicy: Fail` would refuse it.
+#[test]
+fn the_policy_stays_within_its_cost_budget() {
+    let policy = static_cel::documents(berth::names::BERTH_SERVICE_ACCOUNT)
+        .into_iter()
+        .next()
+        .expect("the policy");
+    let mut oracle = Oracle::start();
+    let ordinary = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "ns-all", "labels": {"l1": "v", "l2": "x"}},
+        "spec": {"containers": [{"name": "c", "image": "registry.example.com/team/app3:v2"}]}});
+    println!(
+        "pod        policies   CEL cost  apiserver µs (median of 5, the apiserver's own code)"
+    );
+    for (label, policies) in [
+        ("ordinary", 1),
+        ("ordinary", 20),
+        ("worst", 1),
+        ("worst", 20),
+        ("worst", 64),
+    ] {
+        let (worst, namespace, set) = worst_case(policies);
+        let pod = if label == "worst" {
+            worst
+        } else {
+            ordinary.clone()
+        };
+        let form = oracle.evaluate(std::slice::from_ref(&pod), &[])[0]
+            .stored
+            .clone()
+            .expect("decoded");
+        let world_params = {
+            let spec = StaticPlacementSpec::compile(&set, std::iter::empty());
+            json!({"apiVersion": "berth.io/v1alpha1", "kind": "StaticPlacement",
+                "metadata": {"name": STATIC_PLACEMENT_NAME}, "spec": spec})
+        };
+        let cases: Vec<Value> = (0..5)
+            .map(|_| case(&form, &namespace, &world_params, false))
+            .collect();
+        let answers = oracle.mutating_policy(&policy, &cases);
+        for answer in &answers {
+            if let Some(error) = &answer.error {
+                let tail: String = error
+                    .chars()
+                    .skip(error.chars().count().saturating_sub(400))
+                    .collect();
+                panic!("{label} with {policies} policies: ...{tail}");
+            }
+        }
+        let applied = answers[0]
+            .object
+            .as_ref()
+            .and_then(|o| o.pointer(&format!("/metadata/annotations/{}", "berth.io~1applied")))
+            .and_then(Value::as_str)
+            .map(|a| a.split(',').count())
+            .unwrap_or(0);
+        assert_eq!(
+            applied, policies,
+            "{label}: every policy applies, and is recorded"
+        );
+        let mut nanos: Vec<i64> = answers.iter().map(|a| a.nanos).collect();
+        nanos.sort_unstable();
+        // The same pod, decided by the webhook: admitted, with the same record.
+        let info = NamespaceInfo::from_namespace(
+            &serde_json::from_value::<Namespace>(namespace).expect("a Namespace"),
+        );
+        let by_webhook = webhook(&form, &info, &set, false).expect("admitted");
+        assert_eq!(
+            canonical(answers[0].object.as_ref().expect("placed")),
+            canonical(&by_webhook),
+            "{label} with {policies} policies"
+        );
+        println!(
+            "{label:<10} {policies:>8}  {:>9}  {:>12}",
+            answers[0].cost,
+            nanos[2] / 1000
+        );
+    }
+}

@@ -397,38 +397,53 @@ fn patch_parts() -> Vec<Part> {
                  {node_affinity}.preferredDuringSchedulingIgnoredDuringExecution : []"
             ),
         ),
+        var(
+            "requiredPools",
+            "variables.applied.filter(p, has(p.requiredPool) && p.requiredPool).map(p, p.name)"
+                .into(),
+        ),
+        // The dedicated pools a wildcard toleration of the pod would reach.
+        var(
+            "excludedPools",
+            format!(
+                "params.spec.policies.filter(p, has(p.dedicatedEffect) && \
+                 !(p.name in variables.appliedNames) && {tolerations}.exists(t, \
+                 (!has(t.key) || t.key == '') && has(t.operator) && t.operator == 'Exists' && \
+                 (!has(t.effect) || t.effect == '' || t.effect == p.dedicatedEffect))).map(p, p.name)"
+            ),
+        ),
         // Required pools as one `In` (a node carries one pool label), each policy's
         // own requirements, and the exclusion of dedicated pools a wildcard
-        // toleration would reach; each once.
+        // toleration would reach.
+        var(
+            "requiredAll",
+            format!(
+                "(size(variables.requiredPools) > 0 ? [{{'key': dyn('{POOL_LABEL}'), 'operator': dyn('In'), \
+                   'values': dyn(variables.requiredPools)}}] : []) + \
+                 variables.applied.map(p, has(p.required) ? p.required.map(r, {req}) : []).flatten() + \
+                 (size(variables.excludedPools) > 0 ? [{{'key': dyn('{POOL_LABEL}'), 'operator': dyn('NotIn'), \
+                   'values': dyn(variables.excludedPools)}}] : [])",
+                req = requirement_map("r"),
+            ),
+        ),
+        // Each once (a variable is evaluated once, so the list is not built again
+        // for each comparison).
         var(
             "wantedRequired",
-            distinct_by(
-                &format!(
-                    "((size({pools}) > 0 ? [{{'key': dyn('{POOL_LABEL}'), 'operator': dyn('In'), \
-                       'values': dyn({pools})}}] : []) + \
-                     variables.applied.map(p, has(p.required) ? p.required.map(r, {req}) : []).flatten() + \
-                     (size({excluded}) > 0 ? [{{'key': dyn('{POOL_LABEL}'), 'operator': dyn('NotIn'), \
-                       'values': dyn({excluded})}}] : []))",
-                    pools = "variables.applied.filter(p, has(p.requiredPool) && p.requiredPool).map(p, p.name)",
-                    req = requirement_map("r"),
-                    excluded = format!(
-                        "params.spec.policies.filter(p, has(p.dedicatedEffect) && \
-                         !(p.name in variables.appliedNames) && {tolerations}.exists(t, \
-                         (!has(t.key) || t.key == '') && has(t.operator) && t.operator == 'Exists' && \
-                         (!has(t.effect) || t.effect == '' || t.effect == p.dedicatedEffect))).map(p, p.name)"
-                    ),
-                ),
-                same_requirement,
-            ),
+            distinct_by("variables.requiredAll", same_requirement),
+        ),
+        var(
+            "preferredAll",
+            "variables.applied.map(p, has(p.preferred) ? p.preferred.map(w, \
+             {'weight': dyn(int(w.weight)), 'key': dyn(w.key), 'operator': dyn(w.operator), \
+               'values': dyn(has(w.values) ? w.values.map(v, string(v)) : [])}) : []).flatten()"
+                .into(),
         ),
         var(
             "wantedPreferred",
-            distinct_by(
-                "variables.applied.map(p, has(p.preferred) ? p.preferred.map(w, \
-                 {'weight': dyn(int(w.weight)), 'key': dyn(w.key), 'operator': dyn(w.operator), \
-                   'values': dyn(has(w.values) ? w.values.map(v, string(v)) : [])}) : []).flatten()",
-                |a, b| format!("({a}.weight == {b}.weight && {})", same_requirement(a, b)),
-            ),
+            distinct_by("variables.preferredAll", |a, b| {
+                format!("({a}.weight == {b}.weight && {})", same_requirement(a, b))
+            }),
         ),
         var(
             "missingPreferred",
