@@ -1,9 +1,11 @@
 //! The admission path on a real control plane, side by side in one run:
 //!
 //! 1. pod creates per second through the apiserver with berth's admission as
-//!    shipped (the mutating webhook; the ValidatingAdmissionPolicies check pods),
-//!    with a validating webhook entry for pods added (what berth shipped before the
-//!    policies), with the policies only, and with nothing; ratios to the shipped
+//!    shipped (the mutating webhook and the MutatingAdmissionPolicy
+//!    berth-placement; the ValidatingAdmissionPolicies check pods), without
+//!    berth-placement, with a validating webhook entry for pods added (what berth
+//!    shipped before the policies), with the policies only, with berth-placement
+//!    and the policies (berth down), and with nothing; ratios to the shipped
 //!    set-up;
 //! 2. berth's resident memory under a flood of 2 MB dry-run pods whose reviews
 //!    are 12 MB each (the apiserver escapes every `<` to six bytes), and the
@@ -61,6 +63,7 @@ async fn main() {
         ),
     ];
     let policies = saved(berth, "validatingadmissionpolicybinding");
+    let placement = saved(berth, "mutatingadmissionpolicybinding");
     // The pods entry berth's validating configuration had: the namespaces entry's
     // client config, for pods.
     let add_pods_entry = || {
@@ -87,8 +90,12 @@ async fn main() {
     type Step<'a> = Box<dyn Fn() + 'a>;
     let rounds: Vec<(&str, Step)> = vec![
         (
-            "mutating webhook + admission policies (shipped)",
+            "mutating webhook + berth-placement + admission policies (shipped)",
             Box::new(|| {}),
+        ),
+        (
+            "mutating webhook + admission policies (no berth-placement)",
+            Box::new(|| delete("mutatingadmissionpolicybinding", "berth-placement")),
         ),
         (
             "the same + a validating webhook entry for pods",
@@ -102,8 +109,13 @@ async fn main() {
             }),
         ),
         (
+            "berth-placement + admission policies (berth down)",
+            Box::new(|| put_back(berth, &placement)),
+        ),
+        (
             "nothing (no webhook, no policy)",
             Box::new(|| {
+                delete("mutatingadmissionpolicybinding", "berth-placement");
                 for binding in admission_policy_bindings() {
                     delete("validatingadmissionpolicybinding", &binding);
                 }
@@ -139,6 +151,7 @@ async fn main() {
         put_back(berth, list);
     }
     put_back(berth, &policies);
+    put_back(berth, &placement);
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     // Two floods of dry-run pods, 32 at a time, beside ordinary creates: 2 MB of
