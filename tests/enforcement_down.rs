@@ -2,6 +2,9 @@
 //! With berth stopped, no tenant pod reaches a dedicated node: the shipped
 //! ValidatingAdmissionPolicies run in the apiserver (`failurePolicy: Fail`) and keep
 //! the structural rules with no webhook at all. Each attempt is made as a tenant.
+//! The cluster runs without the MutatingAdmissionPolicy `berth-placement`, as one
+//! before 1.36 does (and as the pods it leaves to the webhook are):
+//! `tests/placement_down.rs` runs berth down with it.
 //!
 //! Also here, since they need berth's webhook out of the way: a policy that stops
 //! compiling keeps its last good version, and a pod naming thousands of unknown
@@ -71,7 +74,7 @@ fn running(pid: u32) -> bool {
 /// and was then stopped: from here on no webhook answers.
 fn berth_stopped() -> &'static Berth {
     static STOPPED: OnceLock<()> = OnceLock::new();
-    let berth = Berth::shared(NODES);
+    let berth = Berth::shared_without_placement_policy(NODES);
     STOPPED.get_or_init(|| {
         berth
             .cluster

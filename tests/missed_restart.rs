@@ -4,6 +4,8 @@
 //! has a ready endpoint): with `onMissed: Evict`, every pod admitted without berth
 //! is re-placed within 120 s of the webhook's return, and none is evicted while
 //! the apiserver cannot reach the webhook. Its own cluster: the test kills berth.
+//! Without the MutatingAdmissionPolicy `berth-placement`, which would place these
+//! pods with berth down (as on a cluster before 1.36; `tests/placement_down.rs`).
 
 mod support;
 
@@ -100,7 +102,7 @@ fn free_port() -> u16 {
 
 #[tokio::test]
 async fn a_restart_whose_webhook_comes_back_last_re_places_every_missed_pod() {
-    let berth = Berth::shared(NODES);
+    let berth = Berth::shared_without_placement_policy(NODES);
     let client = berth.cluster.client().await;
     berth.cluster.apply_policies(&[policy(
         "cdn",

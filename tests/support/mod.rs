@@ -442,6 +442,22 @@ impl Berth {
     /// with extra `berth serve` arguments (such as `--no-controller`); `{cluster}`
     /// in them stands for the cluster's folder.
     pub fn shared_with(nodes: Nodes, up_args: &[&str], serve_args: &[&str]) -> &'static Berth {
+        Self::shared_as(nodes, up_args, serve_args, true)
+    }
+
+    /// [`Berth::shared`] without the MutatingAdmissionPolicy `berth-placement`, as
+    /// on a cluster before 1.36: what the validating policies, the taints and the
+    /// missed scan do alone with berth down.
+    pub fn shared_without_placement_policy(nodes: Nodes) -> &'static Berth {
+        Self::shared_as(nodes, &[], &[], false)
+    }
+
+    fn shared_as(
+        nodes: Nodes,
+        up_args: &[&str],
+        serve_args: &[&str],
+        placement_policy: bool,
+    ) -> &'static Berth {
         let berth = BERTH.get_or_init(|| {
             let cluster = TestCluster::shared_with(nodes, up_args);
             let dir = cluster.dir.to_string_lossy().into_owned();
@@ -454,6 +470,10 @@ impl Berth {
                 .arg(&dir)
                 .args(serve_args.iter().map(|a| a.replace("{cluster}", &dir)))
                 .env("BERTH_BIN", bin)
+                .env(
+                    "BERTH_PLACEMENT_POLICY",
+                    if placement_policy { "on" } else { "off" },
+                )
                 .output()
                 .expect("run berth-up");
             assert!(
