@@ -124,7 +124,7 @@ async fn the_static_placement_follows_the_policies_and_the_namespaces_overrides(
             (
                 "True",
                 "Compiled",
-                "berth-placement applies this policy in the apiserver with berth down",
+                "compiled for berth-placement: where it is installed, the apiserver applies this policy with berth down",
             ),
         ),
         (

@@ -173,7 +173,10 @@ fn in_apiserver(policy: &CompiledPolicy, previous: &[Condition]) -> Condition {
             "InApiserver",
             true,
             "Compiled",
-            format!("{PLACEMENT_POLICY} applies this policy in the apiserver with berth down"),
+            format!(
+                "compiled for {PLACEMENT_POLICY}: where it is installed, the apiserver applies \
+                 this policy with berth down"
+            ),
             previous,
         ),
         Some(reason) => condition("InApiserver", false, "WebhookOnly", reason, previous),
