@@ -80,13 +80,16 @@ type PolicyExtras = (Option<usize>, bool, bool, Option<&'static str>, bool);
 /// broken berth annotation.
 type NamespaceExtras = (Option<usize>, Option<&'static str>, bool);
 /// Added to a pod: its images (into IMAGES), an `app` label, the `coscheduled`
-/// label, the label an `avoid` selects, and a scheduler.
+/// label, the label an `avoid` selects, a scheduler, and whether it keeps the
+/// pool tolerations the world gave it (a pod that brings one it is not entitled
+/// to is the webhook's, which warns).
 type PodExtras = (
     Vec<usize>,
     Option<&'static str>,
     bool,
     bool,
     Option<&'static str>,
+    bool,
 );
 
 /// What is added to a generated world: per policy, per namespace and per pod.
@@ -122,6 +125,7 @@ fn arb_extras() -> impl Strategy<Value = Extras> {
             0.3,
             prop::sample::select(vec!["default-scheduler", "mine", "batch"]),
         ),
+        prop::bool::weighted(0.4),
     );
     (
         prop::collection::vec(policy, 3),
@@ -184,7 +188,12 @@ fn enrich(mut world: World, extras: &Extras) -> World {
             annotations["berth.io/policy"] = json!("typo");
         }
     }
-    for (case, (images, app, group, apart, scheduler)) in world.pods.iter_mut().zip(&extras.pods) {
+    for (case, (images, app, group, apart, scheduler, pool_tolerations)) in
+        world.pods.iter_mut().zip(&extras.pods)
+    {
+        if !pool_tolerations && let Some(list) = case.pod["spec"]["tolerations"].as_array_mut() {
+            list.retain(|t| t["key"] != berth::names::POOL_TAINT);
+        }
         let pod = &mut case.pod;
         let containers: Vec<Value> = images
             .iter()
@@ -316,7 +325,7 @@ fn marker(policy: &Value) -> Value {
     let mut marker = policy.clone();
     marker["spec"]["mutations"] = json!([{"patchType": "JSONPatch", "jsonPatch": {"expression":
         "[JSONPatch{op: 'add', path: '/metadata/labels', value: \
-          {'decided': string(variables.decidable && !variables.webhookOnly)}}]"}}]);
+          {'decided': string(variables.places)}}]"}}]);
     marker
 }
 
@@ -545,7 +554,7 @@ fn worst_case(policies: usize) -> (Value, Value, PolicySet) {
     let tolerations: Vec<Value> = (0..128)
         .map(|i| {
             if i % 2 == 0 {
-                json!({"key": berth::names::POOL_TAINT, "operator": "Equal", "value": format!("p{}", i % 7), "effect": "NoSchedule"})
+json!({"key": berth::names::POOL_TAINT, "operator": "Equal", "value": "p0", "effect": "NoSchedule"})
             } else {
                 json!({"key": format!("t{i}"), "operator": "Exists"})
             }

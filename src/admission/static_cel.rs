@@ -21,7 +21,9 @@
 //! It leaves to the webhook what it cannot decide the webhook's way: a pod of a
 //! DaemonSet, one naming its node, a queue class or a berth gate, one whose images
 //! the CEL below cannot normalise, one of a namespace whose berth annotations CEL
-//! cannot read, and one a webhook-only policy applies to or avoids. Each is then
+//! cannot read, one a webhook-only policy applies to or avoids, and one that brings
+//! a pool toleration it is not entitled to (the webhook removes it with a warning
+//! the user sees). Each is then
 //! as it was before: the webhook decides it, or with berth down it is admitted
 //! as sent (the ValidatingAdmissionPolicies still keep it off pools it is not
 //! entitled to) and the missed scan finds it.
@@ -334,6 +336,22 @@ fn patch_parts() -> Vec<Part> {
         var(
             "wantedTolerations",
             "variables.applied.filter(p, has(p.toleration)).map(p, p.toleration)".into(),
+        ),
+        // A pool toleration the pod brings and is not entitled to: the webhook
+        // removes it with a warning the user sees, which only it can give, so the
+        // pod is left to it.
+        var(
+            "forged",
+            format!(
+                "{tolerations}.exists(t, has(t.key) && t.key == '{POOL_TAINT}' && \
+                 !{wanted_tolerations}.exists(w, {}))",
+                same_toleration("t", "w")
+            ),
+        ),
+        // Whether this policy places the pod, the webhook's way.
+        var(
+            "places",
+            "variables.decidable && !variables.webhookOnly && !variables.forged".into(),
         ),
         // berth's tolerations the pod has and berth no longer wants (or has twice),
         // highest index first, and those it wants and lacks.
@@ -684,7 +702,7 @@ fn placement(berth_user: &str) -> Value {
             "mutations": [{
                 "patchType": "JSONPatch",
                 "jsonPatch": {"expression": format!(
-                    "variables.decidable && !variables.webhookOnly ? {} : []",
+                    "variables.places ? {} : []",
                     ops.join(" + ")
                 )},
             }],
