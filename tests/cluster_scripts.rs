@@ -50,18 +50,6 @@ fn recorded_pids(dir: &Path) -> Vec<u32> {
         .collect()
 }
 
-/// Whether `pid` is a live process; a zombie waiting for its parent to reap it
-/// has already stopped.
-fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat.rsplit_once(") ")?.1.chars().next()?;
-            Some(state != 'Z')
-        })
-        .unwrap_or(false)
-}
-
 #[tokio::test]
 async fn a_second_cluster_runs_beside_the_first_and_down_stops_only_it() {
     let _restarts = RESTARTS.lock().await;
@@ -99,11 +87,11 @@ async fn a_second_cluster_runs_beside_the_first_and_down_stops_only_it() {
     cluster_script("down", &[&second]);
 
     assert!(
-        second_pids.iter().all(|&p| !running(p)),
+        second_pids.iter().all(|&p| !support::running(p)),
         "down left a process running"
     );
     assert!(
-        first_pids.iter().all(|&p| running(p)),
+        first_pids.iter().all(|&p| support::running(p)),
         "down stopped the other cluster"
     );
     assert_eq!(names(first_client).await, ["worker1", "worker2"]);
@@ -230,7 +218,7 @@ async fn component_stops_and_starts_the_scheduler() {
     };
     let before = scheduler_pid().expect("up started kube-scheduler");
     cluster_script("component", &[&dir, "stop", "kube-scheduler"]);
-    assert!(!running(before), "the scheduler stopped");
+    assert!(!support::running(before), "the scheduler stopped");
     assert_eq!(scheduler_pid(), None, "and left the pids file");
     assert!(
         script_fails("component", &[&dir, "stop", "kube-scheduler"]).contains("is not running")
@@ -242,7 +230,10 @@ async fn component_stops_and_starts_the_scheduler() {
     .await
     .expect("create");
     cluster_script("component", &[&dir, "start", "kube-scheduler"]);
-    assert!(scheduler_pid().is_some_and(running), "a new scheduler runs");
+    assert!(
+        scheduler_pid().is_some_and(support::running),
+        "a new scheduler runs"
+    );
     // The restarted scheduler binds the pod (no other scheduler runs).
     wait_for(&pods, "later", is_bound, Duration::from_secs(60)).await;
 }

@@ -63,13 +63,6 @@ fn policies() -> Vec<PlacementPolicy> {
     ]
 }
 
-fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
-        .unwrap_or(false)
-}
-
 /// berth set up the pools (taints, and `status.nodeNames` for the selector pool)
 /// and was then stopped: from here on no webhook answers.
 fn berth_stopped() -> &'static Berth {
@@ -91,7 +84,7 @@ fn berth_stopped() -> &'static Berth {
             .status()
             .unwrap();
         assert!(status.success());
-        while running(pid) {
+        while support::running(pid) {
             assert!(Instant::now() < deadline, "berth did not stop");
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -175,13 +175,6 @@ async fn admit(client: &Client, namespace: &str, pods: &[Pod]) -> Vec<Result<Pod
     out
 }
 
-fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
-        .unwrap_or(false)
-}
-
 #[tokio::test]
 async fn with_berth_down_the_apiserver_places_pods_as_berth_does() {
     let berth = Berth::shared(NODES);
@@ -243,7 +236,7 @@ async fn with_berth_down_the_apiserver_places_pods_as_berth_does() {
         .unwrap();
     assert!(killed.success());
     eventually("berth to exit", WAIT, || async {
-        (!running(pid)).then_some(())
+        (!support::running(pid)).then_some(())
     })
     .await;
 

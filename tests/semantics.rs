@@ -29,7 +29,7 @@ use berth::placement::{Decision, Input, Requester, build_patch, decide};
 use berth::policy::{NamespaceConfig, PlacementPolicy, PolicySet};
 use differential::expect::{Expected, Pools, Tally, canonical_requirement, expect, scoring_pod};
 use differential::oracle::{Oracle, PodAnswer};
-use differential::world::{DAEMONSET_CONTROLLER, POOL_TAINT, World, arb_world};
+use differential::world::{DAEMONSET_CONTROLLER, POOL_TAINT, World, arb_world, compile};
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use proptest::prelude::{Just, any, prop, prop_oneof};
 use proptest::strategy::{BoxedStrategy, Strategy, ValueTree};
@@ -56,17 +56,6 @@ fn worlds(count: u64) -> impl Iterator<Item = (u64, World)> {
         let world = strategy.new_tree(&mut runner).expect("a world").current();
         (i, world)
     })
-}
-
-fn compile(world: &World) -> PolicySet {
-    let policies: Vec<PlacementPolicy> = world
-        .policies
-        .iter()
-        .map(|p| serde_json::from_value(p.clone()).expect("a PlacementPolicy"))
-        .collect();
-    let (set, errors) = PolicySet::compile(&policies);
-    assert!(errors.is_empty(), "generated policies compile: {errors:?}");
-    set
 }
 
 fn node_index(nodes: &[Value]) -> NodeIndex {

@@ -29,7 +29,7 @@ use berth::placement::static_placement::{STATIC_PLACEMENT_NAME, StaticPlacementS
 use berth::placement::{Input, Requester, build_patch, decide};
 use berth::policy::{PlacementPolicy, PolicySet};
 use differential::oracle::Oracle;
-use differential::world::{DAEMONSET_CONTROLLER, World, arb_world};
+use differential::world::{DAEMONSET_CONTROLLER, World, arb_world, compile};
 use k8s_openapi::api::core::v1::Namespace;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -289,17 +289,6 @@ fn strip_nulls(value: &mut Value) {
             strip_nulls(v);
         }
     }
-}
-
-fn compile(world: &World) -> PolicySet {
-    let policies: Vec<PlacementPolicy> = world
-        .policies
-        .iter()
-        .map(|p| serde_json::from_value(p.clone()).expect("a PlacementPolicy"))
-        .collect();
-    let (set, errors) = PolicySet::compile(&policies);
-    assert!(errors.is_empty(), "generated policies compile: {errors:?}");
-    set
 }
 
 /// The params the controller would write for `world`.

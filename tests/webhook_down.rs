@@ -18,13 +18,6 @@ const NODES: Nodes = Nodes {
     prefix: "node",
 };
 
-fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
-        .unwrap_or(false)
-}
-
 #[tokio::test]
 async fn with_berth_stopped_pods_are_still_created_everywhere() {
     let berth = Berth::shared(NODES);
@@ -46,7 +39,7 @@ async fn with_berth_stopped_pods_are_still_created_everywhere() {
         .unwrap();
     assert!(status.success());
     let deadline = Instant::now() + Duration::from_secs(15);
-    while running(pid) {
+    while support::running(pid) {
         assert!(
             Instant::now() < deadline,
             "berth did not exit after SIGTERM"

@@ -619,6 +619,12 @@ pub fn manifests(berth_user: &str) -> String {
         records(berth_user),
         binding("berth-records", None),
     ];
+    as_yaml(header, &documents)
+}
+
+/// `documents` as multi-document YAML after `header`, as the generated manifests
+/// are written.
+pub(super) fn as_yaml(header: &str, documents: &[Value]) -> String {
     let yaml: Vec<String> = documents
         .iter()
         .map(|d| serde_yaml_ng::to_string(d).unwrap_or_default())

@@ -38,7 +38,8 @@
 use serde_json::{Value, json};
 
 use super::cel::{
-    daemonset_pod, namespace_selector, not_from_nodes, selector_matches, variable, within_bounds,
+    as_yaml, daemonset_pod, namespace_selector, not_from_nodes, selector_matches, variable,
+    within_bounds,
 };
 use crate::names::{
     ANCHOR_LABEL_PREFIX, APPLIED_ANNOTATION, GATE_PREFIX, GROUP, IMAGES_ANNOTATION_PREFIX,
@@ -730,11 +731,7 @@ pub fn manifests(berth_user: &str) -> String {
                   # checks it). berth's static placement applied by the apiserver itself, so\n\
                   # that pods are placed with berth down; needs admissionregistration.k8s.io/v1\n\
                   # MutatingAdmissionPolicy (Kubernetes 1.36 and later).\n";
-    let yaml: Vec<String> = documents(berth_user)
-        .iter()
-        .map(|d| serde_yaml_ng::to_string(d).unwrap_or_default())
-        .collect();
-    format!("{header}{}", yaml.join("---\n"))
+    as_yaml(header, &documents(berth_user))
 }
 
 #[cfg(test)]

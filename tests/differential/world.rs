@@ -9,6 +9,7 @@
 //! would refuse, since the webhook sees pods before validation.
 
 use berth::names;
+use berth::policy::{PlacementPolicy, PolicySet};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -493,4 +494,17 @@ fn echo_preference(pod: &mut Value, policies: &[Value], which: prop::sample::Ind
         Some(list) => list.push(term),
         None => *preferred = json!([term]),
     }
+}
+
+/// The world's policies, compiled as berth compiles them; every generated one
+/// compiles.
+pub fn compile(world: &World) -> PolicySet {
+    let policies: Vec<PlacementPolicy> = world
+        .policies
+        .iter()
+        .map(|p| serde_json::from_value(p.clone()).expect("a PlacementPolicy"))
+        .collect();
+    let (set, errors) = PolicySet::compile(&policies);
+    assert!(errors.is_empty(), "generated policies compile: {errors:?}");
+    set
 }

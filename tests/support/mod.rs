@@ -792,3 +792,15 @@ pub async fn lease_holder(client: &Client) -> Option<String> {
         .spec?
         .holder_identity
 }
+
+/// Whether `pid` is a live process; a zombie waiting for its parent to reap it
+/// has already stopped.
+pub fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            Some(state != 'Z')
+        })
+        .unwrap_or(false)
+}
